@@ -1,0 +1,72 @@
+// tpfabricctl — the operator's tool. An ordinary client of tpfabricd's socket.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ctl/byte_size.hpp"
+#include "proto/layout.hpp"
+#include "tpf_config.h"
+
+namespace {
+
+// `tpfabricctl layout`: what one rank's region looks like for a world and cap.
+int runLayout(std::uint32_t world, const std::string& maxBytesText, std::uint32_t stripes, bool json) {
+    auto cap = tpf::parseByteSize(maxBytesText);
+    if (!cap) {
+        std::fprintf(stderr, "tpfabricctl: --max-bytes: %s\n", cap.error().describe().c_str());
+        return 2;
+    }
+    auto layout = tpf::Layout::of(world, tpf::slotBytesFor(*cap), stripes);
+    if (!layout) {
+        std::fprintf(stderr, "tpfabricctl: %s\n", layout.error().describe().c_str());
+        return 2;
+    }
+    const auto& l = *layout;
+    if (json) {
+        nlohmann::json j = {{"world", l.world},
+                            {"stripes", l.stripes},
+                            {"agreed_cap", *cap},
+                            {"slot_bytes", l.slotBytes},
+                            {"flags_offset", l.flagsOffset()},
+                            {"control_offset", l.controlOffset()},
+                            {"region_bytes", l.totalBytes()}};
+        std::cout << j.dump(2) << "\n";
+        return 0;
+    }
+    std::printf("region of one rank: world %u, %u stripe(s), cap %s -> slot %s\n", l.world, l.stripes,
+                tpf::formatByteSize(*cap).c_str(), tpf::formatByteSize(l.slotBytes).c_str());
+    std::printf("  %-28s %12s %12s\n", "part", "offset", "bytes");
+    for (std::uint32_t p = 0; p < 2; ++p)
+        std::printf("  %-28s %12llu %12llu\n", ("slots, phase " + std::to_string(p)).c_str(),
+                    (unsigned long long)l.slotOffset(p, 0), (unsigned long long)(l.world * l.slotBytes));
+    std::printf("  %-28s %12llu %12llu\n", "flags (128 B lines)", (unsigned long long)l.flagsOffset(),
+                (unsigned long long)l.flagsBytes());
+    std::printf("  %-28s %12llu %12zu\n", "control block", (unsigned long long)l.controlOffset(),
+                sizeof(tpf::ControlBlock));
+    std::printf("  %-28s %12s %12llu\n", "total (page-rounded)", "", (unsigned long long)l.totalBytes());
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"tpfabricctl " TPF_VERSION " - inspect tpfabric regions and the tpfabricd daemon"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", TPF_VERSION);
+
+    std::uint32_t world = 8;
+    std::string maxBytes = "512KiB";
+    std::uint32_t stripes = 1;
+    bool json = false;
+    auto* layout = app.add_subcommand("layout", "print the region layout of one rank for a world and cap");
+    layout->add_option("--world", world, "ranks in the group (1..16)")->capture_default_str();
+    layout->add_option("--max-bytes", maxBytes, "agreed cap per rank, e.g. 4096, 64KiB, 1MiB")->capture_default_str();
+    layout->add_option("--stripes", stripes, "HCA pairs between two nodes (1..8)")->capture_default_str();
+    layout->add_flag("--json", json, "print JSON instead of a table");
+
+    CLI11_PARSE(app, argc, argv);
+    if (*layout) return runLayout(world, maxBytes, stripes, json);
+    return 2;
+}

@@ -1,0 +1,373 @@
+// tpfabric — client <-> daemon records on the Unix control socket.
+//
+// Each message: MsgHeader (magic kClientMagic) + one record below. File
+// descriptors travel beside a message as SCM_RIGHTS; the record says how many
+// (kFdsOf). Replies echo the request's seq. The daemon refuses a wrong magic,
+// a version outside [kClientMinVersion, kClientVersion], an unknown opcode, a
+// length that does not match the record, and out-of-range fields, with an
+// ErrorReply naming the failure, and then closes that connection only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "proto/error.hpp"
+#include "proto/layout.hpp"
+#include "proto/wire.hpp"
+
+namespace tpf::client_proto {
+
+/// Record-layout revision is the top byte: any layout change bumps it.
+inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
+inline constexpr std::uint16_t kClientVersion = 1;
+inline constexpr std::uint16_t kClientMinVersion = 1;
+inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
+inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
+
+inline constexpr ProtocolSpec kRequestSpec{"client request", kClientMagic, kClientMinVersion, kClientVersion,
+                                           kMaxRequestPayload};
+inline constexpr ProtocolSpec kReplySpec{"daemon reply", kClientMagic, kClientMinVersion, kClientVersion,
+                                         kMaxReplyPayload};
+
+enum Opcode : std::uint16_t {
+    kHello = 1,           ///< client -> daemon: Hello
+    kHelloReply = 2,      ///< daemon -> client: HelloReply
+    kNodeCardRequest = 3, ///< client -> daemon: empty
+    kNodeCard = 4,        ///< daemon -> client: NodeCardFixed + HcaCard[hcaCount]
+    kGroupOpen = 5,       ///< client -> daemon: GroupOpenFixed + RosterEntry[world]
+    kVerdict = 6,         ///< daemon -> client: Verdict (+3 fds when ok: region, ring, proxy eventfd)
+    kAbort = 7,           ///< client -> daemon: Abort
+    kClose = 8,           ///< client -> daemon: empty; the daemon answers kClosed and closes
+    kStatusRequest = 9,   ///< client -> daemon: StatusRequest
+    kStatusReply = 10,    ///< daemon -> client: JSON text (UTF-8, no NUL)
+    kErrorReply = 11,     ///< daemon -> client: ErrorReply; the connection closes after it
+    kClosed = 12,         ///< daemon -> client: empty, acknowledges kClose
+};
+
+/// Who connects. Hello.role.
+enum Role : std::uint32_t { kRoleRank = 1, kRoleControl = 2 };
+
+/// How a rank reaches a peer; Verdict.routes[peer]. Fixed at open, identical on every rank.
+enum Route : std::uint8_t {
+    kRouteSelf = 0,
+    kRouteShm = 1,   ///< daemon proxy copies between host regions of one node
+    kRouteVerbs = 2, ///< daemon proxy posts RDMA WRITEs to another node
+    kRouteIpc = 3,   ///< the GPU kernel stores into the peer's device region
+};
+
+/// Region kind; GroupOpen.regionKind.
+enum RegionKind : std::uint32_t { kRegionHost = 1, kRegionDevice = 2 };
+
+/// First message on every connection. 16 bytes.
+struct Hello {
+    std::uint32_t role;     ///< Role
+    std::uint32_t flags;    ///< none defined; 0
+    std::uint64_t reserved; ///< 0
+};
+static_assert(sizeof(Hello) == 16);
+static_assert(std::is_trivially_copyable_v<Hello>);
+
+/// Daemon's answer to Hello. 64 bytes.
+struct HelloReply {
+    std::uint8_t nodeId[16];     ///< this node's id (stable across restarts: from /etc/machine-id)
+    char daemonVersion[32];      ///< NUL-terminated release string
+    std::uint64_t startedUnixNs; ///< daemon start, wall clock
+    std::uint32_t protocol;      ///< kClientVersion of the daemon
+    std::uint32_t reserved;
+};
+static_assert(sizeof(HelloReply) == 64);
+static_assert(offsetof(HelloReply, startedUnixNs) == 48);
+static_assert(std::is_trivially_copyable_v<HelloReply>);
+
+/// One HCA port as the node card and status describe it. 64 bytes.
+struct HcaCard {
+    std::uint8_t gid[16];    ///< RoCE v2 GID of the configured IP
+    std::uint8_t subnet[16]; ///< IPv4-mapped / IPv6 subnet address
+    char device[16];         ///< "mlx5_0", NUL-terminated
+    std::uint8_t port;       ///< 1-based port number
+    std::uint8_t prefixLen;  ///< of the 128-bit subnet form
+    std::uint16_t mtu;       ///< active MTU, bytes (256..4096)
+    std::uint32_t speedMbps; ///< link speed
+    std::uint32_t state;     ///< IBV_PORT_* value (4 = ACTIVE)
+    std::uint32_t gidIndex;  ///< index of `gid` in the port's GID table
+};
+static_assert(sizeof(HcaCard) == 64);
+static_assert(offsetof(HcaCard, port) == 48);
+static_assert(std::is_trivially_copyable_v<HcaCard>);
+
+/// A daemon's node card, fixed part. 48 bytes.
+struct NodeCardFixed {
+    std::uint8_t nodeId[16];
+    std::uint8_t endpointAddr[16]; ///< peer-negotiation address (IPv4-mapped or IPv6)
+    std::uint16_t endpointPort;    ///< peer-negotiation TCP port, 0 when none
+    std::uint16_t hcaCount;        ///< HcaCard records that follow, <= kMaxStripes
+    std::uint32_t reserved;
+    std::uint64_t usableCap;       ///< largest shard this daemon serves, bytes
+};
+static_assert(sizeof(NodeCardFixed) == 48);
+static_assert(offsetof(NodeCardFixed, usableCap) == 40);
+static_assert(std::is_trivially_copyable_v<NodeCardFixed>);
+
+struct NodeCard {
+    NodeCardFixed fixed{};
+    std::vector<HcaCard> hcas;
+};
+
+/// What every rank contributes to the roster (all-gathered over the bootstrap). 48 bytes.
+struct RosterEntry {
+    std::uint8_t nodeId[16];
+    std::uint8_t endpointAddr[16]; ///< that rank's daemon, for peer negotiation
+    std::uint16_t endpointPort;
+    std::uint16_t reserved0;
+    std::uint32_t pid;             ///< that rank's process id, for status
+    std::uint64_t maxBytes;        ///< that rank's usable maximum: min(its maxBytes, its daemon's cap)
+};
+static_assert(sizeof(RosterEntry) == 48);
+static_assert(offsetof(RosterEntry, maxBytes) == 40);
+static_assert(std::is_trivially_copyable_v<RosterEntry>);
+
+/// Open (join) a group as one rank, fixed part. 48 bytes; RosterEntry[world] follows.
+struct GroupOpenFixed {
+    std::uint8_t groupId[16];  ///< drawn by rank 0, shared over the bootstrap
+    std::uint32_t rank;        ///< < world
+    std::uint32_t world;       ///< 2..16
+    std::uint64_t maxBytes;    ///< this rank's usable maximum shard, bytes
+    std::uint32_t timeoutMs;   ///< how long the daemon waits for the other local ranks (1..600000)
+    std::uint32_t regionKind;  ///< RegionKind
+    std::uint64_t reserved;
+};
+static_assert(sizeof(GroupOpenFixed) == 48);
+static_assert(offsetof(GroupOpenFixed, maxBytes) == 24);
+static_assert(std::is_trivially_copyable_v<GroupOpenFixed>);
+
+struct GroupOpen {
+    GroupOpenFixed fixed{};
+    std::vector<RosterEntry> roster;
+};
+
+/// The daemon's verdict on a GroupOpen, the same for every member. 192 bytes.
+/// When errc == 0 three fds follow: region memfd (Layout-sized), ring memfd
+/// (RingLayout-sized), proxy eventfd (write 1 to wake an idle proxy).
+struct Verdict {
+    std::uint16_t errc;         ///< 0 = ok, else why the fabric path is unavailable
+    std::uint16_t reserved0;
+    std::uint32_t rank;
+    std::uint32_t world;
+    std::uint32_t stripes;      ///< Layout stripes
+    std::uint64_t agreedCap;    ///< exact minimum of every rank's maxBytes
+    std::uint64_t slotBytes;    ///< slotBytesFor(agreedCap)
+    std::uint64_t regionBytes;  ///< Layout::totalBytes()
+    std::uint32_t groupHandle;  ///< daemon-local handle, goes into every Doorbell
+    std::uint32_t ringEntries;  ///< RingLayout entries
+    std::uint8_t routes[16];    ///< Route per rank, kRouteSelf at `rank`
+    char reason[128];           ///< human reason when errc != 0, NUL-terminated
+};
+static_assert(sizeof(Verdict) == 192);
+static_assert(offsetof(Verdict, agreedCap) == 16);
+static_assert(offsetof(Verdict, groupHandle) == 40);
+static_assert(offsetof(Verdict, routes) == 48);
+static_assert(offsetof(Verdict, reason) == 64);
+static_assert(std::is_trivially_copyable_v<Verdict>);
+inline constexpr std::uint32_t kVerdictFds = 3;
+
+/// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
+struct Abort {
+    std::uint32_t reserved0;
+    std::uint32_t reserved1;
+};
+static_assert(sizeof(Abort) == 8);
+static_assert(std::is_trivially_copyable_v<Abort>);
+
+/// Ask for the daemon's status document (JSON). 8 bytes.
+struct StatusRequest {
+    std::uint32_t flags; ///< none defined; 0
+    std::uint32_t reserved;
+};
+static_assert(sizeof(StatusRequest) == 8);
+static_assert(std::is_trivially_copyable_v<StatusRequest>);
+
+/// A refused request. The daemon closes the connection after sending it. 256 bytes.
+struct ErrorReply {
+    std::uint16_t errc;
+    std::uint16_t reserved;
+    std::uint32_t missingPeer; ///< kNoPeer if none
+    char message[248];         ///< NUL-terminated
+};
+static_assert(sizeof(ErrorReply) == 256);
+static_assert(offsetof(ErrorReply, message) == 8);
+static_assert(std::is_trivially_copyable_v<ErrorReply>);
+
+// ---- validation --------------------------------------------------------
+
+inline Status validate(const Hello& m) {
+    if (m.role != kRoleRank && m.role != kRoleControl)
+        return {Errc::OutOfRange, "Hello: role " + std::to_string(m.role) + " is neither rank (1) nor control (2)"};
+    return okStatus();
+}
+
+inline Status validate(const HelloReply& m) {
+    std::string s;
+    if (!getText(m.daemonVersion, s)) return {Errc::BadMessage, "HelloReply: version text not terminated"};
+    return okStatus();
+}
+
+inline Status validate(const NodeCardFixed& m, std::size_t hcas) {
+    if (m.hcaCount > kMaxStripes)
+        return {Errc::OutOfRange, "NodeCard: " + std::to_string(m.hcaCount) + " HCAs, at most 8"};
+    if (hcas != m.hcaCount) return {Errc::BadMessage, "NodeCard: HCA count and records disagree"};
+    return okStatus();
+}
+
+inline Status validate(const HcaCard& m) {
+    std::string s;
+    if (!getText(m.device, s)) return {Errc::BadMessage, "HcaCard: device name not terminated"};
+    if (m.prefixLen > 128) return {Errc::OutOfRange, "HcaCard: prefix length " + std::to_string(m.prefixLen)};
+    return okStatus();
+}
+
+inline Status validate(const GroupOpenFixed& m) {
+    if (m.world < 2 || m.world > kMaxWorld)
+        return {Errc::OutOfRange, "GroupOpen: world " + std::to_string(m.world) + " outside 2..16"};
+    if (m.rank >= m.world)
+        return {Errc::OutOfRange, "GroupOpen: rank " + std::to_string(m.rank) + " not below world " +
+                                      std::to_string(m.world)};
+    if (m.maxBytes > kMaxSlotBytes)
+        return {Errc::OutOfRange, "GroupOpen: maxBytes " + std::to_string(m.maxBytes) + " above 1 GiB"};
+    if (m.timeoutMs == 0 || m.timeoutMs > 600000)
+        return {Errc::OutOfRange, "GroupOpen: timeout " + std::to_string(m.timeoutMs) + " ms outside 1..600000"};
+    if (m.regionKind != kRegionHost && m.regionKind != kRegionDevice)
+        return {Errc::OutOfRange, "GroupOpen: region kind " + std::to_string(m.regionKind)};
+    return okStatus();
+}
+
+inline Status validate(const RosterEntry& m) {
+    if (m.maxBytes > kMaxSlotBytes)
+        return {Errc::OutOfRange, "RosterEntry: maxBytes " + std::to_string(m.maxBytes) + " above 1 GiB"};
+    return okStatus();
+}
+
+inline Status validate(const Verdict& m) {
+    Errc e;
+    if (!errcFromWire(m.errc, e)) return {Errc::OutOfRange, "Verdict: unknown error code " + std::to_string(m.errc)};
+    std::string s;
+    if (!getText(m.reason, s)) return {Errc::BadMessage, "Verdict: reason not terminated"};
+    if (m.errc != 0) return okStatus();
+    if (m.world < 2 || m.world > kMaxWorld || m.rank >= m.world)
+        return {Errc::OutOfRange, "Verdict: rank " + std::to_string(m.rank) + " / world " + std::to_string(m.world)};
+    if (m.stripes < 1 || m.stripes > kMaxStripes)
+        return {Errc::OutOfRange, "Verdict: stripes " + std::to_string(m.stripes)};
+    if (m.slotBytes != slotBytesFor(m.agreedCap))
+        return {Errc::BadMessage, "Verdict: slot size does not follow from the agreed cap"};
+    for (std::uint32_t r = 0; r < m.world; ++r)
+        if (m.routes[r] > kRouteIpc || (m.routes[r] == kRouteSelf) != (r == m.rank))
+            return {Errc::OutOfRange, "Verdict: route " + std::to_string(m.routes[r]) + " for rank " + std::to_string(r)};
+    return okStatus();
+}
+
+inline Status validate(const Abort&) { return okStatus(); }
+inline Status validate(const StatusRequest&) { return okStatus(); }
+
+inline Status validate(const ErrorReply& m) {
+    Errc e;
+    if (!errcFromWire(m.errc, e)) return {Errc::OutOfRange, "ErrorReply: unknown error code " + std::to_string(m.errc)};
+    std::string s;
+    if (!getText(m.message, s)) return {Errc::BadMessage, "ErrorReply: message not terminated"};
+    return okStatus();
+}
+
+// ---- encode / decode ---------------------------------------------------
+
+/// A whole message: header plus a fixed record.
+template <class T>
+inline Bytes encode(std::uint16_t opcode, std::uint32_t seq, const T& rec) {
+    Bytes out = encodeHeader(kRequestSpec, opcode, seq, sizeof(T));
+    Writer w;
+    w.put(rec);
+    out.insert(out.end(), w.bytes().begin(), w.bytes().end());
+    return out;
+}
+
+/// A message with an empty payload (kNodeCardRequest, kClose, kClosed).
+inline Bytes encodeEmpty(std::uint16_t opcode, std::uint32_t seq) {
+    return encodeHeader(kRequestSpec, opcode, seq, 0);
+}
+
+inline Bytes encode(std::uint32_t seq, const NodeCard& m) {
+    NodeCardFixed f = m.fixed;
+    f.hcaCount = std::uint16_t(m.hcas.size());
+    Writer w;
+    w.put(f).putAll(std::span<const HcaCard>(m.hcas));
+    Bytes out = encodeHeader(kReplySpec, kNodeCard, seq, std::uint32_t(w.bytes().size()));
+    out.insert(out.end(), w.bytes().begin(), w.bytes().end());
+    return out;
+}
+
+inline Bytes encode(std::uint32_t seq, const GroupOpen& m) {
+    Writer w;
+    w.put(m.fixed).putAll(std::span<const RosterEntry>(m.roster));
+    Bytes out = encodeHeader(kRequestSpec, kGroupOpen, seq, std::uint32_t(w.bytes().size()));
+    out.insert(out.end(), w.bytes().begin(), w.bytes().end());
+    return out;
+}
+
+inline Bytes encodeStatusReply(std::uint32_t seq, std::string_view json) {
+    Bytes out = encodeHeader(kReplySpec, kStatusReply, seq, std::uint32_t(json.size()));
+    out.insert(out.end(), json.begin(), json.end());
+    return out;
+}
+
+/// Decode a fixed record from a payload: exact size, then validate().
+template <class T>
+inline Result<T> decodeFixed(ByteView payload, std::string_view what) {
+    Reader r(payload, what);
+    T rec;
+    if (auto s = r.get(rec); !s) return s.error();
+    if (auto s = r.finish(); !s) return s.error();
+    if (auto s = validate(rec); !s) return s.error();
+    return rec;
+}
+
+inline Status expectEmpty(ByteView payload, std::string_view what) {
+    if (!payload.empty())
+        return {Errc::BadMessage, std::string(what) + ": " + std::to_string(payload.size()) +
+                                      " payload bytes where none belong"};
+    return okStatus();
+}
+
+inline Result<NodeCard> decodeNodeCard(ByteView payload) {
+    Reader r(payload, "NodeCard");
+    NodeCard m;
+    if (auto s = r.get(m.fixed); !s) return s.error();
+    if (m.fixed.hcaCount > kMaxStripes)
+        return {Errc::OutOfRange, "NodeCard: " + std::to_string(m.fixed.hcaCount) + " HCAs, at most 8"};
+    if (auto s = r.getAll(m.hcas, m.fixed.hcaCount); !s) return s.error();
+    if (auto s = r.finish(); !s) return s.error();
+    if (auto s = validate(m.fixed, m.hcas.size()); !s) return s.error();
+    for (const auto& h : m.hcas)
+        if (auto s = validate(h); !s) return s.error();
+    return m;
+}
+
+inline Result<GroupOpen> decodeGroupOpen(ByteView payload) {
+    Reader r(payload, "GroupOpen");
+    GroupOpen m;
+    if (auto s = r.get(m.fixed); !s) return s.error();
+    if (auto s = validate(m.fixed); !s) return s.error();
+    if (auto s = r.getAll(m.roster, m.fixed.world); !s) return s.error();
+    if (auto s = r.finish(); !s) return s.error();
+    for (const auto& e : m.roster)
+        if (auto s = validate(e); !s) return s.error();
+    if (m.roster[m.fixed.rank].maxBytes != m.fixed.maxBytes)
+        return {Errc::GroupMismatch, "GroupOpen: own roster entry disagrees with maxBytes"};
+    return m;
+}
+
+inline Result<std::string> decodeStatusReply(ByteView payload) {
+    if (std::memchr(payload.data(), 0, payload.size()))
+        return {Errc::BadMessage, "StatusReply: NUL byte in JSON text"};
+    return std::string(payload.begin(), payload.end());
+}
+
+} // namespace tpf::client_proto

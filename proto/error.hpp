@@ -1,0 +1,168 @@
+// tpfabric — the one error vocabulary shared by daemon, client, tools and wire.
+//
+// Every failure the system can report has a name here. The numeric values
+// cross sockets and shared memory (u16/u32 fields in proto/ records and the
+// control block), so a value, once assigned, never changes meaning.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace tpf {
+
+/// Named failures. Wire encoding: the underlying u16; 0 is success.
+enum class Errc : std::uint16_t {
+    Ok = 0,
+    Unsupported = 1,        ///< feature or route not built in / not available here
+    Misaligned = 2,         ///< a buffer or size violates the alignment rule
+    Timeout = 3,            ///< a bounded wait ran out; missing_peer names who
+    PeerLost = 4,           ///< a member of the group died or its node went away
+    DaemonLost = 5,         ///< the local tpfabricd went away mid-call
+    Aborted = 6,            ///< some rank called Group::abort()
+    CapMismatch = 7,        ///< a size above the agreed cap, or caps that cannot agree
+    NonOneToOnePairing = 8, ///< HCAs of two nodes do not pair one to one by subnet
+    BadMessage = 9,         ///< malformed record: length, count, field out of range
+    VersionMismatch = 10,   ///< protocol version outside the accepted range
+    BadMagic = 11,          ///< wrong magic: not our protocol, or another record layout
+    Truncated = 12,         ///< fewer bytes than the header or a count promises
+    TooLarge = 13,          ///< a length above the protocol's maximum
+    OutOfRange = 14,        ///< rank, world, stripe or slot outside its bounds
+    Unavailable = 15,       ///< the fabric path is refused for this group (reason given)
+    AuthFailed = 16,        ///< a peer did not prove the cluster key
+    QpError = 17,           ///< a queue pair went to error or could not be brought up
+    RegistrationFailed = 18,///< memory registration (ibv_reg_mr, cudaHostRegister) failed
+    CudaError = 19,         ///< a CUDA call failed
+    NcclError = 20,         ///< an NCCL call failed
+    ConfigError = 21,       ///< bad configuration key or value
+    DaemonUnreachable = 22, ///< no daemon answers on the socket
+    GroupMismatch = 23,     ///< ranks of one group id disagree (world, duplicate rank)
+    PermissionDenied = 24,  ///< the caller may not do this (uid, group membership)
+    Closed = 25,            ///< the group or connection is closed
+    ProbeFailed = 26,       ///< the load-time probe disagreed with the reference
+    SystemError = 27,       ///< an OS call failed (errno in the detail)
+};
+
+/// Stable identifier, as printed in logs and JSON ("PeerLost").
+constexpr std::string_view errcName(Errc e) noexcept {
+    switch (e) {
+    case Errc::Ok: return "Ok";
+    case Errc::Unsupported: return "Unsupported";
+    case Errc::Misaligned: return "Misaligned";
+    case Errc::Timeout: return "Timeout";
+    case Errc::PeerLost: return "PeerLost";
+    case Errc::DaemonLost: return "DaemonLost";
+    case Errc::Aborted: return "Aborted";
+    case Errc::CapMismatch: return "CapMismatch";
+    case Errc::NonOneToOnePairing: return "NonOneToOnePairing";
+    case Errc::BadMessage: return "BadMessage";
+    case Errc::VersionMismatch: return "VersionMismatch";
+    case Errc::BadMagic: return "BadMagic";
+    case Errc::Truncated: return "Truncated";
+    case Errc::TooLarge: return "TooLarge";
+    case Errc::OutOfRange: return "OutOfRange";
+    case Errc::Unavailable: return "Unavailable";
+    case Errc::AuthFailed: return "AuthFailed";
+    case Errc::QpError: return "QpError";
+    case Errc::RegistrationFailed: return "RegistrationFailed";
+    case Errc::CudaError: return "CudaError";
+    case Errc::NcclError: return "NcclError";
+    case Errc::ConfigError: return "ConfigError";
+    case Errc::DaemonUnreachable: return "DaemonUnreachable";
+    case Errc::GroupMismatch: return "GroupMismatch";
+    case Errc::PermissionDenied: return "PermissionDenied";
+    case Errc::Closed: return "Closed";
+    case Errc::ProbeFailed: return "ProbeFailed";
+    case Errc::SystemError: return "SystemError";
+    }
+    return "Unknown";
+}
+
+/// What an operator should understand and do, one sentence.
+constexpr std::string_view errcMessage(Errc e) noexcept {
+    switch (e) {
+    case Errc::Ok: return "success";
+    case Errc::Unsupported: return "not supported by this build or machine; the call goes to NCCL or must be avoided";
+    case Errc::Misaligned: return "buffer address or size is not aligned as the API requires (16 bytes); align the buffer";
+    case Errc::Timeout: return "a peer did not deliver within the timeout; check that every rank reached the same call";
+    case Errc::PeerLost: return "a rank of the group or its node died; reopen the group";
+    case Errc::DaemonLost: return "the local tpfabricd went away; restart it (systemctl restart tpfabricd) and reopen";
+    case Errc::Aborted: return "a rank aborted the group; reopen it";
+    case Errc::CapMismatch: return "size exceeds the group's agreed cap; use NCCL for it or open with a larger maxBytes";
+    case Errc::NonOneToOnePairing: return "HCAs of two nodes do not pair one to one by subnet; fix the HCA selection (config hcas, TPF_HCA)";
+    case Errc::BadMessage: return "malformed message refused; the sender runs a broken or foreign client";
+    case Errc::VersionMismatch: return "protocol version not accepted; run the same tpfabric release on both ends";
+    case Errc::BadMagic: return "wrong magic: not a tpfabric peer, or a record layout from another release";
+    case Errc::Truncated: return "message shorter than its header or counts say";
+    case Errc::TooLarge: return "message length above the protocol maximum";
+    case Errc::OutOfRange: return "a rank, world, count or index is outside its allowed range";
+    case Errc::Unavailable: return "the fabric path is unavailable for this group; NCCL is used (see the reason)";
+    case Errc::AuthFailed: return "peer did not prove the cluster key; give both daemons the same key file";
+    case Errc::QpError: return "an RDMA queue pair failed; check link state and GIDs (tpfabricctl status)";
+    case Errc::RegistrationFailed: return "memory registration failed; check LimitMEMLOCK and free memory";
+    case Errc::CudaError: return "a CUDA call failed; see the log line for the call and site";
+    case Errc::NcclError: return "an NCCL call failed; see the log line for the call and site";
+    case Errc::ConfigError: return "bad configuration; see systemd/tpfabricd.conf.example for keys and allowed values";
+    case Errc::DaemonUnreachable: return "tpfabricd does not answer on its socket; start it (systemctl start tpfabricd) or fix the socket path";
+    case Errc::GroupMismatch: return "ranks of one group disagree on world size or rank numbers; check the open calls";
+    case Errc::PermissionDenied: return "not permitted; join the group first, or run as root for changing commands";
+    case Errc::Closed: return "the group or connection is closed";
+    case Errc::ProbeFailed: return "load-time probe disagreed with the NCCL reference; the fabric path is disabled";
+    case Errc::SystemError: return "an operating-system call failed; see the detail for errno";
+    }
+    return "unknown error";
+}
+
+/// Errc from its wire value, refusing values this release does not know.
+constexpr bool errcFromWire(std::uint32_t v, Errc& out) noexcept {
+    if (v > static_cast<std::uint32_t>(Errc::SystemError)) return false;
+    out = static_cast<Errc>(v);
+    return true;
+}
+
+/// A failure: its name plus what exactly failed (which field, which peer).
+struct Error {
+    Errc code = Errc::Ok;
+    std::string detail;
+
+    /// "PeerLost: rank 3 closed its connection"
+    std::string describe() const {
+        std::string s(errcName(code));
+        s += ": ";
+        s += detail.empty() ? std::string(errcMessage(code)) : detail;
+        return s;
+    }
+};
+
+/// Value or named failure. Exceptions are kept for start-up and config.
+template <class T>
+class [[nodiscard]] Result {
+public:
+    Result(T v) : v_(std::move(v)) {}
+    Result(Error e) : v_(std::move(e)) {}
+    Result(Errc c, std::string detail = {}) : v_(Error{c, std::move(detail)}) {}
+
+    bool ok() const noexcept { return v_.index() == 0; }
+    explicit operator bool() const noexcept { return ok(); }
+    T& value() & { return std::get<0>(v_); }
+    const T& value() const& { return std::get<0>(v_); }
+    T&& value() && { return std::get<0>(std::move(v_)); }
+    T* operator->() { return &value(); }
+    const T* operator->() const { return &value(); }
+    T& operator*() & { return value(); }
+    const T& operator*() const& { return value(); }
+    const Error& error() const& { return std::get<1>(v_); }
+    Errc code() const noexcept { return ok() ? Errc::Ok : std::get<1>(v_).code; }
+
+private:
+    std::variant<T, Error> v_;
+};
+
+/// Result of an action with no value.
+struct Unit {};
+using Status = Result<Unit>;
+inline Status okStatus() { return Unit{}; }
+
+} // namespace tpf

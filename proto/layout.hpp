@@ -1,0 +1,161 @@
+// tpfabric — region layout: the one place any region offset is computed.
+//
+// A region is one rank's registered memory (a memfd for `host` regions, GPU
+// memory for `device` regions). Daemon, client, CUDA kernels and tests all
+// take offsets from Layout; nothing else does arithmetic on region offsets.
+//
+//   [ slots:   phase 0: src 0..W-1 | phase 1: src 0..W-1 ]  each slotBytes, 4096-aligned
+//   [ flags:   phase 0: src 0..W-1 x stripe 0..S-1 | phase 1: ... ]  each its own 128-byte line
+//   [ control: ControlBlock (4 lines of 128 bytes) ]
+//   [ padding to a whole page ]
+//
+// Phase p = epoch & 1. Slot (p, s) of rank r holds source rank s's shard of
+// an epoch with parity p; slot (p, r) is r's own staged shard (the source of
+// its writes and already its own row of an all-gather). Flag (p, s, k) holds
+// the last epoch whose stripe k arrived from s. Flags carry epochs, never
+// booleans, so nothing is reset between calls.
+//
+// All integers little-endian (the only byte order tpfabric runs on).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "proto/error.hpp"
+
+#if defined(__CUDACC__)
+#define TPF_HD __host__ __device__
+#else
+#define TPF_HD
+#endif
+
+namespace tpf {
+
+inline constexpr std::uint32_t kMaxWorld = 16;      ///< ranks in a group, at most
+inline constexpr std::uint32_t kMaxStripes = 8;     ///< HCA pairs between two nodes, at most
+inline constexpr std::uint64_t kSlotAlign = 4096;   ///< slot size and offset granularity (a page)
+inline constexpr std::uint64_t kFlagLine = 128;     ///< one flag per line (two 64 B sectors: no false sharing on adjacent-line prefetch)
+inline constexpr std::uint64_t kStripeAlign = 4096; ///< every stripe but the last starts and ends on this
+inline constexpr std::uint64_t kMaxSlotBytes = 1ull << 30; ///< sanity bound on one slot (1 GiB)
+inline constexpr std::uint64_t kBufferAlign = 16;   ///< user buffers and sizes: 16-byte aligned
+
+TPF_HD constexpr std::uint64_t roundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+/// Shared control words of a region. Lives at Layout::controlOffset().
+/// Written by: daemon (error, missingPeer, abort, wakeSeq), the region's own
+/// rank (epoch, waiters). Read by the rank's waits (host code or kernels).
+struct ControlBlock {
+    std::uint64_t epoch;        ///< @0   last epoch this rank started (device-resident mirror for graphs)
+    std::uint8_t reserved0[120];
+    std::uint32_t error;        ///< @128 Errc of a group-wide failure, 0 while healthy (daemon writes)
+    std::uint32_t missingPeer;  ///< @132 rank the failure names, 0xffffffff if none
+    std::uint8_t reserved1[120];
+    std::uint32_t abort;        ///< @256 non-zero once any rank aborted (daemon writes)
+    std::uint8_t reserved2[124];
+    std::uint32_t wakeSeq;      ///< @384 futex word: daemon bumps it and wakes after storing flags or errors
+    std::uint32_t waiters;      ///< @388 ranks' host threads sleeping on wakeSeq (rank writes)
+    std::uint8_t reserved3[120];
+};
+static_assert(sizeof(ControlBlock) == 512);
+static_assert(offsetof(ControlBlock, error) == 128);
+static_assert(offsetof(ControlBlock, missingPeer) == 132);
+static_assert(offsetof(ControlBlock, abort) == 256);
+static_assert(offsetof(ControlBlock, wakeSeq) == 384);
+static_assert(offsetof(ControlBlock, waiters) == 388);
+
+inline constexpr std::uint32_t kNoPeer = 0xffffffffu;
+
+/// Offsets of one rank's region for a group of `world` ranks. Trivially
+/// copyable so it can be passed by value into a kernel.
+struct Layout {
+    std::uint32_t world = 0;
+    std::uint32_t stripes = 0;
+    std::uint64_t slotBytes = 0;
+
+    /// Validating constructor: world 1..16, slotBytes a positive multiple of
+    /// 4096 up to 1 GiB, stripes 1..8; anything else is OutOfRange / Misaligned.
+    static Result<Layout> of(std::uint32_t world, std::uint64_t slotBytes, std::uint32_t stripes) {
+        if (world < 1 || world > kMaxWorld)
+            return {Errc::OutOfRange, "world " + std::to_string(world) + " outside 1..16"};
+        if (stripes < 1 || stripes > kMaxStripes)
+            return {Errc::OutOfRange, "stripes " + std::to_string(stripes) + " outside 1..8"};
+        if (slotBytes == 0 || slotBytes > kMaxSlotBytes)
+            return {Errc::OutOfRange, "slot of " + std::to_string(slotBytes) + " bytes outside 4096..1 GiB"};
+        if (slotBytes % kSlotAlign != 0)
+            return {Errc::Misaligned, "slot of " + std::to_string(slotBytes) + " bytes is not a multiple of 4096"};
+        Layout l;
+        l.world = world;
+        l.stripes = stripes;
+        l.slotBytes = slotBytes;
+        return l;
+    }
+
+    /// Offset of the slot that holds source rank `src`'s shard in `phase`.
+    TPF_HD constexpr std::uint64_t slotOffset(std::uint32_t phase, std::uint32_t src) const {
+        return (std::uint64_t(phase) * world + src) * slotBytes;
+    }
+    TPF_HD constexpr std::uint64_t flagsOffset() const { return 2ull * world * slotBytes; }
+    /// Offset of the 64-bit epoch flag for (phase, src, stripe).
+    TPF_HD constexpr std::uint64_t flagOffset(std::uint32_t phase, std::uint32_t src,
+                                              std::uint32_t stripe) const {
+        return flagsOffset() + ((std::uint64_t(phase) * world + src) * stripes + stripe) * kFlagLine;
+    }
+    TPF_HD constexpr std::uint64_t flagsBytes() const { return 2ull * world * stripes * kFlagLine; }
+    TPF_HD constexpr std::uint64_t controlOffset() const { return flagsOffset() + flagsBytes(); }
+    /// Whole region, a multiple of the page size.
+    TPF_HD constexpr std::uint64_t totalBytes() const {
+        return roundUp(controlOffset() + sizeof(ControlBlock), kSlotAlign);
+    }
+};
+static_assert(sizeof(Layout) == 16);
+
+/// Phase of an epoch: its parity.
+TPF_HD constexpr std::uint32_t phaseOf(std::uint64_t epoch) { return std::uint32_t(epoch & 1u); }
+
+/// The i-th peer rank `self` sends to, i in [0, world-1): next rank first, so
+/// senders do not all hit one receiver at once.
+TPF_HD constexpr std::uint32_t peerAt(std::uint32_t self, std::uint32_t i, std::uint32_t world) {
+    return (self + 1 + i) % world;
+}
+
+/// A byte range [offset, offset+bytes) of a shard.
+struct Stripe {
+    std::uint64_t offset;
+    std::uint64_t bytes;
+};
+
+/// Stripe k of a shard of `bytes` split over `n` HCA pairs. Rule: every
+/// stripe but the last carries `per = roundUp(ceil(bytes/n), 4096)` bytes
+/// (page-aligned boundaries); later stripes may be short or empty. Both ends
+/// compute the same split from (bytes, n) alone. Every stripe, empty or not,
+/// has its flag written, so a receiver always waits on all n flags.
+TPF_HD constexpr Stripe stripeOf(std::uint64_t bytes, std::uint32_t n, std::uint32_t k) {
+    const std::uint64_t per = n == 0 ? bytes : roundUp((bytes + n - 1) / n, kStripeAlign);
+    const std::uint64_t begin = per * k < bytes ? per * k : bytes;
+    const std::uint64_t end = per * (k + 1) < bytes ? per * (k + 1) : bytes;
+    return Stripe{begin, end - begin};
+}
+
+/// Slot size for an agreed cap: the cap rounded up to a page, at least one page.
+constexpr std::uint64_t slotBytesFor(std::uint64_t cap) {
+    return cap == 0 ? kSlotAlign : roundUp(cap, kSlotAlign);
+}
+
+/// The agreed cap: the exact minimum of every rank's usable maximum (never a
+/// rounded slot size). Empty input gives 0.
+constexpr std::uint64_t agreedCap(const std::uint64_t* caps, std::size_t n) {
+    if (n == 0) return 0;
+    std::uint64_t m = caps[0];
+    for (std::size_t i = 1; i < n; ++i)
+        if (caps[i] < m) m = caps[i];
+    return m;
+}
+
+/// Whether a shard of `bytes` may take the fabric path: tests the agreed cap
+/// itself, identical on every rank.
+TPF_HD constexpr bool fits(std::uint64_t bytes, std::uint64_t agreedCapBytes) {
+    return bytes <= agreedCapBytes;
+}
+
+} // namespace tpf

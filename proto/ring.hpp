@@ -1,0 +1,174 @@
+// tpfabric — the per-client command ring in shared memory (a sealed memfd the
+// daemon creates and passes with the Verdict).
+//
+// Single producer, single consumer each way, PipeWire style: free-running u32
+// indices, each on its own 128-byte line, published with release stores and
+// read with acquire loads; index & (entries-1) is the slot.
+//   submissions: the rank (its host thread or its GPU kernel) produces
+//                Doorbells, the daemon proxy consumes them;
+//   completions: the daemon produces a Completion for a doorbell it refused
+//                or could not carry out, the rank consumes them.
+// The daemon sets `proxyIdle` before it sleeps; a producer that sees it set
+// after publishing writes the proxy eventfd (Dekker pattern, seq_cst fences on
+// both sides), so a busy proxy costs producers no system call.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "proto/layout.hpp"
+
+namespace tpf {
+
+inline constexpr std::uint32_t kRingMagic = 0x474e5254; ///< "TRNG"
+inline constexpr std::uint16_t kRingVersion = 1;
+inline constexpr std::uint32_t kRingMinEntries = 8;
+inline constexpr std::uint32_t kRingMaxEntries = 4096;
+
+/// A request to deliver this rank's staged shard of `epoch` to every peer. 16 bytes.
+struct Doorbell {
+    std::uint64_t epoch; ///< > 0; the shard sits in slot (phaseOf(epoch), rank) of the rank's region
+    std::uint32_t bytes; ///< shard size, <= the agreed cap
+    std::uint32_t group; ///< Verdict.groupHandle
+};
+static_assert(sizeof(Doorbell) == 16);
+static_assert(offsetof(Doorbell, bytes) == 8);
+static_assert(std::is_trivially_copyable_v<Doorbell>);
+
+/// The daemon's report on a doorbell it refused or could not carry out. 16 bytes.
+struct Completion {
+    std::uint64_t epoch;
+    std::uint16_t errc;  ///< Errc
+    std::uint16_t reserved;
+    std::uint32_t group;
+};
+static_assert(sizeof(Completion) == 16);
+static_assert(offsetof(Completion, errc) == 8);
+static_assert(std::is_trivially_copyable_v<Completion>);
+
+/// Ring header at offset 0 of the ring memfd; one line per writer. 768 bytes.
+struct RingHeader {
+    std::uint32_t magic;        ///< @0 kRingMagic (daemon writes once)
+    std::uint16_t version;      ///< kRingVersion
+    std::uint16_t entryBytes;   ///< 16
+    std::uint32_t entries;      ///< power of two, 8..4096; both rings
+    std::uint32_t group;        ///< the group handle this ring serves
+    std::uint8_t pad0[112];
+    std::uint32_t subHead;      ///< @128 rank writes (release): doorbells published
+    std::uint8_t pad1[124];
+    std::uint32_t subTail;      ///< @256 daemon writes (release): doorbells consumed
+    std::uint8_t pad2[124];
+    std::uint32_t cplHead;      ///< @384 daemon writes: completions published
+    std::uint8_t pad3[124];
+    std::uint32_t cplTail;      ///< @512 rank writes: completions consumed
+    std::uint8_t pad4[124];
+    std::uint32_t proxyIdle;    ///< @640 daemon writes: 1 while the proxy sleeps on its eventfd
+    std::uint32_t reserved;
+    std::uint64_t heartbeatNs;  ///< @648 daemon writes: CLOCK_MONOTONIC of its last proxy pass
+    std::uint8_t pad5[112];
+};
+static_assert(sizeof(RingHeader) == 768);
+static_assert(offsetof(RingHeader, subHead) == 128);
+static_assert(offsetof(RingHeader, subTail) == 256);
+static_assert(offsetof(RingHeader, cplHead) == 384);
+static_assert(offsetof(RingHeader, cplTail) == 512);
+static_assert(offsetof(RingHeader, proxyIdle) == 640);
+static_assert(offsetof(RingHeader, heartbeatNs) == 648);
+static_assert(std::is_trivially_copyable_v<RingHeader>);
+
+/// Offsets of the ring memfd. The one place ring offsets are computed.
+struct RingLayout {
+    std::uint32_t entries = 0;
+
+    static constexpr bool validEntries(std::uint32_t n) {
+        return n >= kRingMinEntries && n <= kRingMaxEntries && (n & (n - 1)) == 0;
+    }
+    TPF_HD constexpr std::uint64_t submissionsOffset() const { return sizeof(RingHeader); }
+    TPF_HD constexpr std::uint64_t submissionOffset(std::uint32_t index) const {
+        return submissionsOffset() + std::uint64_t(index & (entries - 1)) * sizeof(Doorbell);
+    }
+    TPF_HD constexpr std::uint64_t completionsOffset() const {
+        return submissionsOffset() + std::uint64_t(entries) * sizeof(Doorbell);
+    }
+    TPF_HD constexpr std::uint64_t completionOffset(std::uint32_t index) const {
+        return completionsOffset() + std::uint64_t(index & (entries - 1)) * sizeof(Completion);
+    }
+    TPF_HD constexpr std::uint64_t totalBytes() const {
+        return roundUp(completionsOffset() + std::uint64_t(entries) * sizeof(Completion), kSlotAlign);
+    }
+};
+
+#if !defined(__CUDA_ARCH__)
+/// Host view of a mapped ring; both sides use it. Does not own the mapping.
+class RingView {
+public:
+    RingView() = default;
+    RingView(void* base, RingLayout layout) : base_(static_cast<std::uint8_t*>(base)), layout_(layout) {}
+
+    RingHeader& header() const { return *reinterpret_cast<RingHeader*>(base_); }
+    const RingLayout& layout() const { return layout_; }
+
+    /// Producer (rank): publish one doorbell; false if the ring is full.
+    bool push(const Doorbell& d) const {
+        auto& h = header();
+        const std::uint32_t head = std::atomic_ref(h.subHead).load(std::memory_order_relaxed);
+        const std::uint32_t tail = std::atomic_ref(h.subTail).load(std::memory_order_acquire);
+        if (head - tail >= layout_.entries) return false;
+        *reinterpret_cast<Doorbell*>(base_ + layout_.submissionOffset(head)) = d;
+        std::atomic_ref(h.subHead).store(head + 1, std::memory_order_release);
+        return true;
+    }
+    /// Producer: after push, whether the proxy must be woken through its eventfd.
+    bool proxyNeedsWake() const {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        return std::atomic_ref(header().proxyIdle).load(std::memory_order_relaxed) != 0;
+    }
+    /// Consumer (daemon): take one doorbell. `tail` is the daemon's private
+    /// copy of subTail (a client could scribble on the shared one). Returns
+    /// Empty, Taken, or Corrupt when the shared head is more than a ring ahead.
+    enum class Pop { Empty, Taken, Corrupt };
+    Pop pop(std::uint32_t& tail, Doorbell& out) const {
+        auto& h = header();
+        const std::uint32_t head = std::atomic_ref(h.subHead).load(std::memory_order_acquire);
+        if (head == tail) return Pop::Empty;
+        if (head - tail > layout_.entries) return Pop::Corrupt;
+        out = *reinterpret_cast<const Doorbell*>(base_ + layout_.submissionOffset(tail));
+        ++tail;
+        std::atomic_ref(h.subTail).store(tail, std::memory_order_release);
+        return Pop::Taken;
+    }
+    bool hasSubmissions(std::uint32_t tail) const {
+        return std::atomic_ref(header().subHead).load(std::memory_order_acquire) != tail;
+    }
+    /// Daemon: report a doorbell; `head` is the daemon's private cplHead. A
+    /// full completion ring drops the report (the error is also in the
+    /// region's control block).
+    bool complete(std::uint32_t& head, const Completion& c) const {
+        auto& h = header();
+        const std::uint32_t tail = std::atomic_ref(h.cplTail).load(std::memory_order_acquire);
+        if (head - tail >= layout_.entries) return false;
+        *reinterpret_cast<Completion*>(base_ + layout_.completionOffset(head)) = c;
+        ++head;
+        std::atomic_ref(h.cplHead).store(head, std::memory_order_release);
+        return true;
+    }
+    /// Rank: take one completion; false if none.
+    bool takeCompletion(Completion& out) const {
+        auto& h = header();
+        const std::uint32_t tail = std::atomic_ref(h.cplTail).load(std::memory_order_relaxed);
+        const std::uint32_t head = std::atomic_ref(h.cplHead).load(std::memory_order_acquire);
+        if (head == tail) return false;
+        out = *reinterpret_cast<const Completion*>(base_ + layout_.completionOffset(tail));
+        std::atomic_ref(h.cplTail).store(tail + 1, std::memory_order_release);
+        return true;
+    }
+
+private:
+    std::uint8_t* base_ = nullptr;
+    RingLayout layout_{};
+};
+#endif
+
+} // namespace tpf

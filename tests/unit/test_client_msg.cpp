@@ -1,0 +1,334 @@
+// Client <-> daemon records (proto/client_msg.hpp): round trips, refusals by
+// name, golden byte images.
+#include <cstring>
+
+#include "catch.hpp"
+#include "golden.hpp"
+#include "proto/client_msg.hpp"
+
+using namespace tpf;
+using namespace tpf::client_proto;
+
+namespace {
+
+Hello sampleHello() { return Hello{kRoleRank, 0, 0}; }
+
+HelloReply sampleHelloReply() {
+    HelloReply m{};
+    fill(m.nodeId, 0x10);
+    setText(m.daemonVersion, "0.1.0");
+    m.startedUnixNs = 0x0102030405060708ull;
+    m.protocol = kClientVersion;
+    return m;
+}
+
+HcaCard sampleHca(std::uint8_t i) {
+    HcaCard h{};
+    fill(h.gid, std::uint8_t(0x20 + i));
+    fill(h.subnet, std::uint8_t(0x40 + i));
+    setText(h.device, i ? "rxe1" : "rxe0");
+    h.port = 1;
+    h.prefixLen = 120;
+    h.mtu = 1024;
+    h.speedMbps = 10000;
+    h.state = 4;
+    h.gidIndex = 1;
+    return h;
+}
+
+NodeCard sampleNodeCard() {
+    NodeCard m;
+    fill(m.fixed.nodeId, 0x10);
+    fill(m.fixed.endpointAddr, 0x60);
+    m.fixed.endpointPort = 18515;
+    m.fixed.usableCap = 512 * 1024;
+    m.hcas = {sampleHca(0), sampleHca(1)};
+    m.fixed.hcaCount = 2;
+    return m;
+}
+
+GroupOpen sampleGroupOpen(std::uint32_t world = 3, std::uint32_t rank = 1) {
+    GroupOpen m;
+    fill(m.fixed.groupId, 0xa0);
+    m.fixed.rank = rank;
+    m.fixed.world = world;
+    m.fixed.maxBytes = 65536;
+    m.fixed.timeoutMs = 5000;
+    m.fixed.regionKind = kRegionHost;
+    for (std::uint32_t r = 0; r < world; ++r) {
+        RosterEntry e{};
+        fill(e.nodeId, 0x10);
+        fill(e.endpointAddr, 0x60);
+        e.endpointPort = 18515;
+        e.pid = 1000 + r;
+        e.maxBytes = 65536;
+        m.roster.push_back(e);
+    }
+    return m;
+}
+
+Verdict sampleVerdict() {
+    Verdict v{};
+    v.rank = 1;
+    v.world = 3;
+    v.stripes = 1;
+    v.agreedCap = 65536 - 16;
+    v.slotBytes = slotBytesFor(v.agreedCap);
+    v.regionBytes = Layout::of(3, v.slotBytes, 1)->totalBytes();
+    v.groupHandle = 7;
+    v.ringEntries = 64;
+    v.routes[0] = kRouteShm;
+    v.routes[1] = kRouteSelf;
+    v.routes[2] = kRouteShm;
+    setText(v.reason, "");
+    return v;
+}
+
+ErrorReply sampleError() {
+    ErrorReply e{};
+    e.errc = std::uint16_t(Errc::BadMessage);
+    e.missingPeer = kNoPeer;
+    setText(e.message, "BadMessage: test");
+    return e;
+}
+
+Frame frameOf(const Bytes& b) {
+    auto f = decodeFrame(b, kReplySpec);
+    REQUIRE(f.ok());
+    return *f;
+}
+
+// Every cut of a fixed record's payload is refused as Truncated.
+template <class T>
+void everyTruncationRefused(const T& rec, std::uint16_t op) {
+    Bytes full = encode(op, 1, rec);
+    auto f = frameOf(full);
+    for (std::size_t cut = 0; cut < f.payload.size(); ++cut) {
+        auto r = decodeFixed<T>(f.payload.first(cut), "rec");
+        REQUIRE(r.code() == Errc::Truncated);
+    }
+    // One byte too many is refused too.
+    Bytes longer(f.payload.begin(), f.payload.end());
+    longer.push_back(0);
+    CHECK(decodeFixed<T>(longer, "rec").code() == Errc::BadMessage);
+}
+
+} // namespace
+
+TEST_CASE("client records round-trip") {
+    {
+        auto f = frameOf(encode(kHello, 5, sampleHello()));
+        CHECK(f.header.opcode == kHello);
+        CHECK(f.header.seq == 5);
+        auto m = decodeFixed<Hello>(f.payload, "Hello");
+        REQUIRE(m.ok());
+        CHECK(m->role == kRoleRank);
+    }
+    {
+        auto f = frameOf(encode(kHelloReply, 5, sampleHelloReply()));
+        auto m = decodeFixed<HelloReply>(f.payload, "HelloReply");
+        REQUIRE(m.ok());
+        CHECK(std::memcmp(&*m, &static_cast<const HelloReply&>(sampleHelloReply()), sizeof(HelloReply)) == 0);
+    }
+    {
+        auto f = frameOf(encode(9, sampleNodeCard()));
+        CHECK(f.header.opcode == kNodeCard);
+        auto m = decodeNodeCard(f.payload);
+        REQUIRE(m.ok());
+        REQUIRE(m->hcas.size() == 2);
+        CHECK(m->fixed.usableCap == 512 * 1024);
+        CHECK(std::string(m->hcas[1].device) == "rxe1");
+    }
+    for (std::uint32_t world : {2u, 3u, 16u}) {
+        auto f = frameOf(encode(9, sampleGroupOpen(world, world - 1)));
+        auto m = decodeGroupOpen(f.payload);
+        REQUIRE(m.ok());
+        CHECK(m->roster.size() == world);
+        CHECK(m->roster[world - 1].pid == 1000 + world - 1);
+    }
+    {
+        auto f = frameOf(encode(kVerdict, 2, sampleVerdict()));
+        auto m = decodeFixed<Verdict>(f.payload, "Verdict");
+        REQUIRE(m.ok());
+        CHECK(m->groupHandle == 7);
+    }
+    {
+        auto f = frameOf(encode(kErrorReply, 2, sampleError()));
+        auto m = decodeFixed<ErrorReply>(f.payload, "ErrorReply");
+        REQUIRE(m.ok());
+        CHECK(std::string(m->message) == "BadMessage: test");
+    }
+    {
+        auto f = frameOf(encode(kAbort, 3, Abort{}));
+        CHECK(decodeFixed<Abort>(f.payload, "Abort").ok());
+        auto g = frameOf(encode(kStatusRequest, 4, StatusRequest{}));
+        CHECK(decodeFixed<StatusRequest>(g.payload, "StatusRequest").ok());
+        auto e = frameOf(encodeEmpty(kClose, 6));
+        CHECK(e.payload.empty());
+        CHECK(expectEmpty(e.payload, "Close").ok());
+        auto s = frameOf(encodeStatusReply(8, R"({"ok":true})"));
+        CHECK(decodeStatusReply(s.payload).value() == R"({"ok":true})");
+    }
+}
+
+TEST_CASE("header refusals: truncation, magic, version, length 0 and 2^32-1") {
+    Bytes good = encode(kHello, 1, sampleHello());
+    for (std::size_t cut = 0; cut < sizeof(MsgHeader); ++cut)
+        CHECK(decodeHeader(ByteView(good).first(cut), kRequestSpec).code() == Errc::Truncated);
+    // Payload shorter than the header says.
+    CHECK(decodeFrame(ByteView(good).first(good.size() - 1), kRequestSpec).code() == Errc::Truncated);
+
+    Bytes magic = good;
+    magic[0] ^= 0xff;
+    CHECK(decodeHeader(magic, kRequestSpec).code() == Errc::BadMagic);
+    Bytes rev = good; // a record-layout revision from another release
+    rev[3] = 2;
+    CHECK(decodeHeader(rev, kRequestSpec).code() == Errc::BadMagic);
+
+    for (std::uint16_t v : {std::uint16_t(0), std::uint16_t(kClientVersion + 1), std::uint16_t(0xffff)}) {
+        Bytes b = good;
+        std::memcpy(b.data() + 4, &v, 2);
+        CHECK(decodeHeader(b, kRequestSpec).code() == Errc::VersionMismatch);
+    }
+
+    Bytes huge = good;
+    const std::uint32_t big = 0xffffffffu;
+    std::memcpy(huge.data() + 8, &big, 4);
+    CHECK(decodeHeader(huge, kRequestSpec).code() == Errc::TooLarge);
+    CHECK(decodeHeader(huge, kReplySpec).code() == Errc::TooLarge);
+
+    Bytes zero = good; // length 0: a Hello with no payload
+    const std::uint32_t nil = 0;
+    std::memcpy(zero.data() + 8, &nil, 4);
+    auto f = decodeFrame(zero, kRequestSpec);
+    REQUIRE(f.ok());
+    CHECK(decodeFixed<Hello>(f->payload, "Hello").code() == Errc::Truncated);
+    CHECK(decodeGroupOpen(f->payload).code() == Errc::Truncated);
+    CHECK(decodeNodeCard(f->payload).code() == Errc::Truncated);
+    CHECK(expectEmpty(ByteView(good).subspan(16), "Close").code() == Errc::BadMessage);
+}
+
+TEST_CASE("every truncation of every fixed record is refused") {
+    everyTruncationRefused(sampleHello(), kHello);
+    everyTruncationRefused(sampleHelloReply(), kHelloReply);
+    everyTruncationRefused(sampleVerdict(), kVerdict);
+    everyTruncationRefused(sampleError(), kErrorReply);
+    everyTruncationRefused(Abort{}, kAbort);
+    everyTruncationRefused(StatusRequest{}, kStatusRequest);
+}
+
+TEST_CASE("every truncation of the counted records is refused") {
+    auto nc = frameOf(encode(1, sampleNodeCard()));
+    for (std::size_t cut = 0; cut < nc.payload.size(); ++cut)
+        REQUIRE(decodeNodeCard(nc.payload.first(cut)).code() == Errc::Truncated);
+    auto go = frameOf(encode(1, sampleGroupOpen()));
+    for (std::size_t cut = 0; cut < go.payload.size(); ++cut)
+        REQUIRE(decodeGroupOpen(go.payload.first(cut)).code() == Errc::Truncated);
+}
+
+TEST_CASE("out-of-range ranks, worlds and fields are refused by name") {
+    auto decodeGo = [](GroupOpen m) {
+        Bytes b = encode(1, m);
+        return decodeGroupOpen(ByteView(b).subspan(16));
+    };
+    for (std::uint32_t world : {0u, 1u, 17u, 0xffffffffu}) {
+        auto m = sampleGroupOpen();
+        m.fixed.world = world; // the roster keeps 3 entries
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+    }
+    {
+        auto m = sampleGroupOpen();
+        m.fixed.rank = 3;
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+        m.fixed.rank = 0xffffffffu;
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+    }
+    {
+        auto m = sampleGroupOpen();
+        m.fixed.world = 4; // roster has 3 entries: count and bytes disagree
+        CHECK(decodeGo(m).code() == Errc::Truncated);
+        m.fixed.world = 2; // one roster entry too many
+        CHECK(decodeGo(m).code() == Errc::BadMessage);
+    }
+    {
+        auto m = sampleGroupOpen();
+        m.fixed.timeoutMs = 0;
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+        m = sampleGroupOpen();
+        m.fixed.regionKind = 9;
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+        m = sampleGroupOpen();
+        m.fixed.maxBytes = 1ull << 40;
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+        m = sampleGroupOpen();
+        m.roster[1].maxBytes = 1; // own entry must match
+        CHECK(decodeGo(m).code() == Errc::GroupMismatch);
+    }
+    {
+        Hello h{7, 0, 0};
+        Bytes b = encode(kHello, 1, h);
+        CHECK(decodeFixed<Hello>(ByteView(b).subspan(16), "Hello").code() == Errc::OutOfRange);
+    }
+    {
+        auto v = sampleVerdict();
+        v.rank = 3;
+        Bytes b = encode(kVerdict, 1, v);
+        CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
+        v = sampleVerdict();
+        v.routes[2] = 9;
+        b = encode(kVerdict, 1, v);
+        CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
+        v = sampleVerdict();
+        v.slotBytes = 4096;
+        b = encode(kVerdict, 1, v);
+        CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::BadMessage);
+        v = sampleVerdict();
+        v.errc = 999;
+        b = encode(kVerdict, 1, v);
+        CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
+        v = sampleVerdict();
+        std::memset(v.reason, 'x', sizeof v.reason); // no terminating NUL
+        b = encode(kVerdict, 1, v);
+        CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::BadMessage);
+    }
+    {
+        auto m = sampleNodeCard();
+        m.hcas.resize(9, sampleHca(0));
+        Bytes b = encode(1, m);
+        CHECK(decodeNodeCard(ByteView(b).subspan(16)).code() == Errc::OutOfRange);
+    }
+}
+
+// Golden images. A change here is a record-layout change: bump the magic's
+// revision byte (kClientMagic) in the same commit.
+TEST_CASE("golden byte images of client records") {
+    CHECK(hexOf(encode(kHello, 1, sampleHello())) ==
+          "5450430101000100100000000100000001000000000000000000000000000000");
+    CHECK(hexOf(encode(kHelloReply, 2, sampleHelloReply())) ==
+          "54504301010002004000000002000000"
+          "101112131415161718191a1b1c1d1e1f302e312e30000000000000000000000000000000000000000000000000000000"
+          "08070605040302010100000000000000");
+    CHECK(hexOf(encode(3, sampleNodeCard())) ==
+          "5450430101000400b000000003000000"
+          "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f5348020000000000"
+          "0000080000000000"
+          "202122232425262728292a2b2c2d2e2f404142434445464748494a4b4c4d4e4f7278653000000000000000000000000001780004102700000400000001000000"
+          "2122232425262728292a2b2c2d2e2f304142434445464748494a4b4c4d4e4f507278653100000000000000000000000001780004102700000400000001000000");
+    CHECK(hexOf(encode(4, sampleGroupOpen(2, 0))) ==
+          "54504301010005009000000004000000"
+          "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf0000000002000000000001000000000088130000010000000000000000000000"
+          "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f53480000e80300000000010000000000"
+          "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f53480000e90300000000010000000000");
+    CHECK(hexOf(encode(kVerdict, 5, sampleVerdict())) ==
+          "5450430101000600c000000005000000"
+          "00000000010000000300000001000000" // errc 0, rank 1, world 3, stripes 1
+          "f0ff0000000000000000010000000000" // agreedCap 65520, slotBytes 65536
+          "00100600000000000700000040000000" // regionBytes, groupHandle 7, 64 entries
+          "01000100000000000000000000000000" // routes: shm, self, shm
+          "0000000000000000000000000000000000000000000000000000000000000000"
+          "0000000000000000000000000000000000000000000000000000000000000000"
+          "0000000000000000000000000000000000000000000000000000000000000000"
+          "0000000000000000000000000000000000000000000000000000000000000000");
+    CHECK(hexOf(encode(kAbort, 6, Abort{})) == "5450430101000700080000000600000000000000" "00000000");
+}
+

@@ -1,0 +1,39 @@
+// Error vocabulary (proto/error.hpp): every code has a unique name and a message.
+#include <set>
+#include <string>
+
+#include "catch.hpp"
+#include "proto/error.hpp"
+
+using namespace tpf;
+
+TEST_CASE("every error code has a unique name and an actionable message") {
+    std::set<std::string> names;
+    for (std::uint32_t v = 0; v <= std::uint32_t(Errc::SystemError); ++v) {
+        Errc e;
+        REQUIRE(errcFromWire(v, e));
+        auto name = std::string(errcName(e));
+        CHECK(name != "Unknown");
+        CHECK(names.insert(name).second);
+        CHECK(errcMessage(e).size() > 5);
+    }
+    Errc e;
+    CHECK_FALSE(errcFromWire(std::uint32_t(Errc::SystemError) + 1, e));
+    CHECK_FALSE(errcFromWire(0xffff, e));
+    // The failures DESIGN.md §5 and the mission name.
+    for (auto n : {"Unsupported", "Misaligned", "Timeout", "PeerLost", "DaemonLost", "Aborted", "CapMismatch",
+                   "NonOneToOnePairing", "BadMessage"})
+        CHECK(names.count(n) == 1);
+}
+
+TEST_CASE("Result carries a value or a named error") {
+    Result<int> ok = 5;
+    CHECK(ok.ok());
+    CHECK(*ok == 5);
+    Result<int> bad{Errc::PeerLost, "rank 3 closed its connection"};
+    CHECK_FALSE(bad.ok());
+    CHECK(bad.code() == Errc::PeerLost);
+    CHECK(bad.error().describe() == "PeerLost: rank 3 closed its connection");
+    Status st{Errc::Timeout};
+    CHECK(st.error().describe().rfind("Timeout: ", 0) == 0);
+}

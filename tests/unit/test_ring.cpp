@@ -1,0 +1,95 @@
+// Command ring (proto/ring.hpp): layout, wrap-around, full, corrupt heads, and
+// one producer thread against one consumer thread.
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "proto/ring.hpp"
+
+using namespace tpf;
+
+namespace {
+struct Mem {
+    explicit Mem(std::uint32_t entries) : layout{entries}, bytes(layout.totalBytes() / 8 + 1) {
+        auto& h = view().header();
+        h.magic = kRingMagic;
+        h.entries = entries;
+    }
+    RingLayout layout;
+    std::vector<std::uint64_t> bytes; // 8-byte aligned backing store
+    RingView view() { return RingView(bytes.data(), layout); }
+};
+} // namespace
+
+TEST_CASE("ring layout") {
+    CHECK(RingLayout::validEntries(8));
+    CHECK(RingLayout::validEntries(4096));
+    CHECK_FALSE(RingLayout::validEntries(4));
+    CHECK_FALSE(RingLayout::validEntries(48));
+    CHECK_FALSE(RingLayout::validEntries(8192));
+    RingLayout l{64};
+    CHECK(l.submissionsOffset() == 768);
+    CHECK(l.submissionOffset(65) == 768 + 16);
+    CHECK(l.completionsOffset() == 768 + 64 * 16);
+    CHECK(l.totalBytes() == 4096);
+    CHECK(l.submissionsOffset() % 128 == 0);
+}
+
+TEST_CASE("ring wraps, refuses when full, detects a corrupt head") {
+    Mem m(8);
+    auto v = m.view();
+    std::uint32_t tail = 0;
+    Doorbell d;
+    for (std::uint64_t round = 0; round < 5; ++round) {
+        for (std::uint32_t i = 0; i < 8; ++i) REQUIRE(v.push({round * 8 + i + 1, i, 3}));
+        CHECK_FALSE(v.push({999, 0, 3}));
+        for (std::uint32_t i = 0; i < 8; ++i) {
+            REQUIRE(v.pop(tail, d) == RingView::Pop::Taken);
+            CHECK(d.epoch == round * 8 + i + 1);
+            CHECK(d.bytes == i);
+        }
+        CHECK(v.pop(tail, d) == RingView::Pop::Empty);
+    }
+    // A client that writes a head more than a ring ahead is caught.
+    v.header().subHead = tail + 9;
+    CHECK(v.pop(tail, d) == RingView::Pop::Corrupt);
+}
+
+TEST_CASE("completions: drop when full, drain in order") {
+    Mem m(8);
+    auto v = m.view();
+    std::uint32_t head = 0;
+    for (std::uint32_t i = 0; i < 8; ++i) REQUIRE(v.complete(head, {i, 3, 0, 1}));
+    CHECK_FALSE(v.complete(head, {99, 3, 0, 1}));
+    Completion c;
+    for (std::uint32_t i = 0; i < 8; ++i) {
+        REQUIRE(v.takeCompletion(c));
+        CHECK(c.epoch == i);
+    }
+    CHECK_FALSE(v.takeCompletion(c));
+}
+
+TEST_CASE("one producer, one consumer thread: every doorbell once, in order") {
+    Mem m(16);
+    auto v = m.view();
+    constexpr std::uint64_t n = 200000;
+    std::thread producer([&] {
+        for (std::uint64_t e = 1; e <= n; ++e)
+            while (!v.push({e, std::uint32_t(e), 1})) std::this_thread::yield();
+    });
+    std::uint32_t tail = 0;
+    Doorbell d;
+    std::uint64_t next = 1;
+    while (next <= n) {
+        auto r = v.pop(tail, d);
+        REQUIRE(r != RingView::Pop::Corrupt);
+        if (r == RingView::Pop::Empty) {
+            std::this_thread::yield();
+            continue;
+        }
+        REQUIRE(d.epoch == next);
+        REQUIRE(d.bytes == std::uint32_t(next));
+        ++next;
+    }
+    producer.join();
+}
