@@ -6,6 +6,8 @@
 #include <string>
 
 #include "ctl/byte_size.hpp"
+#include "ctl/status_client.hpp"
+#include "ctl/status_print.hpp"
 #include "proto/layout.hpp"
 #include "tpf_config.h"
 
@@ -49,6 +51,28 @@ int runLayout(std::uint32_t world, const std::string& maxBytesText, std::uint32_
     return 0;
 }
 
+// `tpfabricctl status`: ask the daemon for its status document and print it.
+int runStatus(const std::string& socketPath, int timeoutMs, bool json) {
+    auto doc = tpf::ctl::fetchStatus(socketPath, timeoutMs);
+    if (!doc) {
+        // One line, whatever the daemon put in its error message.
+        std::string line = doc.error().detail;
+        for (char& c : line)
+            if ((unsigned char)c < 0x20) c = '?';
+        std::fprintf(stderr, "tpfabricctl: %s\n", line.c_str());
+        return 1;
+    }
+    if (json)
+        std::cout << doc->dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    else
+        tpf::ctl::printStatus(*doc, std::cout);
+    if (!std::cout.flush()) {
+        std::fprintf(stderr, "tpfabricctl: cannot write the status to stdout\n");
+        return 1;
+    }
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -66,7 +90,27 @@ int main(int argc, char** argv) {
     layout->add_option("--stripes", stripes, "HCA pairs between two nodes (1..8)")->capture_default_str();
     layout->add_flag("--json", json, "print JSON instead of a table");
 
-    CLI11_PARSE(app, argc, argv);
+    std::string socketPath = tpf::ctl::defaultSocketPath();
+    int timeoutMs = 5000;
+    bool statusJson = false;
+    auto* status = app.add_subcommand("status", "show tpfabricd's HCAs, peers, groups and registered memory");
+    status->add_option("--socket", socketPath,
+                       std::string("tpfabricd's control socket (default: $") + tpf::ctl::kSocketEnv +
+                           " if set, else " + tpf::ctl::kDefaultSocketPath + ")");
+    status->add_flag("--json", statusJson, "print the daemon's status document as JSON (docs/status.md)");
+    status->add_option("--timeout-ms", timeoutMs, "how long to wait for the daemon's answers, 1..600000")
+        ->check(CLI::Range(1, 600000))
+        ->capture_default_str();
+    status->footer("Exit status: 0 printed; 1 the daemon could not be reached, refused, or answered garbage or "
+                   "too late (one line on stderr says what and what to do); 2 bad usage.");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        // --help and --version exit 0; every usage error exits 2, as the layout checks do.
+        return app.exit(e) == 0 ? 0 : 2;
+    }
     if (*layout) return runLayout(world, maxBytes, stripes, json);
+    if (*status) return runStatus(socketPath, timeoutMs, statusJson);
     return 2;
 }

@@ -44,6 +44,8 @@ enum Opcode : std::uint16_t {
     kStatusReply = 10,    ///< daemon -> client: JSON text (UTF-8, no NUL)
     kErrorReply = 11,     ///< daemon -> client: ErrorReply; the connection closes after it
     kClosed = 12,         ///< daemon -> client: empty, acknowledges kClose
+    kShareRegion = 13,    ///< client -> daemon: ShareRegion + 1 fd (its device region, POSIX fd of cuMemCreate)
+    kPeerRegion = 14,     ///< daemon -> client: PeerRegion + 1 fd (a same-node member's shared device region)
 };
 
 /// Who connects. Hello.role.
@@ -55,6 +57,13 @@ enum Route : std::uint8_t {
     kRouteShm = 1,   ///< daemon proxy copies between host regions of one node
     kRouteVerbs = 2, ///< daemon proxy posts RDMA WRITEs to another node
     kRouteIpc = 3,   ///< the GPU kernel stores into the peer's device region
+};
+
+/// GroupOpen.flags.
+enum OpenFlags : std::uint32_t {
+    /// Doorbells come from GPU kernels, which cannot write the proxy eventfd:
+    /// the proxy polls without sleeping while such a group is open.
+    kOpenGpuDoorbells = 1,
 };
 
 /// Region kind; GroupOpen.regionKind.
@@ -136,7 +145,8 @@ struct GroupOpenFixed {
     std::uint64_t maxBytes;    ///< this rank's usable maximum shard, bytes
     std::uint32_t timeoutMs;   ///< how long the daemon waits for the other local ranks (1..600000)
     std::uint32_t regionKind;  ///< RegionKind
-    std::uint64_t reserved;
+    std::uint32_t flags;       ///< OpenFlags
+    std::uint32_t reserved;
 };
 static_assert(sizeof(GroupOpenFixed) == 48);
 static_assert(offsetof(GroupOpenFixed, maxBytes) == 24);
@@ -171,6 +181,30 @@ static_assert(offsetof(Verdict, routes) == 48);
 static_assert(offsetof(Verdict, reason) == 64);
 static_assert(std::is_trivially_copyable_v<Verdict>);
 inline constexpr std::uint32_t kVerdictFds = 3;
+
+/// A member of an open group shares its device region (ipc route) with the
+/// other members on this node: one fd (cuMemExportToShareableHandle, POSIX
+/// fd) beside the message. The daemon only brokers: it refuses the fd from a
+/// connection not in an open group and forwards it, as PeerRegion, to the
+/// members of that group only. No reply to the sender. 16 bytes.
+struct ShareRegion {
+    std::uint64_t bytes;    ///< allocation size (cuMemCreate granularity), >= Layout::totalBytes(), <= 2 GiB
+    std::uint32_t reserved0;
+    std::uint32_t reserved1;
+};
+static_assert(sizeof(ShareRegion) == 16);
+static_assert(std::is_trivially_copyable_v<ShareRegion>);
+inline constexpr std::uint64_t kMaxSharedRegionBytes = 2ull << 30;
+
+/// Another member's ShareRegion as the daemon forwards it (1 fd beside it). 16 bytes.
+struct PeerRegion {
+    std::uint32_t rank;     ///< the sharing member's rank in the group
+    std::uint32_t reserved;
+    std::uint64_t bytes;    ///< as in its ShareRegion
+};
+static_assert(sizeof(PeerRegion) == 16);
+static_assert(offsetof(PeerRegion, bytes) == 8);
+static_assert(std::is_trivially_copyable_v<PeerRegion>);
 
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {
@@ -239,6 +273,8 @@ inline Status validate(const GroupOpenFixed& m) {
         return {Errc::OutOfRange, "GroupOpen: timeout " + std::to_string(m.timeoutMs) + " ms outside 1..600000"};
     if (m.regionKind != kRegionHost && m.regionKind != kRegionDevice)
         return {Errc::OutOfRange, "GroupOpen: region kind " + std::to_string(m.regionKind)};
+    if (m.flags & ~std::uint32_t(kOpenGpuDoorbells))
+        return {Errc::BadMessage, "GroupOpen: unknown flags " + std::to_string(m.flags)};
     return okStatus();
 }
 
@@ -263,6 +299,20 @@ inline Status validate(const Verdict& m) {
     for (std::uint32_t r = 0; r < m.world; ++r)
         if (m.routes[r] > kRouteIpc || (m.routes[r] == kRouteSelf) != (r == m.rank))
             return {Errc::OutOfRange, "Verdict: route " + std::to_string(m.routes[r]) + " for rank " + std::to_string(r)};
+    return okStatus();
+}
+
+inline Status validate(const ShareRegion& m) {
+    if (m.bytes == 0 || m.bytes > kMaxSharedRegionBytes)
+        return {Errc::OutOfRange, "ShareRegion: " + std::to_string(m.bytes) + " bytes outside 1..2 GiB"};
+    if (m.reserved0 || m.reserved1) return {Errc::BadMessage, "ShareRegion: reserved fields not 0"};
+    return okStatus();
+}
+
+inline Status validate(const PeerRegion& m) {
+    if (m.rank >= kMaxWorld) return {Errc::OutOfRange, "PeerRegion: rank " + std::to_string(m.rank)};
+    if (m.bytes == 0 || m.bytes > kMaxSharedRegionBytes)
+        return {Errc::OutOfRange, "PeerRegion: " + std::to_string(m.bytes) + " bytes outside 1..2 GiB"};
     return okStatus();
 }
 

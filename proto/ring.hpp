@@ -78,6 +78,39 @@ static_assert(offsetof(RingHeader, proxyIdle) == 640);
 static_assert(offsetof(RingHeader, heartbeatNs) == 648);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 
+/// Per-rank call statistics, written by the rank after every call (relaxed
+/// stores; one writer), read by the daemon for status. 384 bytes.
+struct RankStats {
+    std::uint64_t calls;        ///< collectives completed or failed
+    std::uint64_t bytes;        ///< shard bytes of completed calls
+    std::uint64_t errors;       ///< failed calls
+    std::uint32_t lastError;    ///< Errc of the last failure
+    std::uint32_t reserved0;
+    std::uint32_t latency[88];  ///< call latency histogram, index = latencyBucket(ns)
+};
+static_assert(sizeof(RankStats) == 384);
+static_assert(offsetof(RankStats, latency) == 32);
+static_assert(std::is_trivially_copyable_v<RankStats>);
+
+inline constexpr std::uint32_t kLatencyBuckets = 88;
+
+/// Log-linear latency bucket: 4 per power of two from 256 ns (so a bucket's
+/// floor is within 19% of any value in it); bucket 0 holds everything below
+/// 320 ns, bucket 87 everything from about 0.94 s.
+constexpr std::uint32_t latencyBucket(std::uint64_t ns) {
+    if (ns < 256) return 0;
+    std::uint32_t e = 63;
+    while (!(ns >> e)) --e;
+    const std::uint32_t idx = (e - 8) * 4 + std::uint32_t((ns >> (e - 2)) & 3);
+    return idx >= kLatencyBuckets ? kLatencyBuckets - 1 : idx;
+}
+/// Lower bound in ns of a latency bucket (inverse of latencyBucket).
+constexpr std::uint64_t latencyBucketFloor(std::uint32_t idx) {
+    if (idx == 0) return 0;
+    const std::uint32_t e = idx / 4 + 8;
+    return (std::uint64_t(4 + idx % 4)) << (e - 2);
+}
+
 /// Offsets of the ring memfd. The one place ring offsets are computed.
 struct RingLayout {
     std::uint32_t entries = 0;
@@ -85,7 +118,8 @@ struct RingLayout {
     static constexpr bool validEntries(std::uint32_t n) {
         return n >= kRingMinEntries && n <= kRingMaxEntries && (n & (n - 1)) == 0;
     }
-    TPF_HD constexpr std::uint64_t submissionsOffset() const { return sizeof(RingHeader); }
+    TPF_HD constexpr std::uint64_t statsOffset() const { return sizeof(RingHeader); }
+    TPF_HD constexpr std::uint64_t submissionsOffset() const { return statsOffset() + sizeof(RankStats); }
     TPF_HD constexpr std::uint64_t submissionOffset(std::uint32_t index) const {
         return submissionsOffset() + std::uint64_t(index & (entries - 1)) * sizeof(Doorbell);
     }
@@ -108,6 +142,7 @@ public:
     RingView(void* base, RingLayout layout) : base_(static_cast<std::uint8_t*>(base)), layout_(layout) {}
 
     RingHeader& header() const { return *reinterpret_cast<RingHeader*>(base_); }
+    RankStats& stats() const { return *reinterpret_cast<RankStats*>(base_ + layout_.statsOffset()); }
     const RingLayout& layout() const { return layout_; }
 
     /// Producer (rank): publish one doorbell; false if the ring is full.

@@ -332,3 +332,31 @@ TEST_CASE("golden byte images of client records") {
     CHECK(hexOf(encode(kAbort, 6, Abort{})) == "5450430101000700080000000600000000000000" "00000000");
 }
 
+
+// Device-region brokering (ipc route): ShareRegion client -> daemon, PeerRegion daemon -> client.
+TEST_CASE("ShareRegion and PeerRegion: round trips, refusals, golden bytes") {
+    const ShareRegion share{2 * 1024 * 1024, 0, 0};
+    auto sf = frameOf(encode(kShareRegion, 9, share));
+    auto sback = decodeFixed<ShareRegion>(sf.payload, "ShareRegion");
+    REQUIRE(sback.ok());
+    CHECK(sback->bytes == share.bytes);
+    const PeerRegion peer{3, 0, 2 * 1024 * 1024};
+    auto pf = frameOf(encode(kPeerRegion, 10, peer));
+    auto pback = decodeFixed<PeerRegion>(pf.payload, "PeerRegion");
+    REQUIRE(pback.ok());
+    CHECK(pback->rank == 3);
+    CHECK(pback->bytes == peer.bytes);
+    everyTruncationRefused(share, kShareRegion);
+    everyTruncationRefused(peer, kPeerRegion);
+
+    CHECK(validate(ShareRegion{0, 0, 0}).code() == Errc::OutOfRange);
+    CHECK(validate(ShareRegion{kMaxSharedRegionBytes + 1, 0, 0}).code() == Errc::OutOfRange);
+    CHECK(validate(ShareRegion{4096, 1, 0}).code() == Errc::BadMessage);
+    CHECK(validate(PeerRegion{kMaxWorld, 0, 4096}).code() == Errc::OutOfRange);
+    CHECK(validate(PeerRegion{1, 0, 0}).code() == Errc::OutOfRange);
+
+    CHECK(hexOf(encode(kShareRegion, 9, share)) ==
+          "54504301" "0100" "0d00" "10000000" "09000000" "0000200000000000" "0000000000000000");
+    CHECK(hexOf(encode(kPeerRegion, 10, peer)) ==
+          "54504301" "0100" "0e00" "10000000" "0a000000" "03000000" "00000000" "0000200000000000");
+}

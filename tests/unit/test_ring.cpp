@@ -28,9 +28,10 @@ TEST_CASE("ring layout") {
     CHECK_FALSE(RingLayout::validEntries(48));
     CHECK_FALSE(RingLayout::validEntries(8192));
     RingLayout l{64};
-    CHECK(l.submissionsOffset() == 768);
-    CHECK(l.submissionOffset(65) == 768 + 16);
-    CHECK(l.completionsOffset() == 768 + 64 * 16);
+    CHECK(l.statsOffset() == 768);
+    CHECK(l.submissionsOffset() == 768 + 384);
+    CHECK(l.submissionOffset(65) == 768 + 384 + 16);
+    CHECK(l.completionsOffset() == 768 + 384 + 64 * 16);
     CHECK(l.totalBytes() == 4096);
     CHECK(l.submissionsOffset() % 128 == 0);
 }
@@ -92,4 +93,25 @@ TEST_CASE("one producer, one consumer thread: every doorbell once, in order") {
         ++next;
     }
     producer.join();
+}
+
+TEST_CASE("latency buckets: monotone, 4 per power of two, floors invert them") {
+    CHECK(latencyBucket(0) == 0);
+    CHECK(latencyBucket(255) == 0);
+    CHECK(latencyBucket(256) == 0);
+    CHECK(latencyBucket(320) == 1);
+    CHECK(latencyBucket(512) == 4);
+    CHECK(latencyBucket(1000) == 7);
+    CHECK(latencyBucket(~0ull) == kLatencyBuckets - 1);
+    CHECK(latencyBucketFloor(kLatencyBuckets - 1) > 900000000ull);
+    std::uint32_t prev = 0;
+    for (std::uint64_t ns = 1; ns < (1ull << 36); ns = ns * 17 / 16 + 1) {
+        const auto b = latencyBucket(ns);
+        REQUIRE(b >= prev);
+        prev = b;
+        if (b > 0 && b + 1 < kLatencyBuckets) {
+            REQUIRE(latencyBucketFloor(b) <= ns);
+            REQUIRE(ns < latencyBucketFloor(b + 1));
+        }
+    }
 }

@@ -1,0 +1,315 @@
+// Device groups at open: host regions registered for the proxy route, device
+// regions exported, brokered by the daemon and imported for the ipc route,
+// then the load-time probe (DESIGN §3.8). Each stage ends in a vote over the
+// bootstrap, so every rank leaves with the same routes and the same verdict.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "client/gpu_check.hpp"
+#include "client/gpu_path.hpp"
+#include "client/reduce.hpp"
+#include "common/unix_socket.hpp"
+#include "proto/bootstrap.hpp"
+
+namespace tpf {
+
+using namespace client_proto;
+
+namespace {
+
+// Driver entry points through the runtime, so that libtpfabric does not link
+// libcuda.so.1 (absent on CPU-only hosts, where host groups must still run).
+struct Driver {
+    decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+    decltype(&cuMemCreate) create = nullptr;
+    decltype(&cuMemAddressReserve) reserve = nullptr;
+    decltype(&cuMemMap) map = nullptr;
+    decltype(&cuMemSetAccess) setAccess = nullptr;
+    decltype(&cuMemExportToShareableHandle) exportFd = nullptr;
+    decltype(&cuMemImportFromShareableHandle) importFd = nullptr;
+    decltype(&cuMemUnmap) unmap = nullptr;
+    decltype(&cuMemAddressFree) addressFree = nullptr;
+    decltype(&cuMemRelease) release = nullptr;
+};
+
+template <class F>
+Status entry(const char* name, F& out) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    TPF_GPU_TRY(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) return Error{Errc::Unsupported, std::string("driver has no ") + name};
+    out = reinterpret_cast<F>(fn);
+    return okStatus();
+}
+
+Result<const Driver*> driver() {
+    static Driver d;
+    static Status loaded = [] {
+        Status s = entry("cuMemGetAllocationGranularity", d.granularity);
+        if (s) s = entry("cuMemCreate", d.create);
+        if (s) s = entry("cuMemAddressReserve", d.reserve);
+        if (s) s = entry("cuMemMap", d.map);
+        if (s) s = entry("cuMemSetAccess", d.setAccess);
+        if (s) s = entry("cuMemExportToShareableHandle", d.exportFd);
+        if (s) s = entry("cuMemImportFromShareableHandle", d.importFd);
+        if (s) s = entry("cuMemUnmap", d.unmap);
+        if (s) s = entry("cuMemAddressFree", d.addressFree);
+        if (s) s = entry("cuMemRelease", d.release);
+        return s;
+    }();
+    if (!loaded) return loaded.error();
+    return &d;
+}
+
+const Driver& drv() { return **driver(); } // only after driver() succeeded
+
+GpuRoute gpuRouteOf(const Options& o) {
+    if (o.gpuRoute) return *o.gpuRoute;
+    const char* env = std::getenv("TPF_GPU_ROUTE");
+    const std::string v = env ? env : "";
+    if (v == "ipc") return GpuRoute::Ipc;
+    if (v == "proxy") return GpuRoute::Proxy;
+    return GpuRoute::Auto;
+}
+
+// All-or-none over the bootstrap: the first failing rank's code, else Ok.
+// `capable` ANDs one extra bit over every rank.
+Status vote(Bootstrap& boot, const Status& mine, const char* stage, bool* capable = nullptr) {
+    bootstrap_proto::OpenVote v{std::uint16_t(mine.code()), std::uint16_t(capable && *capable), 0};
+    std::vector<bootstrap_proto::OpenVote> all(boot.world());
+    if (auto s = boot.allGather(&v, all.data(), sizeof v); !s) return s;
+    if (capable)
+        for (const auto& a : all) *capable = *capable && a.reserved0;
+    for (std::uint32_t r = 0; r < boot.world(); ++r)
+        if (all[r].errc) {
+            if (r == boot.rank()) return mine;
+            Errc code = Errc::Unavailable;
+            errcFromWire(all[r].errc, code);
+            return Error{code, std::string(stage) + " failed on rank " + std::to_string(r) + " (" +
+                                   std::string(errcName(code)) + ")"};
+        }
+    return okStatus();
+}
+
+Result<void*> registerMapped(void* host, std::size_t bytes) {
+    TPF_GPU_TRY(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* dev = nullptr;
+    TPF_GPU_TRY(cudaHostGetDevicePointer(&dev, host, 0));
+    return dev;
+}
+
+Status mapAccess(GpuPath& p, DeviceMapping& m, std::size_t align) {
+    TPF_GPU_TRY(drv().reserve(&m.ptr, m.bytes, align, 0, 0));
+    TPF_GPU_TRY(drv().map(m.ptr, m.bytes, 0, m.handle, 0));
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = p.device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    TPF_GPU_TRY(drv().setAccess(m.ptr, m.bytes, &access, 1));
+    return okStatus();
+}
+
+CUmemAllocationProp regionProp(int device) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return prop;
+}
+
+// Stage 1: the proxy route's host mappings and the device state.
+Status attachHost(Group::Impl& g, GpuPath& p) {
+    TPF_GPU_TRY(cudaGetDevice(&p.device));
+    TPF_GPU_TRY(cudaFree(nullptr)); // the primary context, current for the driver calls below
+    TPF_GPU_TRY(kernels::preloadKernels());
+    auto region = registerMapped(g.region.data(), g.region.size());
+    if (!region) return region.error();
+    p.regionHost = g.region.data();
+    auto ring = registerMapped(g.ringMap.data(), g.ringMap.size());
+    if (!ring) return ring.error();
+    p.ringHost = g.ringMap.data();
+    TPF_GPU_TRY(kernels::createDeviceState(&p.state, 0, g.ring.header().subHead));
+    auto& v = p.view;
+    v.layout = g.layout;
+    v.rank = g.rank;
+    v.world = g.world;
+    std::memcpy(v.routes, g.routes.data(), kMaxWorld);
+    v.region = static_cast<std::uint8_t*>(*region);
+    v.control = reinterpret_cast<ControlBlock*>(v.region + g.layout.controlOffset());
+    v.ring = static_cast<std::uint8_t*>(*ring);
+    v.ringLayout = g.ring.layout();
+    v.groupHandle = g.handle;
+    v.state = p.state;
+    v.timeoutNs = std::uint64_t(g.options.timeout.count()) * 1000000ull;
+    v.maxBlocks = g.options.maxBlocks;
+    return okStatus();
+}
+
+// Stage 2a: the own device region, exportable as a POSIX fd.
+Status createOwnRegion(Group::Impl& g, GpuPath& p) {
+    if (auto d = driver(); !d) return d.error();
+    const CUmemAllocationProp prop = regionProp(p.device);
+    std::size_t gran = 0;
+    TPF_GPU_TRY(drv().granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    p.own.bytes = (g.layout.totalBytes() + gran - 1) / gran * gran;
+    TPF_GPU_TRY(drv().create(&p.own.handle, p.own.bytes, &prop, 0));
+    if (auto s = mapAccess(p, p.own, gran); !s) return s;
+    TPF_GPU_TRY(cudaMemset(reinterpret_cast<void*>(p.own.ptr), 0, p.own.bytes));
+    TPF_GPU_TRY(cudaDeviceSynchronize()); // zero flags before any peer maps it
+    return okStatus();
+}
+
+// Stage 2b: share the own region through the daemon; import every same-node peer's.
+Status shareRegions(Group::Impl& g, GpuPath& p) {
+    int fd = -1;
+    TPF_GPU_TRY(drv().exportFd(&fd, p.own.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    UniqueFd exported(fd);
+    const int t = int(g.options.openTimeout.count());
+    const int fds[1] = {exported.get()};
+    if (auto s = sendMessage(g.socket.get(), encode(kShareRegion, g.seq++, ShareRegion{p.own.bytes, 0, 0}), fds, t); !s)
+        return s;
+    std::uint32_t expected = 0;
+    for (std::uint32_t q = 0; q < g.world; ++q) expected += g.routes[q] == kRouteShm;
+    const CUmemAllocationProp prop = regionProp(p.device);
+    std::size_t gran = 0;
+    TPF_GPU_TRY(drv().granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    for (std::uint32_t got = 0; got < expected; ++got) {
+        auto m = receiveMessage(g.socket.get(), kReplySpec, t);
+        if (!m) return m.error();
+        if (m->header.opcode != kPeerRegion || m->fds.size() != 1)
+            return Error{Errc::BadMessage, "expected PeerRegion with 1 fd, got opcode " + std::to_string(m->header.opcode)};
+        auto pr = decodeFixed<PeerRegion>(m->payload, "PeerRegion");
+        if (!pr) return pr.error();
+        if (pr->rank >= g.world || g.routes[pr->rank] != kRouteShm || p.peers[pr->rank].ptr || pr->bytes < g.layout.totalBytes())
+            return Error{Errc::BadMessage, "PeerRegion for rank " + std::to_string(pr->rank) + " not expected"};
+        DeviceMapping& d = p.peers[pr->rank];
+        d.bytes = pr->bytes;
+        TPF_GPU_TRY(drv().importFd(&d.handle, reinterpret_cast<void*>(std::intptr_t(m->fds[0].get())),
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        if (auto s = mapAccess(p, d, gran); !s) return s;
+    }
+    return okStatus();
+}
+
+// Stage 3: the load-time probe. A 4 KiB all-gather checked byte for byte
+// against the bootstrap's (NCCL's, over an NcclBootstrap), and a bf16 sum
+// checked bit for bit against the host's rank-order reference over inputs
+// gathered by the bootstrap.
+Status probe(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
+    constexpr std::size_t kBytes = 4096, kCount = kBytes / 2;
+    const std::uint32_t W = g.world;
+    std::vector<std::uint8_t> mine(kBytes), gathered(W * kBytes), fabric(W * kBytes);
+    std::vector<std::uint16_t> in(kCount), rows(W * kCount), sum(kCount), ref(kCount);
+    for (std::size_t i = 0; i < kBytes; ++i) mine[i] = std::uint8_t(i * 7 + g.rank * 31 + 1);
+    for (std::size_t i = 0; i < kCount; ++i) // cancelling pairs on ranks 0 and 1, small values elsewhere: order-sensitive
+        in[i] = floatToBf16(g.rank == 0 ? 1024.0f + float(i % 13) : g.rank == 1 ? -1024.0f : 0.0078125f * float(1 + (i + g.rank) % 5));
+    if (auto s = boot.allGather(mine.data(), gathered.data(), kBytes); !s) return s;
+    if (auto s = boot.allGather(in.data(), rows.data(), kBytes); !s) return s;
+    std::vector<const void*> rp(W);
+    for (std::uint32_t r = 0; r < W; ++r) rp[r] = rows.data() + r * kCount;
+    sumRowsInOrder(rp.data(), W, ref.data(), kCount, DType::BF16);
+
+    cudaStream_t stream = nullptr;
+    TPF_GPU_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    void* d = nullptr;
+    Status s = TPF_GPU(cudaMalloc(&d, kBytes * (W + 2)));
+    auto* dsend = static_cast<std::uint8_t*>(d);
+    auto* drecv = dsend + kBytes;
+    auto* dsum = drecv + W * kBytes;
+    if (s) s = TPF_GPU(cudaMemcpyAsync(dsend, mine.data(), kBytes, cudaMemcpyHostToDevice, stream));
+    if (s) s = TPF_GPU(kernels::launchAllGather(p.view, dsend, drecv, kBytes, stream));
+    if (s) s = TPF_GPU(cudaMemcpyAsync(dsend, in.data(), kBytes, cudaMemcpyHostToDevice, stream));
+    if (s) s = TPF_GPU(kernels::launchAllReduceSum(p.view, dsend, dsum, kCount, kernels::DType::BF16, stream));
+    if (s) s = TPF_GPU(cudaMemcpyAsync(fabric.data(), drecv, W * kBytes, cudaMemcpyDeviceToHost, stream));
+    if (s) s = TPF_GPU(cudaMemcpyAsync(sum.data(), dsum, kBytes, cudaMemcpyDeviceToHost, stream));
+    if (s) s = TPF_GPU(cudaStreamSynchronize(stream));
+    kernels::CallFailure f;
+    if (s) s = TPF_GPU(kernels::readFailure(p.view, f));
+    if (s && f.error != Errc::Ok)
+        s = Error{Errc::ProbeFailed, "probe call failed: " + std::string(errcName(f.error)) + " (rank " + std::to_string(f.missingPeer) + ")"};
+    // Test hook: TPF_PROBE_SABOTAGE=<rank> makes that rank's probe disagree.
+    if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); s && sab && std::strtoul(sab, nullptr, 10) == g.rank) fabric[5] ^= 1;
+    if (s && std::memcmp(fabric.data(), gathered.data(), fabric.size()) != 0)
+        s = Error{Errc::ProbeFailed, "4 KiB all-gather differs from the bootstrap's"};
+    if (s && std::memcmp(sum.data(), ref.data(), kBytes) != 0)
+        s = Error{Errc::ProbeFailed, "bf16 sum differs from the rank-order reference"};
+    cudaFree(d);
+    cudaStreamDestroy(stream);
+    return s;
+}
+
+} // namespace
+
+GpuPath::~GpuPath() {
+    if (state) kernels::destroyDeviceState(state);
+    auto unmap = [](DeviceMapping& m) {
+        if (m.ptr) {
+            (void)TPF_GPU(drv().unmap(m.ptr, m.bytes));
+            (void)TPF_GPU(drv().addressFree(m.ptr, m.bytes));
+        }
+        if (m.handle) (void)TPF_GPU(drv().release(m.handle));
+    };
+    for (auto& m : peers) unmap(m);
+    unmap(own);
+    if (regionHost) (void)TPF_GPU(cudaHostUnregister(regionHost));
+    if (ringHost) (void)TPF_GPU(cudaHostUnregister(ringHost));
+}
+
+void GpuPathDeleter::operator()(GpuPath* p) const { delete p; }
+
+Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
+    g.gpu.reset(new GpuPath);
+    GpuPath& p = *g.gpu;
+    p.comm = ncclCommOf(boot);
+    if (g.world == 1) {
+        TPF_GPU_TRY(cudaGetDevice(&p.device));
+        return okStatus();
+    }
+    const GpuRoute want = gpuRouteOf(g.options);
+    bool sameNode = true;
+    for (std::uint32_t q = 0; q < g.world; ++q) sameNode = sameNode && (q == g.rank || g.routes[q] == kRouteShm);
+
+    Status s = attachHost(g, p);
+    bool ipc = want != GpuRoute::Proxy && sameNode;
+    if (s && ipc) {
+        const Status own = createOwnRegion(g, p);
+        if (!own) {
+            if (want == GpuRoute::Ipc) s = own;
+            ipc = false;
+        }
+    }
+    if (s = vote(boot, s, "GPU attach", &ipc); !s) return s;
+    if (want == GpuRoute::Ipc && !ipc) return Error{Errc::Unsupported, "ipc route requested but a rank has no device region"};
+    if (ipc) {
+        if (s = vote(boot, shareRegions(g, p), "device region sharing"); !s) return s;
+        p.ipc = true;
+        p.view.region = reinterpret_cast<std::uint8_t*>(p.own.ptr); // control stays in the host region: the daemon writes it
+        for (std::uint32_t q = 0; q < g.world; ++q)
+            if (q != g.rank) {
+                g.routes[q] = kRouteIpc;
+                p.view.routes[q] = kRouteIpc;
+                p.view.peerRegions[q] = reinterpret_cast<std::uint8_t*>(p.peers[q].ptr);
+            }
+    }
+    if (Errc e = kernels::validateView(p.view); e != Errc::Ok)
+        s = Error{e, "device view of the group is invalid"};
+    if (s = vote(boot, s, "device view"); !s) return s;
+    if (!g.options.skipProbe)
+        if (s = vote(boot, probe(g, p, boot), "load-time probe"); !s) return s;
+    return okStatus();
+}
+
+Status gpuFallback(Group::Impl& g, void* comm) {
+    g.gpu.reset(new GpuPath);
+    g.gpu->comm = comm;
+    g.nccl = true;
+    TPF_GPU_TRY(cudaGetDevice(&g.gpu->device));
+    return okStatus();
+}
+
+} // namespace tpf

@@ -1,0 +1,37 @@
+// GpuPath: the GPU side of a Device group. Internal to libtpfabric (CUDA builds).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+
+#include "client/impl.hpp"
+#include "kernels/collectives.hpp"
+
+namespace tpf {
+
+/// One mapping of a cuMemCreate'd device region: the own one (exported) or a
+/// same-node peer's (imported from the fd the daemon forwarded).
+struct DeviceMapping {
+    CUmemGenericAllocationHandle handle = 0;
+    CUdeviceptr ptr = 0;
+    std::size_t bytes = 0;
+};
+
+struct GpuPath {
+    int device = 0;
+    kernels::DeviceGroupView view{}; ///< passed by value into every kernel (captured graphs hold a copy)
+    kernels::DeviceState* state = nullptr;
+    void* regionHost = nullptr; ///< the region memfd mapping, cudaHostRegister'ed (Mapped|Portable)
+    void* ringHost = nullptr;   ///< the ring memfd mapping, likewise
+    bool ipc = false;           ///< same-node peers over ipc (own device region + peers' mappings)
+    DeviceMapping own;
+    std::array<DeviceMapping, kMaxWorld> peers{};
+    void* comm = nullptr;       ///< ncclComm_t of an NcclBootstrap: fallback and above-cap calls
+
+    ~GpuPath();
+};
+
+} // namespace tpf

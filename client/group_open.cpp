@@ -1,0 +1,243 @@
+// Group::open: node card, roster over the bootstrap, the daemon's verdict,
+// all-or-none agreement; close and abort.
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "client/impl.hpp"
+#include "common/unix_socket.hpp"
+#include "proto/bootstrap.hpp"
+
+namespace tpf {
+
+using namespace client_proto;
+using namespace bootstrap_proto;
+
+namespace {
+
+std::string socketPathOf(const Options& o) {
+    if (!o.socketPath.empty()) return o.socketPath;
+    if (const char* env = std::getenv("TPF_SOCKET"); env && *env) return env;
+    return "/run/tpfabric/tpfabricd.sock";
+}
+
+Fallback fallbackOf(const Options& o) {
+    if (o.fallback) return *o.fallback;
+    const char* env = std::getenv("TPF_FALLBACK");
+    return env && std::string(env) == "error" ? Fallback::Error : Fallback::Nccl;
+}
+
+// One request, one reply of the expected opcode (an ErrorReply becomes its error).
+Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp, int timeoutMs) {
+    if (auto s = sendMessage(g.socket.get(), msg, {}, timeoutMs); !s) return s.error();
+    auto m = receiveMessage(g.socket.get(), kReplySpec, timeoutMs);
+    if (!m) return m.error();
+    if (m->header.opcode == kErrorReply) {
+        auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
+        if (!e) return e.error();
+        Errc code;
+        errcFromWire(e->errc, code);
+        return Error{code, std::string("daemon refused: ") + e->message};
+    }
+    if (m->header.opcode != replyOp)
+        return Error{Errc::BadMessage, "daemon answered opcode " + std::to_string(m->header.opcode) + ", expected " +
+                                           std::to_string(replyOp)};
+    return m;
+}
+
+// Connect, introduce ourselves, and fill our roster entry from the node card.
+Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry) {
+    const std::string path = socketPathOf(g.options);
+    auto fd = connectUnix(path);
+    if (!fd) return fd.error();
+    g.socket = std::move(*fd);
+    const int t = int(g.options.openTimeout.count());
+    auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, t);
+    if (!hello) return hello.error();
+    if (auto h = decodeFixed<HelloReply>(hello->payload, "HelloReply"); !h) return h.error();
+    auto cardMsg = request(g, encodeEmpty(kNodeCardRequest, g.seq++), kNodeCard, t);
+    if (!cardMsg) return cardMsg.error();
+    auto card = decodeNodeCard(cardMsg->payload);
+    if (!card) return card.error();
+    std::memcpy(entry.nodeId, card->fixed.nodeId, 16);
+    std::memcpy(entry.endpointAddr, card->fixed.endpointAddr, 16);
+    entry.endpointPort = card->fixed.endpointPort;
+    entry.pid = std::uint32_t(::getpid());
+    entry.maxBytes = std::min(maxBytes, card->fixed.usableCap);
+    return okStatus();
+}
+
+// Join at the daemon and map what the verdict hands over.
+Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::vector<RosterEntry>& roster) {
+    GroupOpen open;
+    std::memcpy(open.fixed.groupId, groupId, 16);
+    open.fixed.rank = g.rank;
+    open.fixed.world = g.world;
+    open.fixed.maxBytes = roster[g.rank].maxBytes;
+    open.fixed.timeoutMs = std::uint32_t(std::min<std::int64_t>(g.options.openTimeout.count(), 600000));
+    open.fixed.regionKind = kRegionHost;
+    open.fixed.flags = g.options.buffers == Buffers::Device ? std::uint32_t(kOpenGpuDoorbells) : 0u;
+    open.roster = roster;
+    auto m = request(g, encode(g.seq++, open), kVerdict, int(g.options.openTimeout.count()) + 2000);
+    if (!m) return m.error();
+    auto v = decodeFixed<Verdict>(m->payload, "Verdict");
+    if (!v) return v.error();
+    if (v->errc != 0) {
+        Errc code;
+        errcFromWire(v->errc, code);
+        return Error{code, v->reason};
+    }
+    if (m->fds.size() != kVerdictFds) return Error{Errc::BadMessage, "verdict came with " + std::to_string(m->fds.size()) + " fds, expected 3"};
+    if (v->rank != g.rank || v->world != g.world) return Error{Errc::GroupMismatch, "verdict for another rank"};
+    auto layout = Layout::of(v->world, v->slotBytes, v->stripes);
+    if (!layout || layout->totalBytes() != v->regionBytes) return Error{Errc::BadMessage, "verdict region size does not follow its layout"};
+    if (!RingLayout::validEntries(v->ringEntries)) return Error{Errc::BadMessage, "verdict ring entries " + std::to_string(v->ringEntries)};
+    g.layout = *layout;
+    g.agreedCap = v->agreedCap;
+    g.handle = v->groupHandle;
+    std::memcpy(g.routes.data(), v->routes, kMaxWorld);
+    auto region = mapShared(m->fds[0].get(), v->regionBytes, true);
+    if (!region) return region.error();
+    const RingLayout rl{v->ringEntries};
+    auto ring = mapShared(m->fds[1].get(), rl.totalBytes(), true);
+    if (!ring) return ring.error();
+    g.region = std::move(*region);
+    g.ringMap = std::move(*ring);
+    g.ring = RingView(g.ringMap.data(), rl);
+    if (g.ring.header().magic != kRingMagic || g.ring.header().group != g.handle)
+        return Error{Errc::BadMessage, "command ring header does not match the verdict"};
+    g.proxyEvent = std::move(m->fds[2]);
+    return okStatus();
+}
+
+} // namespace
+
+Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Group::~Group() { close(); }
+
+Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, std::uint32_t world,
+                                           std::uint64_t maxBytes, const Options& options) {
+    if (world < 1 || world > kMaxWorld) return Error{Errc::OutOfRange, "world " + std::to_string(world) + " outside 1..16"};
+    if (rank >= world) return Error{Errc::OutOfRange, "rank " + std::to_string(rank) + " not below world " + std::to_string(world)};
+    if (boot.rank() != rank || boot.world() != world)
+        return Error{Errc::GroupMismatch, "bootstrap is rank " + std::to_string(boot.rank()) + " of " + std::to_string(boot.world())};
+    auto impl = std::make_unique<Impl>();
+    impl->rank = rank;
+    impl->world = world;
+    impl->options = options;
+    impl->agreedCap = maxBytes;
+    const bool device = options.buffers == Buffers::Device;
+    void* const comm = device ? ncclCommOf(boot) : nullptr;
+    if (world == 1) { // a plain copy, no daemon
+        if (device)
+            if (auto s = gpuAttach(*impl, boot); !s) return s.error();
+        return std::unique_ptr<Group>(new Group(std::move(impl)));
+    }
+
+    // Round 1: cards. Everyone learns rank 0's group id and whether every rank has a daemon.
+    OpenCard mine{};
+    if (rank == 0 && ::getrandom(mine.groupId, sizeof mine.groupId, 0) != sizeof mine.groupId)
+        return Error{Errc::SystemError, "getrandom for the group id failed"};
+    Error local{};
+    if (auto s = meetDaemon(*impl, maxBytes, mine.entry); !s) {
+        local = s.error();
+        mine.errc = std::uint16_t(local.code);
+    }
+    std::vector<OpenCard> cards(world);
+    if (auto s = boot.allGather(&mine, cards.data(), sizeof mine); !s) return s.error();
+    Error verdict{};
+    for (std::uint32_t r = 0; r < world && verdict.code == Errc::Ok; ++r)
+        if (cards[r].errc != 0) {
+            Errc code;
+            errcFromWire(cards[r].errc, code);
+            verdict = r == rank ? local : Error{code, "rank " + std::to_string(r) + " has no usable daemon"};
+        }
+
+    // Join at the daemon, then round 2: everyone's verdict; all or none.
+    if (verdict.code == Errc::Ok) {
+        std::vector<RosterEntry> roster;
+        for (const auto& c : cards) roster.push_back(c.entry);
+        if (auto s = joinGroup(*impl, cards[0].groupId, roster); !s) verdict = s.error();
+    }
+    OpenVote vote{std::uint16_t(verdict.code), 0, 0};
+    std::vector<OpenVote> votes(world);
+    if (auto s = boot.allGather(&vote, votes.data(), sizeof vote); !s) return s.error();
+    for (std::uint32_t r = 0; r < world && verdict.code == Errc::Ok; ++r)
+        if (votes[r].errc != 0) {
+            Errc code;
+            errcFromWire(votes[r].errc, code);
+            verdict = Error{code, "rank " + std::to_string(r) + " could not join: " + std::string(errcName(code))};
+        }
+    // Device groups: host regions registered, ipc peers mapped, the load-time
+    // probe passed, on every rank (gpuAttach votes inside), or none.
+    if (verdict.code == Errc::Ok && device)
+        if (auto s = gpuAttach(*impl, boot); !s) verdict = s.error();
+    if (verdict.code != Errc::Ok) {
+        impl->gpu.reset();
+        impl->socket.reset(); // leaves the daemon's group, if joined
+        const Fallback policy = fallbackOf(options);
+        if (device && comm && policy == Fallback::Nccl) { // the same decision on every rank
+            std::fprintf(stderr, "tpfabric: rank %u: fabric path unavailable (%s); NCCL takes this group's calls\n", rank,
+                         verdict.describe().c_str());
+            impl->ring = RingView();
+            impl->ringMap = Mapping();
+            impl->region = Mapping();
+            if (auto s = gpuFallback(*impl, comm); !s) return s.error();
+            return std::unique_ptr<Group>(new Group(std::move(impl)));
+        }
+        return Error{Errc::Unavailable, verdict.describe() +
+                                            (policy == Fallback::Error ? " (TPF_FALLBACK=error)"
+                                             : device                 ? " (no NCCL communicator to fall back to)"
+                                                                      : "")};
+    }
+    return std::unique_ptr<Group>(new Group(std::move(impl)));
+}
+
+void Group::close() {
+    if (!impl_ || impl_->closed) return;
+    impl_->closed = true;
+    impl_->gpu.reset(); // unregisters the mappings below; waits for nothing
+    if (impl_->socket) {
+        // Orderly leave; a dead daemon or a timeout changes nothing here.
+        if (sendMessage(impl_->socket.get(), encodeEmpty(kClose, impl_->seq++), {}, 1000))
+            (void)receiveMessage(impl_->socket.get(), kReplySpec, 1000);
+        impl_->socket.reset();
+    }
+    impl_->ring = RingView();
+    impl_->ringMap = Mapping();
+    impl_->region = Mapping();
+    if (impl_->failure.code == Errc::Ok) impl_->failure = Error{Errc::Closed, "the group was closed"};
+}
+
+Status Group::abort() {
+    if (impl_->world == 1 || !impl_->socket) return okStatus();
+    if (auto s = sendMessage(impl_->socket.get(), encode(kAbort, impl_->seq++, Abort{}), {}, 1000); !s) return s;
+    return impl_->fail(Error{Errc::Aborted, "this rank aborted the group"});
+}
+
+Status Group::check() const {
+    if (impl_->failure.code != Errc::Ok) return impl_->failure;
+    if (impl_->gpu) return gpuCheck(*impl_);
+    return okStatus();
+}
+
+std::uint32_t Group::rank() const { return impl_->rank; }
+std::uint32_t Group::world() const { return impl_->world; }
+std::uint64_t Group::agreedCap() const { return impl_->agreedCap; }
+bool Group::fits(std::size_t bytes) const { return tpf::fits(bytes, impl_->agreedCap); }
+
+std::string Group::path() const { return impl_->nccl ? "nccl" : "fabric"; }
+
+std::string Group::route(std::uint32_t peer) const {
+    if (peer >= impl_->world) return "none";
+    switch (impl_->routes[peer]) {
+    case kRouteShm: return "shm";
+    case kRouteVerbs: return "verbs";
+    case kRouteIpc: return "ipc";
+    default: return "self";
+    }
+}
+
+} // namespace tpf

@@ -1,0 +1,178 @@
+// Collectives on host buffers: stage, doorbell, bounded wait, copy out / sum.
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "client/impl.hpp"
+#include "client/reduce.hpp"
+#include "common/unix_socket.hpp"
+
+namespace tpf {
+
+namespace {
+
+inline void cpuRelax() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kBufferAlign == 0; }
+
+constexpr std::uint64_t kSleepSliceNs = 10 * 1000 * 1000; // re-check the daemon's socket this often
+
+} // namespace
+
+Status Group::Impl::fail(Error e) {
+    if (failure.code == Errc::Ok) failure = std::move(e);
+    return failure;
+}
+
+void Group::Impl::record(std::uint64_t startNs, std::size_t bytes, bool ok) {
+    if (!ring.layout().entries) return;
+    RankStats& s = ring.stats();
+    const auto add = [](std::uint64_t& v, std::uint64_t d) {
+        std::atomic_ref(v).store(std::atomic_ref(v).load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+    };
+    add(s.calls, 1);
+    if (ok) {
+        add(s.bytes, bytes);
+        auto& b = s.latency[latencyBucket(monotonicNs() - startNs)];
+        std::atomic_ref(b).store(std::atomic_ref(b).load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    } else {
+        add(s.errors, 1);
+        std::atomic_ref(s.lastError).store(std::uint32_t(failure.code), std::memory_order_relaxed);
+    }
+}
+
+// Every peer's flags for `epoch` arrived? `next` remembers how far we got.
+Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
+    const std::uint64_t start = monotonicNs();
+    const std::uint64_t deadline = start + std::uint64_t(options.timeout.count()) * 1000000ull;
+    const std::uint64_t spinUntil = start + std::uint64_t(options.spin.count()) * 1000ull;
+    std::uint32_t next = 0; // index i of peerAt(rank, i) still missing
+    auto& c = control();
+    auto missingPeer = [&] { return peerAt(rank, next, world); };
+    auto arrived = [&] {
+        for (; next + 1 < world; ++next) {
+            const std::uint32_t q = peerAt(rank, next, world);
+            for (std::uint32_t k = 0; k < layout.stripes; ++k)
+                if (std::atomic_ref(*flag(phase, q, k)).load(std::memory_order_acquire) < e) return false;
+        }
+        return true;
+    };
+    // A daemon-reported failure ends the wait when it is an abort or it names
+    // a peer whose shard is still missing (a rank that left after delivering
+    // this epoch does not fail the ranks still waiting for others).
+    auto failed = [&]() -> bool {
+        const std::uint32_t err = std::atomic_ref(c.error).load(std::memory_order_acquire);
+        if (!err) return false;
+        const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
+        if (std::atomic_ref(c.abort).load(std::memory_order_acquire) || who == kNoPeer) return true;
+        for (std::uint32_t k = 0; k < layout.stripes; ++k)
+            if (who < world && who != rank && std::atomic_ref(*flag(phase, who, k)).load(std::memory_order_acquire) < e)
+                return true;
+        return false;
+    };
+    auto reportFailure = [&]() -> Status {
+        Errc code;
+        if (!errcFromWire(std::atomic_ref(c.error).load(std::memory_order_acquire), code)) code = Errc::PeerLost;
+        const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
+        return fail(Error{code, code == Errc::Aborted ? std::string("a rank aborted the group")
+                                                      : "rank " + std::to_string(who) + " is gone (" +
+                                                            std::string(errcName(code)) + ")"});
+    };
+
+    for (std::uint64_t now = start; now < spinUntil; now = monotonicNs()) {
+        for (int i = 0; i < 64; ++i) {
+            if (arrived()) return okStatus();
+            cpuRelax();
+        }
+        if (failed()) return reportFailure();
+    }
+    for (int i = 0; i < 4; ++i) {
+        if (arrived()) return okStatus();
+        ::sched_yield();
+    }
+    for (;;) {
+        std::atomic_ref(c.waiters).fetch_add(1, std::memory_order_seq_cst);
+        const std::uint32_t seq = std::atomic_ref(c.wakeSeq).load(std::memory_order_seq_cst);
+        const bool done = arrived();
+        const bool bad = !done && failed();
+        const std::uint64_t now = monotonicNs();
+        if (!done && !bad && now < deadline) futexWait(&c.wakeSeq, seq, std::min(kSleepSliceNs, deadline - now));
+        std::atomic_ref(c.waiters).fetch_sub(1, std::memory_order_seq_cst);
+        if (done || arrived()) return okStatus();
+        if (bad || failed()) return reportFailure();
+        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
+        if (monotonicNs() >= deadline)
+            return fail(Error{Errc::Timeout, "rank " + std::to_string(missingPeer()) + " did not deliver epoch " +
+                                                 std::to_string(e) + " within " + std::to_string(options.timeout.count()) + " ms"});
+    }
+}
+
+Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t& phase) {
+    const std::uint64_t e = ++epoch;
+    phase = phaseOf(e);
+    std::memcpy(slot(phase, rank), send, bytes);
+    const Doorbell d{e, std::uint32_t(bytes), handle};
+    const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
+    while (!ring.push(d)) { // full only if the proxy stalls
+        if (monotonicNs() >= deadline) return fail(Error{Errc::Timeout, "the daemon's proxy does not take doorbells"});
+        ::sched_yield();
+    }
+    if (ring.proxyNeedsWake()) {
+        const std::uint64_t one = 1;
+        [[maybe_unused]] auto n = ::write(proxyEvent.get(), &one, sizeof one);
+    }
+    return waitPeers(e, phase);
+}
+
+Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
+    Impl& g = *impl_;
+    if (g.failure.code != Errc::Ok) return g.failure;
+    if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGather buffers must be 16-byte aligned"};
+    if (!fits(bytes))
+        return Error{Errc::CapMismatch, std::to_string(bytes) + " bytes above the agreed cap of " + std::to_string(g.agreedCap)};
+    auto* out = static_cast<std::uint8_t*>(recv);
+    if (g.world == 1) {
+        std::memmove(out, send, bytes);
+        return okStatus();
+    }
+    const std::uint64_t start = monotonicNs();
+    std::uint32_t phase = 0;
+    const Status s = g.exchange(send, bytes, phase);
+    if (s) {
+        for (std::uint32_t q = 0; q < g.world; ++q)
+            std::memmove(out + std::size_t(q) * bytes, g.slot(phase, q), bytes); // own slot holds our staged shard
+    }
+    g.record(start, bytes, bool(s));
+    return s;
+}
+
+Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DType type) {
+    Impl& g = *impl_;
+    if (g.failure.code != Errc::Ok) return g.failure;
+    if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allReduceSum buffers must be 16-byte aligned"};
+    const std::size_t bytes = count * dtypeSize(type);
+    if (!fits(bytes))
+        return Error{Errc::CapMismatch, std::to_string(bytes) + " bytes above the agreed cap of " + std::to_string(g.agreedCap)};
+    if (g.world == 1) {
+        std::memmove(recv, send, bytes);
+        return okStatus();
+    }
+    const std::uint64_t start = monotonicNs();
+    std::uint32_t phase = 0;
+    const Status s = g.exchange(send, bytes, phase);
+    if (s) {
+        const void* rows[kMaxWorld];
+        for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.slot(phase, q);
+        sumRowsInOrder(rows, g.world, recv, count, type);
+    }
+    g.record(start, bytes, bool(s));
+    return s;
+}
+
+} // namespace tpf

@@ -1,0 +1,76 @@
+// Group::Impl: one rank's state. Internal to libtpfabric.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/fd.hpp"
+#include "common/shm.hpp"
+#include "proto/client_msg.hpp"
+#include "proto/layout.hpp"
+#include "proto/ring.hpp"
+#include <tpfabric/tpfabric.hpp>
+
+namespace tpf {
+
+/// The GPU side of a Device group (client/gpu_*.cpp); opaque to the host path.
+struct GpuPath;
+struct GpuPathDeleter {
+    void operator()(GpuPath* p) const;
+};
+
+struct Group::Impl {
+    std::uint32_t rank = 0;
+    std::uint32_t world = 1;
+    std::uint64_t agreedCap = 0;
+    Options options;
+    std::array<std::uint8_t, kMaxWorld> routes{};
+
+    // Fabric path (world >= 2): the daemon connection and shared memory.
+    UniqueFd socket;
+    UniqueFd proxyEvent;
+    std::uint32_t handle = 0;
+    Layout layout{};
+    Mapping region;
+    Mapping ringMap;
+    RingView ring;
+    std::uint64_t epoch = 0;
+    std::uint32_t seq = 1;
+
+    Error failure;   ///< sticky; code Ok while healthy
+    bool closed = false;
+    bool nccl = false; ///< fell back: every call goes to NCCL (Device groups over an NcclBootstrap)
+
+    // Declared last: destroyed first, before the mappings it registered.
+    std::unique_ptr<GpuPath, GpuPathDeleter> gpu;
+
+    ControlBlock& control() const { return *reinterpret_cast<ControlBlock*>(region.data() + layout.controlOffset()); }
+    std::uint8_t* slot(std::uint32_t phase, std::uint32_t src) const { return region.data() + layout.slotOffset(phase, src); }
+    std::uint64_t* flag(std::uint32_t phase, std::uint32_t src, std::uint32_t k) const {
+        return reinterpret_cast<std::uint64_t*>(region.data() + layout.flagOffset(phase, src, k));
+    }
+
+    /// Stage `bytes` of `send` into the own slot of a new epoch, ring the
+    /// doorbell and wait until every peer's shard of that epoch arrived.
+    /// Returns the epoch's phase in `phase`.
+    Status exchange(const void* send, std::size_t bytes, std::uint32_t& phase);
+    Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
+    Status fail(Error e);
+    void record(std::uint64_t startNs, std::size_t bytes, bool ok);
+};
+
+/// GPU hooks of Group::open (client/gpu_open.cpp; client/gpu_stub.cpp without CUDA).
+/// The NCCL communicator of an NcclBootstrap, else nullptr.
+void* ncclCommOf(Bootstrap& boot);
+/// After the all-or-none fabric vote: register the host regions, build the
+/// device view, set up ipc peers and run the load-time probe. Collective:
+/// every rank calls it and every rank gets the same verdict.
+Status gpuAttach(Group::Impl& g, Bootstrap& boot);
+/// What a kernel recorded (readFailure), made the group's sticky failure.
+Status gpuCheck(Group::Impl& g);
+/// The group takes NCCL for every call (comm from ncclCommOf).
+Status gpuFallback(Group::Impl& g, void* comm);
+
+} // namespace tpf

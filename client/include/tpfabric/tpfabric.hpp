@@ -1,0 +1,163 @@
+// libtpfabric — the client library a GPU worker links.
+//
+//   auto boot = tpf::TcpBootstrap::create(rank, world, "127.0.0.1:29500");
+//   auto group = tpf::Group::open(**boot, rank, world, 512 * 1024);
+//   group.value()->allGather(send, recv, bytes);   // recv: world * bytes
+//   group.value()->allReduceSum(send, recv, count, tpf::DType::BF16);
+//
+// Every call returns a Status naming its failure (tpf::Errc, proto/error.hpp).
+// A failed call writes nothing into its output buffer. After any failure
+// except CapMismatch and Misaligned the group is broken: check() returns the
+// failure, every later call fails the same way, and the group must be reopened.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "proto/error.hpp"
+
+// cudaStream_t without the CUDA headers: the stream overloads below exist in
+// every build; without CUDA they return Unsupported.
+struct CUstream_st;
+
+namespace tpf {
+
+/// Element types of allReduceSum.
+enum class DType : std::uint8_t { F32, F16, BF16 };
+std::size_t dtypeSize(DType t);
+
+/// How ranks exchange small records while opening a group. Blocking; every
+/// rank calls allGather with the same size in the same order.
+class Bootstrap {
+public:
+    virtual ~Bootstrap() = default;
+    virtual std::uint32_t rank() const = 0;
+    virtual std::uint32_t world() const = 0;
+    /// `out` receives world() * bytes: rank r's `mine` at out + r * bytes.
+    virtual Status allGather(const void* mine, void* out, std::size_t bytes) = 0;
+};
+
+/// Loopback (or LAN) TCP bootstrap for CPU processes: rank 0 listens on
+/// host:port, the others connect (retrying until the timeout).
+class TcpBootstrap final : public Bootstrap {
+public:
+    static Result<std::unique_ptr<TcpBootstrap>> create(std::uint32_t rank, std::uint32_t world,
+                                                        const std::string& hostPort,
+                                                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
+    ~TcpBootstrap() override;
+    std::uint32_t rank() const override { return rank_; }
+    std::uint32_t world() const override { return world_; }
+    Status allGather(const void* mine, void* out, std::size_t bytes) override;
+
+private:
+    TcpBootstrap() = default;
+    std::uint32_t rank_ = 0, world_ = 0;
+    int timeoutMs_ = 30000;
+    std::uint32_t seq_ = 0;
+    int listenFd_ = -1;
+    std::unique_ptr<int[]> peers_; ///< root: fd per rank; others: [0] = root
+};
+
+/// The memory a group's collectives take.
+enum class Buffers {
+    Host,   ///< host buffers; calls without a stream
+    Device, ///< device buffers on a CUDA stream (needs a CUDA build)
+};
+
+/// How a Device group reaches same-node peers. Fixed at open, identical on every rank.
+enum class GpuRoute {
+    Auto,  ///< ipc when every rank could create and share a device region, else proxy
+    Ipc,   ///< ipc or nothing (open fails when a rank cannot)
+    Proxy, ///< host regions through the daemon's proxy (doorbells from the kernel)
+};
+
+/// What happens when the fabric path is unavailable at open.
+enum class Fallback {
+    Nccl,  ///< use NCCL (device buffers), or report Unavailable for host buffers
+    Error, ///< open fails with the reason
+};
+
+struct Options {
+    /// Daemon socket; "" = $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock.
+    std::string socketPath;
+    /// Bound on every wait of a collective.
+    std::chrono::milliseconds timeout{5000};
+    /// Bound on opening (all local ranks joining at their daemon).
+    std::chrono::milliseconds openTimeout{30000};
+    /// Busy-poll this long before sleeping in a wait (host path).
+    std::chrono::microseconds spin{20};
+    /// Default: $TPF_FALLBACK ("nccl" or "error"), else Nccl.
+    std::optional<Fallback> fallback;
+    /// Host (default) or Device buffers. Device groups open with GPU doorbells
+    /// on the current CUDA device and run the load-time probe (DESIGN §3.8).
+    Buffers buffers = Buffers::Host;
+    /// Device groups: route to same-node peers. Default: $TPF_GPU_ROUTE
+    /// ("auto", "ipc", "proxy"), else Auto.
+    std::optional<GpuRoute> gpuRoute;
+    /// Device groups: grid cap per call (0: the kernels' default of 32 blocks).
+    std::uint32_t maxBlocks = 0;
+    /// Device groups: skip the load-time probe (tests and benchmarks only).
+    bool skipProbe = false;
+};
+
+/// One rank's membership of a group.
+class Group {
+public:
+    /// Open as `rank` of `world` (1..16) with shards of at most `maxBytes`.
+    /// Every rank calls it with the same world; the group takes the fabric
+    /// path on every rank or on none. Returns Unavailable (with the reason)
+    /// when it cannot and there is nothing to fall back to.
+    static Result<std::unique_ptr<Group>> open(Bootstrap& bootstrap, std::uint32_t rank, std::uint32_t world,
+                                               std::uint64_t maxBytes, const Options& options = {});
+    ~Group();
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+
+    /// Host buffers: recv (world * bytes) gets every rank's send in rank
+    /// order. send and recv 16-byte aligned (else Misaligned); bytes at most
+    /// agreedCap() (else CapMismatch). In place when send == recv + rank*bytes.
+    Status allGather(const void* send, void* recv, std::size_t bytes);
+    /// Host buffers: recv = sum over ranks of send, added in rank order
+    /// 0..W-1 (f16/bf16 accumulate in f32, rounded once to nearest even), so
+    /// every rank's result is bit-identical. send may equal recv.
+    Status allReduceSum(const void* send, void* recv, std::size_t count, DType type);
+
+    /// Device buffers (Buffers::Device) on `stream`: enqueues kernels only
+    /// (CUDA-graph capturable, no host wait). Misaligned / CapMismatch are
+    /// returned at once and launch nothing; a failed wait is recorded on the
+    /// device and returned by check() after the stream synchronised. Above
+    /// agreedCap() (or when the group fell back) the call goes to NCCL on the
+    /// same stream, where the group was opened over an NcclBootstrap.
+    Status allGather(const void* send, void* recv, std::size_t bytes, CUstream_st* stream);
+    Status allReduceSum(const void* send, void* recv, std::size_t count, DType type, CUstream_st* stream);
+
+    /// The group's recorded failure, or Ok. Device groups: also what a kernel
+    /// recorded (call after synchronising the stream).
+    Status check() const;
+    /// "fabric" or "nccl": which path this group's calls take.
+    std::string path() const;
+    /// End every rank's waits with Aborted (and break the group).
+    Status abort();
+    /// Leave the group (also done by the destructor).
+    void close();
+
+    std::uint32_t rank() const;
+    std::uint32_t world() const;
+    /// Exact minimum of every rank's usable maximum.
+    std::uint64_t agreedCap() const;
+    bool fits(std::size_t bytes) const;
+    /// "self", "shm", "verbs" or "ipc": how this rank reaches `peer`.
+    std::string route(std::uint32_t peer) const;
+
+    struct Impl;
+
+private:
+    explicit Group(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+} // namespace tpf

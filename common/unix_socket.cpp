@@ -1,0 +1,135 @@
+#include "common/unix_socket.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/shm.hpp"
+
+namespace tpf {
+
+namespace {
+
+Error sysError(Errc code, const std::string& what) { return {code, what + ": " + std::strerror(errno)}; }
+
+// Wait for `events` until the deadline; false on timeout.
+bool waitFor(int fd, short events, std::uint64_t deadlineNs) {
+    for (;;) {
+        const std::uint64_t now = monotonicNs();
+        if (now >= deadlineNs) return false;
+        pollfd p{fd, events, 0};
+        const int ms = int((deadlineNs - now + 999999) / 1000000);
+        const int r = ::poll(&p, 1, ms);
+        if (r > 0) return true;
+        if (r < 0 && errno != EINTR) return true; // let the I/O call report it
+    }
+}
+
+// Read exactly `len` bytes, collecting any fds that arrive.
+Status readExact(int fd, std::uint8_t* dst, std::size_t len, std::vector<UniqueFd>& fds, std::uint64_t deadlineNs) {
+    std::size_t got = 0;
+    while (got < len) {
+        iovec iov{dst + got, len - got};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n > 0) {
+            for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        int received;
+                        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                        fds.emplace_back(received);
+                    }
+                }
+            if (msg.msg_flags & MSG_CTRUNC) return {Errc::BadMessage, "more file descriptors than a message may carry"};
+            got += std::size_t(n);
+            continue;
+        }
+        if (n == 0) return {Errc::DaemonLost, "connection closed by the daemon"};
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return sysError(Errc::DaemonLost, "recvmsg");
+        if (!waitFor(fd, POLLIN, deadlineNs)) return {Errc::Timeout, "no reply from the daemon in time"};
+    }
+    return okStatus();
+}
+
+} // namespace
+
+Result<UniqueFd> connectUnix(const std::string& path) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path)
+        return Error{Errc::DaemonUnreachable, "socket path too long: " + path};
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd) return sysError(Errc::SystemError, "socket");
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+        return sysError(Errc::DaemonUnreachable, "connect to " + path);
+    return fd;
+}
+
+Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeoutMs) {
+    const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeoutMs) * 1000000ull;
+    std::size_t sent = 0;
+    bool fdsSent = fds.empty();
+    while (sent < bytes.size()) {
+        iovec iov{const_cast<std::uint8_t*>(bytes.data()) + sent, bytes.size() - sent};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (!fdsSent) {
+            if (fds.size() > kMaxFdsPerMessage) return {Errc::OutOfRange, "too many fds for one message"};
+            msg.msg_control = control;
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+            cmsghdr* c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+            std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+        }
+        const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            sent += std::size_t(n);
+            fdsSent = true;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!waitFor(fd, POLLOUT, deadline)) return {Errc::Timeout, "daemon does not take our message"};
+            continue;
+        }
+        return sysError(Errc::DaemonLost, "sendmsg");
+    }
+    return okStatus();
+}
+
+Result<Message> receiveMessage(int fd, const ProtocolSpec& spec, int timeoutMs) {
+    const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeoutMs) * 1000000ull;
+    Message m;
+    std::uint8_t head[sizeof(MsgHeader)];
+    if (auto s = readExact(fd, head, sizeof head, m.fds, deadline); !s) return s.error();
+    auto h = decodeHeader(head, spec);
+    if (!h) return h.error();
+    m.header = *h;
+    m.payload.resize(h->length);
+    if (auto s = readExact(fd, m.payload.data(), m.payload.size(), m.fds, deadline); !s) return s.error();
+    return m;
+}
+
+bool peerClosed(int fd) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+}
+
+} // namespace tpf

@@ -1,0 +1,262 @@
+// `tpfabricctl status` human form (ctl/status_print.hpp): the example document
+// of docs/status.md, documents with fields missing, of the wrong type, from a
+// newer daemon, and JSON values that are no document at all.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "ctl/status_print.hpp"
+
+using json = nlohmann::ordered_json;
+using namespace tpf::ctl;
+
+namespace {
+
+// The example of docs/status.md, verbatim.
+constexpr const char* kExample = R"json({
+  "status_version": 1,
+  "daemon": {
+    "version": "0.1.0", "pid": 1234, "uptime_s": 12.5, "started_unix_ns": 0,
+    "node_id": "32 hex digits", "socket": "/run/tpfabric/tpfabricd.sock",
+    "config_source": "built-in defaults",
+    "proxy": {"state": "sleeping|polling", "cpu": -1, "doorbells": 0}
+  },
+  "hcas": [
+    {"device": "rxe0", "port": 1, "state": "ACTIVE", "gid": "::ffff:10.77.0.1", "gid_index": 1,
+     "subnet": "10.77.0.0/24", "mtu": 1024, "speed_mbps": 10000}
+  ],
+  "peers": [
+    {"node_id": "hex", "endpoint": "10.77.0.2:18515", "state": "connected|connecting|failed",
+     "qps": 8, "last_error": ""}
+  ],
+  "groups": [
+    {"id": "32 hex digits", "world": 4, "state": "pending|open|broken|closed",
+     "agreed_cap": 524288, "slot_bytes": 524288, "stripes": 1,
+     "ranks": [{"rank": 0, "local": true, "pid": 4321, "uid": 1000, "route": "shm"}],
+     "calls": 2000, "bytes": 8192000, "errors": 0,
+     "latency_us": {"p50": 12.0, "p99": 40.0},
+     "last_error": ""}
+  ],
+  "regions": {"count": 4, "host_bytes": 4198400, "device_bytes": 0},
+  "clients": 5
+})json";
+
+std::string render(const json& doc) {
+    std::ostringstream out;
+    printStatus(doc, out);
+    return out.str();
+}
+
+bool has(const std::string& out, const std::string& part) { return out.find(part) != std::string::npos; }
+
+std::vector<std::string> linesOf(const std::string& s) {
+    std::vector<std::string> lines;
+    std::istringstream in(s);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    return lines;
+}
+
+// The line that contains `part`, or "" when none does.
+std::string lineWith(const std::string& out, const std::string& part) {
+    for (const auto& l : linesOf(out))
+        if (has(l, part)) return l;
+    return {};
+}
+
+} // namespace
+
+TEST_CASE("the example document of docs/status.md prints every section") {
+    const std::string out = render(json::parse(kExample));
+    INFO(out);
+
+    // Header block.
+    CHECK(has(out, "tpfabricd\n"));
+    CHECK(has(out, "  version       0.1.0\n"));
+    CHECK(has(out, "  pid           1234\n"));
+    CHECK(has(out, "  uptime        12.5s\n")); // started_unix_ns 0: no start time
+    CHECK(has(out, "  node id       32 hex digits\n"));
+    CHECK(has(out, "  socket        /run/tpfabric/tpfabricd.sock\n"));
+    CHECK(has(out, "  config        built-in defaults\n"));
+    CHECK(has(out, "  proxy         sleeping|polling, cpu not pinned, 0 doorbells\n"));
+    CHECK_FALSE(has(out, "status format")); // the version this tool knows: no note
+
+    // HCAs: a header row and one row, columns aligned.
+    CHECK(has(out, "\nHCAs: 1\n"));
+    const std::string hcaHead = lineWith(out, "DEVICE");
+    const std::string hcaRow = lineWith(out, "rxe0");
+    REQUIRE_FALSE(hcaRow.empty());
+    for (const char* cell : {"ACTIVE", "::ffff:10.77.0.1", "10.77.0.0/24", "1024", "10 Gb/s"}) CHECK(has(hcaRow, cell));
+    CHECK(hcaHead.find("GID ") == hcaRow.find("::ffff:10.77.0.1"));
+    CHECK(hcaHead.find("SPEED") == hcaRow.find("10 Gb/s"));
+
+    // Peers: the empty last_error prints as "-".
+    CHECK(has(out, "\nPeers: 1\n"));
+    const std::string peerRow = lineWith(out, "10.77.0.2:18515");
+    CHECK(has(peerRow, "connected|connecting|failed"));
+    CHECK(has(peerRow, "  8  "));
+    CHECK(peerRow.substr(peerRow.size() - 1) == "-");
+
+    // Groups: full id, numbers in human units, then the ranks.
+    CHECK(has(out, "\nGroups: 1\n  32 hex digits\n"));
+    CHECK(has(out, "    world 4, state pending|open|broken|closed, agreed cap 512KiB (slot 512KiB), stripes 1\n"));
+    CHECK(has(out, "    calls 2000, bytes 7.8MiB, errors 0, latency p50 12.0 µs, p99 40.0 µs\n"));
+    CHECK(has(out, "    last error -\n"));
+    const std::string rankHead = lineWith(out, "RANK");
+    const std::string rankRow = lineWith(out, "4321");
+    CHECK(rankHead.rfind("    RANK", 0) == 0);
+    CHECK(has(rankRow, "yes"));
+    CHECK(has(rankRow, "1000"));
+    CHECK(has(rankRow, "shm"));
+    CHECK(rankHead.find("PID") == rankRow.find("4321"));
+
+    CHECK(has(out, "\nRegions: 4 (host 4.0MiB, device 0B)\n"));
+    CHECK(has(out, "Clients: 5\n"));
+}
+
+TEST_CASE("absent fields and sections print as '-', empty lists as 'none'") {
+    SECTION("nothing but the version") {
+        const std::string out = render(json::parse(R"({"status_version": 1})"));
+        INFO(out);
+        CHECK(has(out, "  version       -\n"));
+        CHECK(has(out, "  uptime        -\n"));
+        CHECK(has(out, "  proxy         -\n"));
+        CHECK(has(out, "HCAs: -\n"));
+        CHECK(has(out, "Peers: -\n"));
+        CHECK(has(out, "Groups: -\n"));
+        CHECK(has(out, "Regions: -\n"));
+        CHECK(has(out, "Clients: -\n"));
+    }
+    SECTION("empty lists, sparse records") {
+        const std::string out = render(json::parse(R"({
+            "status_version": 1,
+            "daemon": {"version": "0.2.0", "proxy": {"state": "polling", "cpu": 3}},
+            "hcas": [], "peers": [],
+            "groups": [{"id": "abc", "ranks": [], "latency_us": {"p50": 7}},
+                       {"id": "def", "ranks": [{"rank": 1, "local": false, "pid": null, "uid": null, "route": "verbs"}]}],
+            "regions": {"count": 0}
+        })"));
+        INFO(out);
+        CHECK(has(out, "  version       0.2.0\n"));
+        CHECK(has(out, "  pid           -\n"));
+        CHECK(has(out, "  proxy         polling, cpu 3, - doorbells\n"));
+        CHECK(has(out, "HCAs: none\n"));
+        CHECK(has(out, "Peers: none\n"));
+        CHECK(has(out, "Groups: 2\n  abc\n"));
+        CHECK(has(out, "    world -, state -, agreed cap - (slot -), stripes -\n"));
+        CHECK(has(out, "    calls -, bytes -, errors -, latency p50 7.00 µs, p99 -\n"));
+        CHECK(has(out, "    ranks: none\n"));
+        const std::string remote = lineWith(out, "verbs");
+        CHECK(has(remote, "1  "));
+        CHECK(has(remote, "no"));
+        CHECK(has(remote, "-  "));
+        CHECK(has(out, "Regions: 0 (host -, device -)\n"));
+    }
+}
+
+TEST_CASE("fields of the wrong type never throw and print as '-' or as their text") {
+    const json doc = json::parse(R"({
+        "status_version": "one",
+        "daemon": {"version": 2, "pid": "1234", "uptime_s": "long", "node_id": ["x"], "socket": {},
+                   "config_source": true, "proxy": "busy", "started_unix_ns": -5},
+        "hcas": [1, "rxe9", null, {"device": 5, "port": "one", "speed_mbps": -3, "mtu": 1.5}],
+        "peers": {"not": "a list"},
+        "groups": [7, {"id": 7, "world": "four", "ranks": "x", "latency_us": [1], "agreed_cap": "big",
+                       "bytes": -1, "calls": 1e30, "slot_bytes": 4096.0, "errors": 18446744073709551615}],
+        "regions": [],
+        "clients": "many"
+    })");
+    std::string out;
+    REQUIRE_NOTHROW(out = render(doc));
+    INFO(out);
+    CHECK(has(out, "  status format one (this tpfabricctl reads 1;"));
+    CHECK(has(out, "  version       2\n"));
+    CHECK(has(out, "  pid           1234\n"));
+    CHECK(has(out, "  uptime        long\n"));
+    CHECK(has(out, "  node id       -\n"));
+    CHECK(has(out, "  socket        -\n"));
+    CHECK(has(out, "  config        yes\n"));
+    CHECK(has(out, "  proxy         -\n"));
+    CHECK(has(out, "HCAs: 4\n"));
+    const std::string odd = lineWith(out, "1.50");
+    CHECK(has(odd, "one"));
+    CHECK(has(odd, "5  "));
+    CHECK(has(odd, "-3"));
+    CHECK(has(odd, "1.50"));
+    CHECK(has(out, "Peers: -\n"));
+    CHECK(has(out, "Groups: 2\n  -\n"));
+    CHECK(has(out, "    world four, state -, agreed cap big (slot 4KiB), stripes -\n"));
+    CHECK(has(out, "    calls 1e+30, bytes -1, errors 18446744073709551615,"));
+    CHECK(has(out, "latency p50 -, p99 -\n"));
+    CHECK(has(out, "    ranks: -\n"));
+    CHECK(has(out, "Regions: -\n"));
+    CHECK(has(out, "Clients: many\n"));
+}
+
+TEST_CASE("a JSON value that is no status document still prints a skeleton") {
+    for (const char* text : {"null", "[]", "[1,2]", "42", "\"status\"", "{}"}) {
+        const json doc = json::parse(text);
+        std::string out;
+        REQUIRE_NOTHROW(out = render(doc));
+        INFO(text << "\n" << out);
+        CHECK(has(out, "tpfabricd\n"));
+        CHECK(has(out, "HCAs: -\n"));
+        CHECK(has(out, "Clients: -\n"));
+    }
+}
+
+TEST_CASE("a newer daemon's document prints what this tool knows and says so") {
+    json doc = json::parse(kExample);
+    doc["status_version"] = 2;
+    doc["daemon"]["hugepages"] = true;
+    doc["hcas"][0]["rate_limit"] = {{"gbps", 100}};
+    doc["future_section"] = json::array({1, 2, 3});
+    const std::string out = render(doc);
+    INFO(out);
+    CHECK(has(out, "  status format 2 (this tpfabricctl reads 1; what it does not know is left out: --json shows all)\n"));
+    CHECK(has(out, "  version       0.1.0\n"));
+    CHECK(has(lineWith(out, "rxe0"), "10 Gb/s"));
+    CHECK_FALSE(has(out, "hugepages"));
+    CHECK_FALSE(has(out, "future_section"));
+}
+
+TEST_CASE("daemon text with control characters stays on its line") {
+    json doc = json::parse(kExample);
+    doc["groups"][0]["last_error"] = "PeerLost: rank 3\nclosed\x1b[2J";
+    doc["peers"][0]["last_error"] = "line\rbreak";
+    const std::string out = render(doc);
+    INFO(out);
+    CHECK(has(out, "    last error PeerLost: rank 3?closed?[2J\n"));
+    CHECK(has(lineWith(out, "10.77.0.2:18515"), "line?break"));
+    CHECK_FALSE(has(out, "\r"));
+    CHECK_FALSE(has(out, "\x1b"));
+}
+
+TEST_CASE("a start time is shown beside the uptime when the daemon gives one") {
+    json doc = json::parse(kExample);
+    doc["daemon"]["started_unix_ns"] = 1700000000000000000ull;
+    doc["daemon"]["uptime_s"] = 3725;
+    const std::string line = lineWith(render(doc), "uptime");
+    CHECK(line.rfind("  uptime        1h 02m 05s (since 2023-11-", 0) == 0);
+}
+
+TEST_CASE("units: uptime, link speed, approximate bytes") {
+    CHECK(formatUptime(0) == "0.0s");
+    CHECK(formatUptime(12.5) == "12.5s");
+    CHECK(formatUptime(245) == "4m 05s");
+    CHECK(formatUptime(3 * 3600 + 2 * 60 + 7) == "3h 02m 07s");
+    CHECK(formatUptime(2 * 86400 + 3 * 3600 + 4 * 60 + 59) == "2d 03h 04m");
+    CHECK(formatUptime(-1) == "-");
+
+    CHECK(formatSpeed(100) == "100 Mb/s");
+    CHECK(formatSpeed(10000) == "10 Gb/s");
+    CHECK(formatSpeed(2500) == "2.5 Gb/s");
+    CHECK(formatSpeed(400000) == "400 Gb/s");
+
+    CHECK(formatBytesApprox(0) == "0B");
+    CHECK(formatBytesApprox(1023) == "1023B");
+    CHECK(formatBytesApprox(1024) == "1.0KiB");
+    CHECK(formatBytesApprox(8192000) == "7.8MiB");
+    CHECK(formatBytesApprox(1ull << 30) == "1.0GiB");
+    CHECK(formatBytesApprox(~0ull) == "16.0EiB");
+}

@@ -1,0 +1,61 @@
+// tpfabricd configuration: every key has a default, so the daemon runs with no
+// file at all. systemd/tpfabricd.conf.example documents every key.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tpf::daemon {
+
+/// Thrown by loadConfig for a bad file, key or value. what() is one line that
+/// names the key (as "section.key") and what is allowed; main exits 2 on it.
+struct ConfigError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct DaemonConfig {
+    // [daemon]
+    std::string socketPath;                    ///< daemon.socket; "" = $RUNTIME_DIRECTORY/tpfabricd.sock, else /run/tpfabric/tpfabricd.sock
+    std::string socketGroup = "tpfabric";      ///< daemon.socket_group; group owning the socket (mode 0660); missing group: keep ours, warn
+    std::string logLevel = "info";             ///< daemon.log_level: trace, debug, info, warn, error, critical, off
+    std::uint64_t maxBytes = 512 * 1024;       ///< daemon.max_bytes: largest shard a rank may use (usable cap), 4KiB..1GiB; "512KiB" or integer
+    std::uint32_t ringEntries = 64;            ///< daemon.ring_entries: command ring entries per client, power of two 8..4096
+    std::uint32_t openTimeoutMs = 30000;       ///< daemon.open_timeout_ms: how long a group waits for all its ranks, 100..600000
+    std::uint32_t maxClients = 256;            ///< daemon.max_clients: connections at once, 1..65536
+    std::uint32_t maxGroups = 64;              ///< daemon.max_groups: groups at once, 1..4096
+    std::uint64_t maxRegionBytes = 16ull << 30; ///< daemon.max_region_bytes: all regions together, 1MiB..1TiB
+
+    // [proxy]
+    int proxyCpu = -1;                         ///< proxy.cpu: pin the proxy thread to this CPU; -1 = do not pin
+    std::uint32_t proxySpinUs = 50;            ///< proxy.spin_us: busy-poll this long without work before sleeping, 0..1000000
+    std::uint32_t heartbeatMs = 100;           ///< proxy.heartbeat_ms: ring heartbeat period while idle, 10..10000
+
+    // [peer]
+    std::string peerListen = "";               ///< peer.listen: address for daemon<->daemon TCP; "" = peer negotiation off
+    std::uint16_t peerPort = 18515;            ///< peer.port: TCP port, 1..65535
+    std::string peerKeyFile = "";              ///< peer.key_file: cluster key file (>= 32 bytes); "" = no key
+    std::uint32_t peerConnectTimeoutMs = 5000; ///< peer.connect_timeout_ms, 100..600000
+
+    // [verbs]
+    std::vector<std::string> hcas;             ///< verbs.hcas: device names ("mlx5_0", "rxe0") or IPs; [] = $TPF_HCA, $NCCL_IB_HCA, every active RoCE port
+    std::uint64_t inflightBytes = 1024 * 1024; ///< verbs.inflight_bytes: in-flight WRITE bytes per peer stripe, 4KiB..1GiB
+    std::uint32_t qpTimeoutMs = 2000;          ///< verbs.qp_timeout_ms: how long QPs may take to come up, 100..600000
+
+    /// Where the values came from, for status: "built-in defaults" or the file path.
+    std::string source = "built-in defaults";
+};
+
+/// Reads a TOML file over the defaults. Unknown sections or keys, wrong
+/// types and out-of-range values throw ConfigError naming the key.
+DaemonConfig loadConfig(const std::string& path);
+
+/// Defaults only (no file).
+DaemonConfig defaultConfig();
+
+/// The socket path after applying the RUNTIME_DIRECTORY rule to cfg.socketPath.
+std::string resolveSocketPath(const DaemonConfig& cfg);
+
+} // namespace tpf::daemon

@@ -1,0 +1,298 @@
+#include "daemon/groups.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace tpf::daemon {
+
+using namespace client_proto;
+
+std::string hexOf(const std::uint8_t* bytes, std::size_t n) {
+    static const char* d = "0123456789abcdef";
+    std::string s;
+    for (std::size_t i = 0; i < n; ++i) {
+        s += d[bytes[i] >> 4];
+        s += d[bytes[i] & 15];
+    }
+    return s;
+}
+
+namespace {
+GroupId idOf(const std::uint8_t (&b)[16]) {
+    GroupId id;
+    std::memcpy(id.data(), b, 16);
+    return id;
+}
+std::string shortId(const GroupId& id) { return hexOf(id.data(), 6); }
+} // namespace
+
+GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const GroupId& nodeId, Proxy& proxy)
+    : io_(io), cfg_(cfg), nodeId_(nodeId), proxy_(proxy) {}
+
+void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
+    Verdict v{};
+    v.errc = std::uint16_t(code);
+    setText(v.reason, why);
+    link.sendVerdict(v, {});
+}
+
+void GroupTable::refuseAll(Group& g, Errc code, const std::string& why) {
+    spdlog::warn("group {}: unavailable: {}: {}", shortId(g.id), errcName(code), why);
+    for (auto& [rank, m] : g.members) refuse(*m.link, code, why);
+    g.members.clear();
+}
+
+void GroupTable::join(MemberLink& link, const GroupOpen& m) {
+    const auto& f = m.fixed;
+    const GroupId id = idOf(f.groupId);
+    if (findByLink(link)) return refuse(link, Errc::GroupMismatch, "this connection already joined a group");
+    const auto& me = m.roster[f.rank];
+    if (std::memcmp(me.nodeId, nodeId_.data(), 16) != 0)
+        return refuse(link, Errc::GroupMismatch, "rank " + std::to_string(f.rank) +
+                                                     "'s roster entry names another node than this daemon");
+    auto it = groups_.find(id);
+    if (it == groups_.end()) {
+        if (groups_.size() >= cfg_.maxGroups)
+            return refuse(link, Errc::Unavailable, "daemon serves its maximum of " + std::to_string(cfg_.maxGroups) +
+                                                       " groups (daemon.max_groups)");
+        Group g;
+        g.id = id;
+        g.handle = nextHandle_++;
+        g.world = f.world;
+        g.roster = m.roster;
+        g.gpuDoorbells = (f.flags & kOpenGpuDoorbells) != 0;
+        for (std::uint32_t r = 0; r < f.world; ++r)
+            if (std::memcmp(m.roster[r].nodeId, nodeId_.data(), 16) == 0) g.localMask |= 1u << r;
+        const auto timeout = std::min<std::uint32_t>(f.timeoutMs, cfg_.openTimeoutMs);
+        g.openTimer = std::make_unique<boost::asio::steady_timer>(io_, std::chrono::milliseconds(timeout));
+        g.openTimer->async_wait([this, id](const boost::system::error_code& ec) {
+            if (!ec) openTimedOut(id);
+        });
+        it = groups_.emplace(id, std::move(g)).first;
+        spdlog::info("group {}: opening, world {}, local ranks mask {:#x}", shortId(id), f.world, it->second.localMask);
+    }
+    Group& g = it->second;
+    if (g.state != State::Pending)
+        return refuse(link, Errc::GroupMismatch, "group " + shortId(id) + " is already " +
+                                                     (g.state == State::Open ? "open" : "broken"));
+    if (f.world != g.world || m.roster.size() != g.roster.size() ||
+        std::memcmp(m.roster.data(), g.roster.data(), g.roster.size() * sizeof(RosterEntry)) != 0) {
+        const std::string why = "rank " + std::to_string(f.rank) + " disagrees with the group's world or roster";
+        refuse(link, Errc::GroupMismatch, why);
+        return refuseAll(g, Errc::GroupMismatch, why), eraseIfEmpty(id);
+    }
+    // A group belongs to the uid that opened it; root may join any.
+    if (!g.members.empty() && link.uid() != 0 && link.uid() != g.ownerUid) {
+        spdlog::warn("group {}: refused rank {} of uid {}: the group belongs to uid {}", shortId(id), f.rank, link.uid(),
+                     g.ownerUid);
+        return refuse(link, Errc::PermissionDenied, "group " + shortId(id) + " belongs to another user");
+    }
+    if (g.members.empty()) g.ownerUid = link.uid();
+    if (g.everJoined >> f.rank & 1u) {
+        const std::string why = "rank " + std::to_string(f.rank) + " joined twice";
+        refuse(link, Errc::GroupMismatch, why);
+        return refuseAll(g, Errc::GroupMismatch, why), eraseIfEmpty(id);
+    }
+    g.everJoined |= 1u << f.rank;
+    g.gpuDoorbells |= (f.flags & kOpenGpuDoorbells) != 0;
+    g.members[f.rank] = Member{&link, link.pid(), link.uid(), nullptr, nullptr};
+    spdlog::info("group {}: rank {} joined (pid {}, uid {})", shortId(id), f.rank, link.pid(), link.uid());
+    if ((g.everJoined & g.localMask) == g.localMask) tryOpen(g);
+}
+
+void GroupTable::tryOpen(Group& g) {
+    g.openTimer->cancel();
+    const GroupId id = g.id;
+    for (std::uint32_t r = 0; r < g.world; ++r) {
+        if (!(g.localMask >> r & 1u)) {
+            return refuseAll(g, Errc::Unavailable,
+                             "rank " + std::to_string(r) + " is on another node and this daemon has no peer link"),
+                   eraseIfEmpty(id);
+        }
+        if (g.roster[r].maxBytes > cfg_.maxBytes)
+            return refuseAll(g, Errc::CapMismatch,
+                             "rank " + std::to_string(r) + " asks for " + std::to_string(g.roster[r].maxBytes) +
+                                 " bytes, above this daemon's daemon.max_bytes " + std::to_string(cfg_.maxBytes)),
+                   eraseIfEmpty(id);
+    }
+    std::vector<std::uint64_t> caps;
+    for (const auto& e : g.roster) caps.push_back(e.maxBytes);
+    g.agreedCap = agreedCap(caps.data(), caps.size());
+    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), 1);
+    if (!layout) return refuseAll(g, layout.code(), layout.error().detail), eraseIfEmpty(id);
+    g.layout = *layout;
+    const std::uint64_t need = std::uint64_t(std::popcount(g.localMask)) * g.layout.totalBytes();
+    if (hostRegionBytes() + need > cfg_.maxRegionBytes)
+        return refuseAll(g, Errc::Unavailable,
+                         "regions would exceed daemon.max_region_bytes (" + std::to_string(cfg_.maxRegionBytes) + ")"),
+               eraseIfEmpty(id);
+
+    auto pg = std::make_shared<ProxyGroup>();
+    pg->handle = g.handle;
+    pg->world = g.world;
+    pg->layout = g.layout;
+    pg->agreedCap = g.agreedCap;
+    pg->gpuDoorbells = g.gpuDoorbells;
+    for (std::uint32_t r = 0; r < g.world; ++r) g.routes[r] = (g.localMask >> r & 1u) ? kRouteShm : kRouteVerbs;
+    pg->routes = g.routes;
+    for (auto& [rank, m] : g.members) {
+        const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
+        auto region = HostRegion::create(g.layout, tag + "-region");
+        auto ring = region ? CommandRing::create(cfg_.ringEntries, g.handle, tag + "-ring")
+                           : Result<std::shared_ptr<CommandRing>>(region.error());
+        if (!region || !ring) {
+            const Error& e = region ? ring.error() : region.error();
+            return refuseAll(g, Errc::Unavailable, "creating shared memory: " + e.describe()), eraseIfEmpty(id);
+        }
+        m.region = *region;
+        m.ring = *ring;
+        pg->regions[rank] = m.region;
+    }
+    g.proxyGroup = pg;
+    g.state = State::Open;
+    publishProxyTable();
+    spdlog::info("group {}: open, world {}, agreed cap {} bytes, slot {} bytes, region {} bytes", shortId(id), g.world,
+                 g.agreedCap, g.layout.slotBytes, g.layout.totalBytes());
+    for (auto& [rank, m] : g.members) {
+        Verdict v{};
+        v.rank = rank;
+        v.world = g.world;
+        v.stripes = g.layout.stripes;
+        v.agreedCap = g.agreedCap;
+        v.slotBytes = g.layout.slotBytes;
+        v.regionBytes = g.layout.totalBytes();
+        v.groupHandle = g.handle;
+        v.ringEntries = cfg_.ringEntries;
+        for (std::uint32_t r = 0; r < g.world; ++r) v.routes[r] = r == rank ? kRouteSelf : g.routes[r];
+        m.link->sendVerdict(v, {m.region->fd.get(), m.ring->fd.get(), proxy_.eventFd()});
+    }
+}
+
+void GroupTable::openTimedOut(const GroupId& id) {
+    auto it = groups_.find(id);
+    if (it == groups_.end() || it->second.state != State::Pending) return;
+    Group& g = it->second;
+    std::uint32_t missing = 0;
+    while (missing < g.world && !((g.localMask & ~g.everJoined) >> missing & 1u)) ++missing;
+    refuseAll(g, Errc::Timeout, "rank " + std::to_string(missing) + " did not join within the open timeout");
+    groups_.erase(it);
+}
+
+GroupTable::Group* GroupTable::findByLink(MemberLink& link, std::uint32_t* rank) {
+    for (auto& [id, g] : groups_)
+        for (auto& [r, m] : g.members)
+            if (m.link == &link) {
+                if (rank) *rank = r;
+                return &g;
+            }
+    return nullptr;
+}
+
+GroupTable::Group* GroupTable::findByHandle(std::uint32_t handle) {
+    for (auto& [id, g] : groups_)
+        if (g.handle == handle) return &g;
+    return nullptr;
+}
+
+void GroupTable::leave(MemberLink& link) {
+    std::uint32_t rank = 0;
+    Group* g = findByLink(link, &rank);
+    if (!g) return;
+    const GroupId id = g->id;
+    g->members.erase(rank);
+    spdlog::info("group {}: rank {} left", shortId(id), rank);
+    if (g->state == State::Pending) {
+        // The group can no longer complete: tell the ranks already waiting.
+        refuseAll(*g, Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
+        return eraseIfEmpty(id);
+    }
+    // Its ring leaves the proxy; once drained, the others learn it is gone.
+    const std::uint64_t v = publishProxyTable();
+    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group"});
+    eraseIfEmpty(id);
+}
+
+void GroupTable::drained(std::uint64_t version) {
+    std::vector<PendingBreak> due;
+    auto split = std::stable_partition(pendingBreaks_.begin(), pendingBreaks_.end(),
+                                       [&](const PendingBreak& b) { return b.version > version; });
+    due.assign(split, pendingBreaks_.end());
+    pendingBreaks_.erase(split, pendingBreaks_.end());
+    for (auto& b : due) {
+        auto it = groups_.find(b.id);
+        if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why);
+    }
+}
+
+Status GroupTable::shareRegion(MemberLink& link, const ShareRegion& m, int fd) {
+    std::uint32_t rank = 0;
+    Group* g = findByLink(link, &rank);
+    if (!g || g->state != State::Open) return {Errc::PermissionDenied, "ShareRegion from a rank in no open group"};
+    spdlog::info("group {}: rank {} shares a device region of {} bytes", shortId(g->id), rank, m.bytes);
+    const PeerRegion out{rank, 0, m.bytes};
+    for (auto& [r, member] : g->members)
+        if (r != rank) member.link->sendPeerRegion(out, fd);
+    return okStatus();
+}
+
+void GroupTable::abort(MemberLink& link) {
+    std::uint32_t rank = 0;
+    Group* g = findByLink(link, &rank);
+    if (!g) return;
+    breakGroup(*g, Errc::Aborted, kNoPeer, "rank " + std::to_string(rank) + " aborted the group");
+}
+
+void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why) {
+    Group* g = findByHandle(handle);
+    if (!g) return;
+    spdlog::warn("group {}: rank {}: {}", shortId(g->id), rank, why.describe());
+    breakGroup(*g, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " sent a bad doorbell: " + why.describe());
+}
+
+void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why) {
+    if (g.state == State::Broken && code != Errc::Aborted) return;
+    if (g.state != State::Broken) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
+    g.state = State::Broken;
+    g.lastError = Error{code, why};
+    if (g.proxyGroup) g.proxyGroup->broken.store(true, std::memory_order_release);
+    for (auto& [r, m] : g.members)
+        if (m.region) m.region->fail(code, rank);
+}
+
+std::uint64_t GroupTable::publishProxyTable() {
+    std::vector<ProxyRank> table;
+    for (auto& [id, g] : groups_) {
+        if (!g.proxyGroup) continue;
+        for (auto& [rank, m] : g.members)
+            if (m.ring) table.push_back(ProxyRank{g.proxyGroup, rank, m.ring});
+    }
+    proxy_.publish(std::move(table), ++tableVersion_);
+    return tableVersion_;
+}
+
+void GroupTable::eraseIfEmpty(const GroupId& id) {
+    auto it = groups_.find(id);
+    if (it == groups_.end() || !it->second.members.empty()) return;
+    spdlog::info("group {}: closed", shortId(id));
+    const bool published = it->second.proxyGroup != nullptr;
+    groups_.erase(it);
+    if (published) publishProxyTable();
+}
+
+std::size_t GroupTable::regionCount() const {
+    std::size_t n = 0;
+    for (const auto& [id, g] : groups_)
+        for (const auto& [r, m] : g.members) n += m.region ? 1 : 0;
+    return n;
+}
+
+std::uint64_t GroupTable::hostRegionBytes() const {
+    std::uint64_t n = 0;
+    for (const auto& [id, g] : groups_)
+        for (const auto& [r, m] : g.members) n += m.region ? m.region->layout.totalBytes() : 0;
+    return n;
+}
+
+} // namespace tpf::daemon

@@ -1,0 +1,119 @@
+// Groups of ranks on this node: joining, the all-or-none verdict, faults.
+// Runs on the control thread only (the Asio loop); the proxy sees a group
+// through the ProxyGroup/ProxyRank table this publishes.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/config.hpp"
+#include "daemon/proxy.hpp"
+#include "proto/client_msg.hpp"
+
+namespace tpf::daemon {
+
+using GroupId = std::array<std::uint8_t, 16>;
+std::string hexOf(const std::uint8_t* bytes, std::size_t n);
+
+/// The connection of one rank, as the group table needs it.
+class MemberLink {
+public:
+    virtual ~MemberLink() = default;
+    /// Send the verdict (and, when ok, the region, ring and eventfd fds).
+    virtual void sendVerdict(const client_proto::Verdict& v, std::vector<int> fds) = 0;
+    /// Forward a same-group member's device region (ipc route) with its fd.
+    virtual void sendPeerRegion(const client_proto::PeerRegion& m, int fd) = 0;
+    virtual std::int32_t pid() const = 0;
+    virtual std::uint32_t uid() const = 0;
+};
+
+class GroupTable {
+public:
+    GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const GroupId& nodeId, Proxy& proxy);
+
+    /// A rank asks to join. The verdict arrives through link.sendVerdict, now
+    /// or when the last local rank joins (or the open times out).
+    void join(MemberLink& link, const client_proto::GroupOpen& m);
+    /// A rank leaves: orderly (Close) or its connection dropped. Open groups
+    /// break with PeerLost naming it once the proxy drained its ring.
+    void leave(MemberLink& link);
+    /// A member of an open group shares its device region fd: forwarded as
+    /// PeerRegion to the group's other members only. Refused (named error)
+    /// when the link is in no open group.
+    Status shareRegion(MemberLink& link, const client_proto::ShareRegion& m, int fd);
+    /// A member aborts its group: every member's waits end with Aborted.
+    void abort(MemberLink& link);
+    /// A member's doorbell was invalid (proxy report): break its group.
+    void badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why);
+    /// The proxy carried out everything published before `version`.
+    void drained(std::uint64_t version);
+
+    nlohmann::json status() const;
+    std::size_t regionCount() const;
+    std::uint64_t hostRegionBytes() const;
+
+private:
+    enum class State { Pending, Open, Broken };
+    struct Member {
+        MemberLink* link = nullptr;
+        std::int32_t pid = 0;
+        std::uint32_t uid = 0;
+        std::shared_ptr<HostRegion> region;
+        std::shared_ptr<CommandRing> ring;
+    };
+    struct Group {
+        GroupId id{};
+        std::uint32_t handle = 0;
+        std::uint32_t world = 0;
+        State state = State::Pending;
+        std::vector<client_proto::RosterEntry> roster;
+        std::uint32_t localMask = 0;
+        std::map<std::uint32_t, Member> members; ///< by rank, local ranks that joined and did not leave
+        std::uint32_t everJoined = 0;            ///< bit per rank that joined at some time
+        std::uint32_t ownerUid = 0;              ///< uid of the first rank to join (others must match, or be root)
+        std::unique_ptr<boost::asio::steady_timer> openTimer;
+        std::uint64_t agreedCap = 0;
+        Layout layout{};
+        std::array<std::uint8_t, kMaxWorld> routes{};
+        bool gpuDoorbells = false;
+        std::shared_ptr<ProxyGroup> proxyGroup;
+        Error lastError;
+    };
+    struct PendingBreak {
+        std::uint64_t version;
+        GroupId id;
+        Errc code;
+        std::uint32_t rank;
+        std::string why;
+    };
+
+    Group* findByLink(MemberLink& link, std::uint32_t* rank = nullptr);
+    Group* findByHandle(std::uint32_t handle);
+    void refuse(MemberLink& link, Errc code, const std::string& why);
+    void refuseAll(Group& g, Errc code, const std::string& why);
+    void tryOpen(Group& g);
+    void openTimedOut(const GroupId& id);
+    void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why);
+    std::uint64_t publishProxyTable();
+    void eraseIfEmpty(const GroupId& id);
+
+    boost::asio::io_context& io_;
+    const DaemonConfig& cfg_;
+    GroupId nodeId_;
+    Proxy& proxy_;
+    std::map<GroupId, Group> groups_;
+    std::uint32_t nextHandle_ = 1;
+    std::uint64_t tableVersion_ = 0;
+    std::vector<PendingBreak> pendingBreaks_;
+};
+
+} // namespace tpf::daemon

@@ -1,0 +1,199 @@
+// tpfabricd — one per node: owns regions, rings, HCAs and the proxy; serves
+// ranks and tpfabricctl on a Unix socket.
+#include <sodium.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+#include "common/shm.hpp"
+#include "daemon/config.hpp"
+#include "daemon/groups.hpp"
+#include "daemon/hca.hpp"
+#include "daemon/proxy.hpp"
+#include "daemon/server.hpp"
+#include "tpf_config.h"
+
+#if TPF_HAVE_SYSTEMD
+#include <spdlog/sinks/systemd_sink.h>
+#include <systemd/sd-daemon.h>
+#endif
+
+namespace tpf::daemon {
+namespace {
+
+void notify(const char* state) {
+#if TPF_HAVE_SYSTEMD
+    sd_notify(0, state);
+#else
+    (void)state;
+#endif
+}
+
+// Stable per (machine, socket): two daemons on one machine (tests, the VM)
+// are two nodes.
+GroupId makeNodeId(const std::string& socketPath) {
+    std::string machine;
+    std::ifstream("/etc/machine-id") >> machine;
+    if (machine.empty()) {
+        char host[256] = {};
+        ::gethostname(host, sizeof host - 1);
+        machine = host;
+    }
+    const std::string seed = machine + "|" + socketPath;
+    GroupId id{};
+    crypto_generichash(id.data(), id.size(), reinterpret_cast<const unsigned char*>(seed.data()), seed.size(),
+                       nullptr, 0);
+    return id;
+}
+
+void setupLogging(const std::string& level, bool foreground) {
+    std::shared_ptr<spdlog::logger> logger;
+#if TPF_HAVE_SYSTEMD
+    // Under systemd: straight to the journal, with each event's priority.
+    if (!foreground && std::getenv("JOURNAL_STREAM"))
+        logger = std::make_shared<spdlog::logger>("tpfabricd", std::make_shared<spdlog::sinks::systemd_sink_mt>("tpfabricd"));
+#endif
+    if (!logger) {
+        logger = spdlog::stderr_color_mt("tpfabricd");
+        logger->set_pattern("%Y-%m-%d %H:%M:%S.%e tpfabricd[%P] %^%l%$: %v");
+    }
+    spdlog::set_default_logger(logger);
+    spdlog::set_level(spdlog::level::from_str(level));
+}
+
+int run(DaemonConfig cfg, bool foreground) {
+    setupLogging(cfg.logLevel, foreground);
+    if (sodium_init() < 0) {
+        spdlog::critical("libsodium failed to initialise");
+        return 1;
+    }
+    const std::string socketPath = resolveSocketPath(cfg);
+    const GroupId nodeId = makeNodeId(socketPath);
+    const auto started = std::chrono::system_clock::now();
+    const auto startedSteady = std::chrono::steady_clock::now();
+    const auto hcas = discoverHcas(cfg);
+    spdlog::info("tpfabricd {} starting: node {}, config {}, {} HCA(s)", TPF_VERSION, hexOf(nodeId.data(), 16),
+                 cfg.source, hcas.size());
+
+    boost::asio::io_context io;
+    GroupTable* groupsPtr = nullptr;
+    Proxy proxy(cfg.proxySpinUs, cfg.heartbeatMs, cfg.proxyCpu,
+                ProxyEvents{[&](std::uint64_t v) { boost::asio::post(io, [&, v] { groupsPtr->drained(v); }); },
+                            [&](std::uint32_t handle, std::uint32_t rank, Error why) {
+                                boost::asio::post(io, [&, handle, rank, why] { groupsPtr->badDoorbell(handle, rank, why); });
+                            }});
+    GroupTable groups(io, cfg, nodeId, proxy);
+    groupsPtr = &groups;
+
+    client_proto::HelloReply hello{};
+    std::memcpy(hello.nodeId, nodeId.data(), 16);
+    setText(hello.daemonVersion, TPF_VERSION);
+    hello.startedUnixNs = std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(started.time_since_epoch()).count());
+    hello.protocol = client_proto::kClientVersion;
+
+    auto nodeCard = [&] {
+        client_proto::NodeCard card;
+        std::memcpy(card.fixed.nodeId, nodeId.data(), 16);
+        card.fixed.usableCap = cfg.maxBytes;
+        card.fixed.endpointPort = cfg.peerListen.empty() ? 0 : cfg.peerPort;
+        card.hcas = hcas;
+        card.fixed.hcaCount = std::uint16_t(hcas.size());
+        return card;
+    };
+
+    Server* serverPtr = nullptr;
+    auto statusJson = [&]() -> std::string {
+        const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - startedSteady).count();
+        nlohmann::json hcaList = nlohmann::json::array();
+        for (const auto& h : hcas) {
+            std::string name;
+            getText(h.device, name);
+            hcaList.push_back({{"device", name}, {"port", h.port}, {"mtu", h.mtu}, {"speed_mbps", h.speedMbps},
+                               {"gid_index", h.gidIndex}, {"state", h.state == 4 ? "ACTIVE" : "DOWN"}});
+        }
+        nlohmann::json doc = {
+            {"status_version", 1},
+            {"daemon",
+             {{"version", TPF_VERSION},
+              {"pid", ::getpid()},
+              {"uptime_s", uptime},
+              {"started_unix_ns", hello.startedUnixNs},
+              {"node_id", hexOf(nodeId.data(), 16)},
+              {"socket", socketPath},
+              {"config_source", cfg.source},
+              {"proxy", {{"state", proxy.sleeping() ? "sleeping" : "polling"}, {"cpu", proxy.cpu()}, {"doorbells", proxy.doorbells()}}}}},
+            {"hcas", hcaList},
+            {"peers", nlohmann::json::array()},
+            {"groups", groups.status()},
+            {"regions", {{"count", groups.regionCount()}, {"host_bytes", groups.hostRegionBytes()}, {"device_bytes", 0}}},
+            {"clients", serverPtr ? serverPtr->clients() : 0},
+        };
+        return doc.dump();
+    };
+
+    Server server(io, cfg, groups, statusJson, hello, nodeCard);
+    serverPtr = &server;
+    if (auto s = proxy.start(); !s) {
+        spdlog::critical("proxy: {}", s.error().describe());
+        return 1;
+    }
+    if (auto s = server.listen(socketPath); !s) {
+        spdlog::critical("{}", s.error().describe());
+        return 1;
+    }
+    boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+        if (ec) return;
+        spdlog::info("signal {}: stopping", sig);
+        notify("STOPPING=1");
+        server.stop();
+        proxy.stop();
+        io.stop();
+    });
+    ::signal(SIGPIPE, SIG_IGN);
+    spdlog::info("listening on {}", socketPath);
+    notify("READY=1");
+    io.run();
+    spdlog::info("stopped");
+    return 0;
+}
+
+} // namespace
+} // namespace tpf::daemon
+
+int main(int argc, char** argv) {
+    using namespace tpf::daemon;
+    CLI::App app{"tpfabricd " TPF_VERSION " - tpfabric node daemon: regions, command rings, the proxy, HCAs"};
+    app.set_version_flag("--version", TPF_VERSION);
+    std::string configPath, socket, logLevel;
+    bool foreground = false;
+    app.add_option("--config", configPath, "TOML config file (see tpfabricd.conf.example); default: built-in defaults only");
+    app.add_option("--socket", socket, "control socket path (overrides daemon.socket)");
+    app.add_flag("--foreground", foreground, "log to the terminal with timestamps (the daemon never forks)");
+    app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical, off (overrides daemon.log_level)");
+    CLI11_PARSE(app, argc, argv);
+
+    DaemonConfig cfg;
+    try {
+        cfg = configPath.empty() ? defaultConfig() : loadConfig(configPath);
+        if (!socket.empty()) cfg.socketPath = socket;
+        if (!logLevel.empty()) {
+            auto lv = spdlog::level::from_str(logLevel);
+            if (lv == spdlog::level::off && logLevel != "off")
+                throw ConfigError("--log-level: '" + logLevel + "' is not allowed; one of trace, debug, info, warn, error, critical, off");
+            cfg.logLevel = logLevel;
+        }
+    } catch (const ConfigError& e) {
+        std::fprintf(stderr, "tpfabricd: %s\n", e.what());
+        return 2;
+    }
+    return run(std::move(cfg), foreground);
+}

@@ -1,0 +1,326 @@
+#include "daemon/server.hpp"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/unix_socket.hpp"
+
+namespace tpf::daemon {
+
+using namespace client_proto;
+namespace asio = boost::asio;
+using Local = asio::local::stream_protocol;
+
+namespace {
+constexpr std::size_t kReadChunk = 64 * 1024;
+constexpr std::size_t kMaxQueuedOutput = 16 * 1024 * 1024; // a client that never reads is dropped
+} // namespace
+
+Connection::Connection(Server& server, Local::socket socket, std::uint64_t id)
+    : server_(server), socket_(std::move(socket)), id_(id) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        pid_ = cred.pid;
+        uid_ = cred.uid;
+        gid_ = cred.gid;
+    }
+    socket_.non_blocking(true);
+}
+
+void Connection::start() {
+    spdlog::debug("client {}: connected (pid {}, uid {}, gid {})", id_, pid_, uid_, gid_);
+    waitReadable();
+}
+
+void Connection::waitReadable() {
+    if (closing_ || closed_) return;
+    socket_.async_wait(Local::socket::wait_read, [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec) return self->close();
+        self->onReadable();
+    });
+}
+
+void Connection::onReadable() {
+    if (closed_) return;
+    // Read what is there, collecting fds.
+    for (;;) {
+        const std::size_t old = inbuf_.size();
+        inbuf_.resize(old + kReadChunk);
+        iovec iov{inbuf_.data() + old, kReadChunk};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        const ssize_t n = ::recvmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        inbuf_.resize(old + (n > 0 ? std::size_t(n) : 0));
+        if (n > 0) {
+            for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                    for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+                        int fd;
+                        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                        infds_.emplace_back(fd);
+                    }
+            if (msg.msg_flags & MSG_CTRUNC) return refuse(Errc::BadMessage, "too many file descriptors in one message");
+            if (std::size_t(n) < kReadChunk) break;
+            continue;
+        }
+        if (n == 0) return close();
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        spdlog::warn("client {} (pid {}): recvmsg: {}", id_, pid_, std::strerror(errno));
+        return close();
+    }
+    // Handle every whole message.
+    std::size_t used = 0;
+    while (!closing_ && inbuf_.size() - used >= sizeof(MsgHeader)) {
+        auto h = decodeHeader(ByteView(inbuf_).subspan(used), kRequestSpec);
+        if (!h) return refuse(h.code(), h.error().detail);
+        if (inbuf_.size() - used - sizeof(MsgHeader) < h->length) break;
+        const ByteView payload = ByteView(inbuf_).subspan(used + sizeof(MsgHeader), h->length);
+        used += sizeof(MsgHeader) + h->length;
+        if (!handle(*h, payload, infds_.size())) return;
+    }
+    inbuf_.erase(inbuf_.begin(), inbuf_.begin() + std::ptrdiff_t(used));
+    waitReadable();
+}
+
+bool Connection::handle(const MsgHeader& h, ByteView payload, std::size_t fdsWithIt) {
+    // Only ShareRegion carries a file descriptor (exactly one).
+    if (h.opcode == kShareRegion && role_ == kRoleRank) {
+        if (fdsWithIt != 1) return refuse(Errc::BadMessage, "ShareRegion needs exactly 1 file descriptor"), false;
+        UniqueFd fd = std::move(infds_.front());
+        infds_.clear();
+        auto m = decodeFixed<ShareRegion>(payload, "ShareRegion");
+        if (!m) return refuse(m.code(), m.error().detail), false;
+        if (!inGroup_) return refuse(Errc::PermissionDenied, "ShareRegion without an open group"), false;
+        if (auto s = server_.groups_.shareRegion(*this, *m, fd.get()); !s) return refuse(s.code(), s.error().detail), false;
+        return true;
+    }
+    // No other request carries file descriptors.
+    if (fdsWithIt) {
+        refuse(Errc::BadMessage, std::to_string(fdsWithIt) + " file descriptor(s) sent where none belong");
+        return false;
+    }
+    if (role_ == 0 && h.opcode != kHello) {
+        refuse(Errc::BadMessage, "opcode " + std::to_string(h.opcode) + " before Hello");
+        return false;
+    }
+    switch (h.opcode) {
+    case kHello: {
+        if (role_ != 0) return refuse(Errc::BadMessage, "second Hello"), false;
+        auto m = decodeFixed<Hello>(payload, "Hello");
+        if (!m) return refuse(m.code(), m.error().detail), false;
+        role_ = m->role;
+        send(encode(kHelloReply, h.seq, server_.hello_));
+        return true;
+    }
+    case kNodeCardRequest: {
+        if (auto s = expectEmpty(payload, "NodeCardRequest"); !s) return refuse(s.code(), s.error().detail), false;
+        send(encode(h.seq, server_.nodeCard_()));
+        return true;
+    }
+    case kGroupOpen: {
+        if (role_ != kRoleRank) return refuse(Errc::PermissionDenied, "GroupOpen from a control client"), false;
+        if (inGroup_) return refuse(Errc::GroupMismatch, "this connection already joined a group"), false;
+        auto m = decodeGroupOpen(payload);
+        if (!m) return refuse(m.code(), m.error().detail), false;
+        inGroup_ = true;
+        server_.groups_.join(*this, *m);
+        return !closed_;
+    }
+    case kAbort: {
+        auto m = decodeFixed<Abort>(payload, "Abort");
+        if (!m) return refuse(m.code(), m.error().detail), false;
+        if (!inGroup_) return refuse(Errc::PermissionDenied, "Abort without a group"), false;
+        server_.groups_.abort(*this);
+        return true;
+    }
+    case kClose: {
+        if (auto s = expectEmpty(payload, "Close"); !s) return refuse(s.code(), s.error().detail), false;
+        if (inGroup_) server_.groups_.leave(*this);
+        inGroup_ = false;
+        send(encodeEmpty(kClosed, h.seq));
+        closing_ = true;
+        flush();
+        return false;
+    }
+    case kStatusRequest: {
+        auto m = decodeFixed<StatusRequest>(payload, "StatusRequest");
+        if (!m) return refuse(m.code(), m.error().detail), false;
+        send(encodeStatusReply(h.seq, server_.statusJson_()));
+        return true;
+    }
+    default:
+        refuse(Errc::BadMessage, "unknown opcode " + std::to_string(h.opcode));
+        return false;
+    }
+}
+
+void Connection::refuse(Errc code, const std::string& why) {
+    spdlog::warn("client {} (pid {}, uid {}): refused: {}: {}", id_, pid_, uid_, errcName(code), why);
+    ErrorReply e{};
+    e.errc = std::uint16_t(code);
+    e.missingPeer = kNoPeer;
+    setText(e.message, std::string(errcName(code)) + ": " + why);
+    send(encode(kErrorReply, 0, e));
+    closing_ = true;
+    flush();
+}
+
+void Connection::sendVerdict(const Verdict& v, std::vector<int> fds) {
+    if (v.errc != 0) inGroup_ = false; // a refused rank may not abort or signal anything
+    send(encode(kVerdict, 0, v), fds);
+}
+
+void Connection::sendPeerRegion(const PeerRegion& m, int fd) { send(encode(kPeerRegion, 0, m), {fd}); }
+
+void Connection::send(Bytes bytes, const std::vector<int>& fds) {
+    if (closed_) return;
+    Outgoing o;
+    o.bytes = std::move(bytes);
+    for (int fd : fds) o.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    out_.push_back(std::move(o));
+    std::size_t queued = 0;
+    for (const auto& q : out_) queued += q.bytes.size() - q.sent;
+    if (queued > kMaxQueuedOutput) {
+        spdlog::warn("client {} (pid {}): does not read its replies; dropped", id_, pid_);
+        return close();
+    }
+    flush();
+}
+
+void Connection::flush() {
+    while (!closed_ && !writing_ && !out_.empty()) {
+        Outgoing& o = out_.front();
+        iovec iov{o.bytes.data() + o.sent, o.bytes.size() - o.sent};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (o.sent == 0 && !o.fds.empty()) {
+            msg.msg_control = control;
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * o.fds.size());
+            cmsghdr* c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * o.fds.size());
+            for (std::size_t i = 0; i < o.fds.size(); ++i) {
+                const int fd = o.fds[i].get();
+                std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
+            }
+        }
+        const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            o.sent += std::size_t(n);
+            o.fds.clear();
+            if (o.sent == o.bytes.size()) out_.pop_front();
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            writing_ = true;
+            socket_.async_wait(Local::socket::wait_write, [self = shared_from_this()](const boost::system::error_code& ec) {
+                self->writing_ = false;
+                if (ec) return self->close();
+                self->flush();
+            });
+            return;
+        }
+        return close();
+    }
+    if (closing_ && out_.empty() && !closed_) close();
+}
+
+void Connection::close() {
+    if (closed_) return;
+    closed_ = true;
+    if (inGroup_) server_.groups_.leave(*this);
+    inGroup_ = false;
+    boost::system::error_code ec;
+    socket_.close(ec);
+    out_.clear();
+    spdlog::debug("client {}: closed", id_);
+    server_.forget(id_);
+}
+
+void Connection::shutdown() { close(); }
+
+Server::Server(asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups, std::function<std::string()> statusJson,
+               HelloReply hello, std::function<NodeCard()> nodeCard)
+    : io_(io), cfg_(cfg), groups_(groups), statusJson_(std::move(statusJson)), hello_(hello),
+      nodeCard_(std::move(nodeCard)), acceptor_(io) {}
+
+Server::~Server() { stop(); }
+
+Status Server::listen(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code fec;
+    fs::create_directories(fs::path(path).parent_path(), fec);
+    if (fs::exists(path)) {
+        if (connectUnix(path)) return {Errc::SystemError, "another tpfabricd is serving " + path};
+        ::unlink(path.c_str());
+    }
+    boost::system::error_code ec;
+    acceptor_.open(Local(), ec);
+    if (!ec) acceptor_.bind(Local::endpoint(path), ec);
+    if (!ec) acceptor_.listen(128, ec);
+    if (ec) return {Errc::SystemError, "listening on " + path + ": " + ec.message()};
+    path_ = path;
+    if (const group* gr = ::getgrnam(cfg_.socketGroup.c_str())) {
+        if (::chown(path.c_str(), ~0u, gr->gr_gid) != 0)
+            spdlog::warn("socket {}: cannot give it to group {}: {}", path, cfg_.socketGroup, std::strerror(errno));
+    } else {
+        spdlog::warn("socket {}: group '{}' does not exist (daemon.socket_group); the socket keeps the daemon's group",
+                     path, cfg_.socketGroup);
+    }
+    ::chmod(path.c_str(), 0660);
+    accept();
+    return okStatus();
+}
+
+void Server::accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, Local::socket socket) {
+        if (ec) {
+            if (ec != asio::error::operation_aborted) spdlog::warn("accept: {}", ec.message());
+            if (acceptor_.is_open()) accept();
+            return;
+        }
+        if (connections_.size() >= cfg_.maxClients) {
+            spdlog::warn("refusing a connection: {} clients already (daemon.max_clients)", connections_.size());
+        } else {
+            auto c = std::make_shared<Connection>(*this, std::move(socket), nextId_++);
+            connections_[c->id()] = c;
+            c->start();
+        }
+        accept();
+    });
+}
+
+void Server::forget(std::uint64_t id) {
+    // Defer: the connection may be inside one of its own handlers.
+    asio::post(io_, [this, id] { connections_.erase(id); });
+}
+
+void Server::stop() {
+    if (!acceptor_.is_open()) return;
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    auto all = connections_;
+    for (auto& [id, c] : all) c->shutdown();
+    if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+} // namespace tpf::daemon

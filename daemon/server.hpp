@@ -1,0 +1,100 @@
+// The control socket: a Unix stream socket served on the Asio loop. Every
+// message is a proto/ record; fds travel as SCM_RIGHTS; SO_PEERCRED names the
+// peer. Bad input gets an ErrorReply naming the failure, a log line, and the
+// connection closed; nothing else is disturbed.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/fd.hpp"
+#include "daemon/groups.hpp"
+#include "proto/client_msg.hpp"
+
+namespace tpf::daemon {
+
+class Server;
+
+/// One client connection.
+class Connection : public MemberLink, public std::enable_shared_from_this<Connection> {
+public:
+    Connection(Server& server, boost::asio::local::stream_protocol::socket socket, std::uint64_t id);
+    void start();
+    void shutdown(); ///< close now (daemon stopping)
+
+    void sendVerdict(const client_proto::Verdict& v, std::vector<int> fds) override;
+    void sendPeerRegion(const client_proto::PeerRegion& m, int fd) override;
+    std::int32_t pid() const override { return pid_; }
+    std::uint32_t uid() const override { return uid_; }
+    std::uint64_t id() const { return id_; }
+
+private:
+    struct Outgoing {
+        Bytes bytes;
+        std::vector<UniqueFd> fds; ///< dups, closed once sent
+        std::size_t sent = 0;
+    };
+    void waitReadable();
+    void onReadable();
+    bool handle(const MsgHeader& h, ByteView payload, std::size_t fdsWithIt);
+    void refuse(Errc code, const std::string& why); ///< ErrorReply, log, close after flush
+    void send(Bytes bytes, const std::vector<int>& fds = {});
+    void flush();
+    void close();
+
+    Server& server_;
+    boost::asio::local::stream_protocol::socket socket_;
+    std::uint64_t id_;
+    std::int32_t pid_ = -1;
+    std::uint32_t uid_ = ~0u;
+    std::uint32_t gid_ = ~0u;
+    std::uint32_t role_ = 0; ///< 0 until Hello
+    bool inGroup_ = false;
+    bool closing_ = false;   ///< no more input; close once output is flushed
+    bool closed_ = false;
+    bool writing_ = false;
+    Bytes inbuf_;
+    std::vector<UniqueFd> infds_;
+    std::deque<Outgoing> out_;
+};
+
+/// Accepts connections and routes their requests to the group table.
+class Server {
+public:
+    Server(boost::asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups,
+           std::function<std::string()> statusJson, client_proto::HelloReply hello,
+           std::function<client_proto::NodeCard()> nodeCard);
+    ~Server();
+
+    /// Bind the socket (replacing a stale one), set its group and mode 0660, listen.
+    Status listen(const std::string& path);
+    void stop();
+
+    std::size_t clients() const { return connections_.size(); }
+    const std::string& path() const { return path_; }
+
+private:
+    friend class Connection;
+    void accept();
+    void forget(std::uint64_t id);
+
+    boost::asio::io_context& io_;
+    const DaemonConfig& cfg_;
+    GroupTable& groups_;
+    std::function<std::string()> statusJson_;
+    client_proto::HelloReply hello_;
+    std::function<client_proto::NodeCard()> nodeCard_;
+    boost::asio::local::stream_protocol::acceptor acceptor_;
+    std::string path_;
+    std::uint64_t nextId_ = 1;
+    std::map<std::uint64_t, std::shared_ptr<Connection>> connections_;
+};
+
+} // namespace tpf::daemon

@@ -1,0 +1,57 @@
+#include "daemon/shared_state.hpp"
+
+namespace tpf::daemon {
+
+Result<std::shared_ptr<HostRegion>> HostRegion::create(const Layout& layout, const std::string& name) {
+    auto r = std::make_shared<HostRegion>();
+    r->layout = layout;
+    auto fd = createSealedMemfd(name, layout.totalBytes());
+    if (!fd) return fd.error();
+    r->fd = std::move(*fd);
+    auto map = mapShared(r->fd.get(), layout.totalBytes(), true);
+    if (!map) return map.error();
+    r->map = std::move(*map);
+    r->control().missingPeer = kNoPeer;
+    return r;
+}
+
+void HostRegion::fail(Errc code, std::uint32_t missingPeer) const {
+    auto& c = control();
+    std::uint32_t none = 0;
+    if (std::atomic_ref(c.error).compare_exchange_strong(none, std::uint32_t(code), std::memory_order_acq_rel))
+        std::atomic_ref(c.missingPeer).store(missingPeer, std::memory_order_release);
+    if (code == Errc::Aborted) std::atomic_ref(c.abort).store(1, std::memory_order_release);
+    std::atomic_ref(c.wakeSeq).fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(&c.wakeSeq);
+}
+
+void HostRegion::wakeIfWaiting() const {
+    auto& c = control();
+    // Pairs with the waiter's seq_cst increment of `waiters` before it re-checks flags.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (std::atomic_ref(c.waiters).load(std::memory_order_relaxed) == 0) return;
+    std::atomic_ref(c.wakeSeq).fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(&c.wakeSeq);
+}
+
+Result<std::shared_ptr<CommandRing>> CommandRing::create(std::uint32_t entries, std::uint32_t groupHandle,
+                                                         const std::string& name) {
+    auto r = std::make_shared<CommandRing>();
+    r->layout = RingLayout{entries};
+    auto fd = createSealedMemfd(name, r->layout.totalBytes());
+    if (!fd) return fd.error();
+    r->fd = std::move(*fd);
+    auto map = mapShared(r->fd.get(), r->layout.totalBytes(), true);
+    if (!map) return map.error();
+    r->map = std::move(*map);
+    r->view = RingView(r->map.data(), r->layout);
+    auto& h = r->view.header();
+    h.magic = kRingMagic;
+    h.version = kRingVersion;
+    h.entryBytes = sizeof(Doorbell);
+    h.entries = entries;
+    h.group = groupHandle;
+    return r;
+}
+
+} // namespace tpf::daemon

@@ -1,0 +1,52 @@
+// Shared memory the daemon creates for a rank: its region (Layout-sized,
+// sealed memfd) and its command ring. Both are mapped here and passed to the
+// rank's process with the Verdict.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "common/fd.hpp"
+#include "common/shm.hpp"
+#include "proto/layout.hpp"
+#include "proto/ring.hpp"
+
+namespace tpf::daemon {
+
+/// One rank's host region.
+struct HostRegion {
+    Layout layout;
+    UniqueFd fd;
+    Mapping map;
+
+    static Result<std::shared_ptr<HostRegion>> create(const Layout& layout, const std::string& name);
+
+    std::uint8_t* slot(std::uint32_t phase, std::uint32_t src) const { return map.data() + layout.slotOffset(phase, src); }
+    std::uint64_t* flag(std::uint32_t phase, std::uint32_t src, std::uint32_t stripe) const {
+        return reinterpret_cast<std::uint64_t*>(map.data() + layout.flagOffset(phase, src, stripe));
+    }
+    ControlBlock& control() const { return *reinterpret_cast<ControlBlock*>(map.data() + layout.controlOffset()); }
+
+    /// Record a group-wide failure and wake the rank's sleeping waits. The
+    /// first error stays; abort is set for Aborted.
+    void fail(Errc code, std::uint32_t missingPeer) const;
+    /// Wake the rank's host waits if any sleep (after flags were stored).
+    void wakeIfWaiting() const;
+};
+
+/// One rank's command ring.
+struct CommandRing {
+    RingLayout layout;
+    UniqueFd fd;
+    Mapping map;
+    RingView view;
+    std::uint32_t tail = 0;    ///< the proxy's private consumer index
+    std::uint32_t cplHead = 0; ///< the proxy's private completion index
+    std::uint64_t lastEpoch = 0; ///< the proxy's record of the last doorbell carried out
+
+    static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint32_t groupHandle,
+                                                       const std::string& name);
+};
+
+} // namespace tpf::daemon

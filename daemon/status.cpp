@@ -1,0 +1,77 @@
+// The status document (docs/status.md): groups' part here, the daemon's part
+// in main.cpp.
+#include <atomic>
+
+#include "daemon/groups.hpp"
+#include "proto/ring.hpp"
+
+namespace tpf::daemon {
+
+namespace {
+const char* stateName(int s) { return s == 0 ? "pending" : s == 1 ? "open" : "broken"; }
+const char* routeName(std::uint8_t r) {
+    switch (r) {
+    case client_proto::kRouteShm: return "shm";
+    case client_proto::kRouteVerbs: return "verbs";
+    case client_proto::kRouteIpc: return "ipc";
+    default: return "self";
+    }
+}
+double percentileUs(const std::uint64_t (&hist)[kLatencyBuckets], std::uint64_t total, double q) {
+    if (total == 0) return 0.0;
+    const std::uint64_t target = std::uint64_t(double(total) * q + 0.5);
+    std::uint64_t seen = 0;
+    for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) {
+        seen += hist[b];
+        if (seen >= target && hist[b]) return double(latencyBucketFloor(b)) / 1000.0;
+    }
+    return double(latencyBucketFloor(kLatencyBuckets - 1)) / 1000.0;
+}
+} // namespace
+
+nlohmann::json GroupTable::status() const {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& [id, g] : groups_) {
+        std::uint64_t calls = 0, bytes = 0, errors = 0, hist[kLatencyBuckets] = {};
+        nlohmann::json ranks = nlohmann::json::array();
+        for (std::uint32_t r = 0; r < g.world; ++r) {
+            const bool local = g.localMask >> r & 1u;
+            nlohmann::json e = {{"rank", r}, {"local", local}, {"pid", nullptr}, {"uid", nullptr},
+                                {"route", local ? "shm" : "verbs"}};
+            auto m = g.members.find(r);
+            if (m != g.members.end()) {
+                e["pid"] = m->second.pid;
+                e["uid"] = m->second.uid;
+                if (m->second.ring) {
+                    const RankStats& s = m->second.ring->view.stats();
+                    calls += std::atomic_ref(const_cast<std::uint64_t&>(s.calls)).load(std::memory_order_relaxed);
+                    bytes += std::atomic_ref(const_cast<std::uint64_t&>(s.bytes)).load(std::memory_order_relaxed);
+                    errors += std::atomic_ref(const_cast<std::uint64_t&>(s.errors)).load(std::memory_order_relaxed);
+                    for (std::uint32_t b = 0; b < kLatencyBuckets; ++b)
+                        hist[b] += std::atomic_ref(const_cast<std::uint32_t&>(s.latency[b])).load(std::memory_order_relaxed);
+                }
+            } else if (local) {
+                e["route"] = g.state == State::Pending ? "shm" : "gone";
+            }
+            if (g.routes[r]) e["route"] = routeName(g.routes[r]);
+            ranks.push_back(e);
+        }
+        std::uint64_t total = 0;
+        for (auto h : hist) total += h;
+        groups.push_back({{"id", hexOf(id.data(), id.size())},
+                          {"world", g.world},
+                          {"state", stateName(int(g.state))},
+                          {"agreed_cap", g.agreedCap},
+                          {"slot_bytes", g.layout.slotBytes},
+                          {"stripes", g.layout.stripes},
+                          {"ranks", ranks},
+                          {"calls", calls},
+                          {"bytes", bytes},
+                          {"errors", errors},
+                          {"latency_us", {{"p50", percentileUs(hist, total, 0.50)}, {"p99", percentileUs(hist, total, 0.99)}}},
+                          {"last_error", g.lastError.code == Errc::Ok ? std::string() : g.lastError.describe()}});
+    }
+    return groups;
+}
+
+} // namespace tpf::daemon

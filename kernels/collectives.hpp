@@ -1,0 +1,149 @@
+// tpfabric — the device side of the GPU data path: one fused kernel per
+// collective call (put, wait, gather or sum), host-callable launchers, and
+// what the host reads back after a failure. See docs/gpu.md.
+//
+// One call, epoch e = DeviceState::epoch + 1, phase p = e & 1:
+//   1. put: the shard goes to slot (p, rank) of the own region when a proxy
+//      peer exists (the daemon's source), and straight into slot (p, rank) of
+//      every ipc peer's region; then, once every block has stored its part,
+//      the epoch is release-stored (.sys) into each ipc peer's flag
+//      (p, rank, k) for every stripe k, and a Doorbell{e, bytes, group} is
+//      published on the command ring (the daemon copies to shm/verbs peers).
+//   2. wait: block 0 polls every peer's flags (p, src, k) >= e with
+//      ld.acquire.sys, bounded by timeoutNs (%globaltimer), ending early on
+//      ControlBlock.abort or ControlBlock.error.
+//   3. on success: gather rows in rank order into recv, or sum rows in rank
+//      order 0..W-1; on failure: record {error, missingPeer} in the control
+//      block and write nothing to recv.
+//   4. the last block to finish advances DeviceState::epoch to e.
+// No host call and no host-side epoch: a captured CUDA graph of any number
+// of calls replays any number of times.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "proto/error.hpp"
+#include "proto/layout.hpp"
+#include "proto/ring.hpp"
+
+namespace tpf::kernels {
+
+/// Element types of an all-reduce sum. f16/bf16 accumulate in f32 in rank
+/// order and round once (round-to-nearest-even) at the end.
+enum class DType : std::uint32_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+constexpr std::uint32_t dtypeBytes(DType t) { return t == DType::F32 ? 4u : 2u; }
+
+inline constexpr std::uint32_t kDefaultMaxBlocks = 32;  ///< DeviceGroupView::maxBlocks when 0
+inline constexpr std::uint64_t kBytesPerBlock = 16384;  ///< shard bytes one block handles before another is added
+inline constexpr std::uint32_t kThreadsPerBlock = 256;
+
+/// Per-rank state in device memory (createDeviceState), read and written only
+/// by this rank's kernels, except where a field says otherwise. All calls of
+/// one group on one device must be stream-ordered (one stream, or events):
+/// a call reads `epoch` that the previous call's last block wrote.
+struct DeviceState {
+    std::uint64_t epoch;         ///< @0  last epoch whose call finished; the next call uses epoch + 1
+    std::uint64_t verdict;       ///< @8  block 0's outcome of the running call: epoch | kVerdictFailed
+    std::uint64_t ringFullEpoch; ///< @16 epoch whose doorbell found the ring full for the whole timeout
+    std::uint32_t ringHead;      ///< @24 doorbells published: device-held RingHeader::subHead (single producer)
+    std::uint32_t putArrive;     ///< @28 blocks done with the put of the running call (wraps to 0)
+    std::uint32_t doneArrive;    ///< @32 blocks done with the running call (wraps to 0)
+    std::uint32_t failures;      ///< @36 calls that failed (diagnostics; the kernel counts, host reads)
+    std::uint8_t reserved[88];
+};
+static_assert(sizeof(DeviceState) == 128);
+static_assert(std::is_trivially_copyable_v<DeviceState>);
+inline constexpr std::uint64_t kVerdictFailed = 1ull << 63;
+
+/// Everything one rank's kernels need to know about its group. Trivially
+/// copyable: it is passed by value as a kernel argument, so a captured graph
+/// holds a copy (build the view once per group; it never changes).
+/// Pointers are device-accessible addresses: device memory, a CUDA IPC
+/// mapping, or cudaHostGetDevicePointer of a cudaHostRegister'ed mapping.
+struct DeviceGroupView {
+    Layout layout{};                          ///< the group's region layout (same on every rank)
+    std::uint32_t rank = 0;                   ///< this rank
+    std::uint32_t world = 0;                  ///< ranks in the group, == layout.world
+    std::uint8_t routes[kMaxWorld] = {};      ///< client_proto::Route per rank; kRouteSelf (0) at `rank`
+    std::uint8_t* region = nullptr;           ///< own region (Layout::totalBytes bytes)
+    ControlBlock* control = nullptr;          ///< own control block, normally region + layout.controlOffset()
+    std::uint8_t* peerRegions[kMaxWorld] = {};///< regions of ipc peers (route kRouteIpc), nullptr for the others
+    std::uint8_t* ring = nullptr;             ///< command ring mapping (RingHeader at 0); needed iff a shm/verbs peer exists
+    RingLayout ringLayout{};                  ///< entries of that ring
+    std::uint32_t groupHandle = 0;            ///< Verdict.groupHandle, written into each Doorbell
+    DeviceState* state = nullptr;             ///< this rank's DeviceState (device memory)
+    std::uint64_t timeoutNs = 0;              ///< bound of one call's wait, > 0
+    std::uint32_t maxBlocks = 0;              ///< grid cap per call (0: kDefaultMaxBlocks); all must fit on the GPU at once
+    std::uint32_t reserved = 0;
+};
+static_assert(std::is_trivially_copyable_v<DeviceGroupView>);
+
+/// Checks a view once at set-up: world/rank/layout agree, routes are valid
+/// (self exactly at rank), every ipc peer has a region, a ring exists when a
+/// shm/verbs peer does, state/region/control set, timeout > 0. Ok or
+/// OutOfRange / BadMessage / Misaligned naming nothing further.
+Errc validateView(const DeviceGroupView& view);
+
+/// Checks one all-gather call: send, recv and bytes 16-byte aligned
+/// (Misaligned), bytes <= layout.slotBytes (CapMismatch).
+Errc validateAllGather(const DeviceGroupView& view, const void* send, const void* recv, std::uint64_t bytes);
+
+/// Checks one all-reduce call: as validateAllGather for count * dtypeBytes.
+Errc validateAllReduceSum(const DeviceGroupView& view, const void* send, const void* recv, std::uint64_t count,
+                          DType dtype);
+
+/// All-gather of `bytes` from `send` into `recv` (world * bytes; row r holds
+/// rank r's shard). Enqueues one kernel on `stream`; nothing else, so it can
+/// be captured. Returns cudaErrorInvalidValue, launching nothing, when
+/// validateAllGather (or a cheap view check) fails; bytes == 0 launches
+/// nothing and returns cudaSuccess (every rank skips alike; the epoch does
+/// not move). A failed wait is not a launch error: read it with readFailure.
+cudaError_t launchAllGather(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t bytes,
+                            cudaStream_t stream);
+
+/// All-reduce sum of `count` elements of `dtype` from `send` into `recv`
+/// (count elements), summed in rank order 0..W-1 (bit-identical on every
+/// rank): f32 adds in f32; f16/bf16 add in f32 from float(x0) and round to
+/// nearest even once. Same contract as launchAllGather otherwise.
+cudaError_t launchAllReduceSum(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t count,
+                               DType dtype, cudaStream_t stream);
+
+/// Loads every collective kernel variant now. CUDA loads a kernel lazily at
+/// its first launch (CUDA_MODULE_LOADING=LAZY, the default), and that load
+/// may wait until the kernels already running on the device finish; a
+/// collective spinning on a peer whose launch comes later from the same
+/// process then waits out its whole timeout (seen on the H200 with W ranks in
+/// one process). Call once per process before the first collective (group
+/// open does); cheap after the first call.
+cudaError_t preloadKernels();
+
+/// Allocates and initialises a DeviceState (synchronous): `epoch` is the last
+/// epoch this rank finished (0 for a fresh group), `ringHead` the ring's
+/// current subHead (0 for a fresh ring). A host path that also pushes to the
+/// ring or advances the epoch must resynchronise through readDeviceState /
+/// writeDeviceState while no device call is in flight.
+cudaError_t createDeviceState(DeviceState** out, std::uint64_t epoch, std::uint32_t ringHead);
+cudaError_t destroyDeviceState(DeviceState* state);
+/// Synchronous copy of the state (call after the stream synchronised).
+cudaError_t readDeviceState(const DeviceState* state, DeviceState& out);
+/// Synchronous overwrite of epoch and ringHead (counters are reset).
+cudaError_t writeDeviceState(DeviceState* state, std::uint64_t epoch, std::uint32_t ringHead);
+
+/// What a failed call left in the control block.
+struct CallFailure {
+    Errc error = Errc::Ok;            ///< Ok while healthy; Timeout, Aborted, or the daemon's code
+    std::uint32_t missingPeer = kNoPeer; ///< Timeout: lowest rank whose flag had not arrived (own rank:
+                                         ///< the ring stayed full); otherwise what the daemon wrote
+    std::uint64_t epoch = 0;          ///< ControlBlock.epoch: the last epoch a call of this rank started
+};
+
+/// Reads error, missingPeer and epoch of view.control (synchronous; device or
+/// host-mapped memory alike). Call after the stream synchronised. The error
+/// is sticky: every later call fails at once until the group is reopened.
+cudaError_t readFailure(const DeviceGroupView& view, CallFailure& out);
+
+} // namespace tpf::kernels

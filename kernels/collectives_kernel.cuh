@@ -1,0 +1,359 @@
+// The fused collective kernel (put, wait, gather or sum). Included by
+// collectives.cu only; the contract is in collectives.hpp.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/collectives.hpp"
+#include "kernels/device_sync.cuh"
+#include "proto/client_msg.hpp"
+
+namespace tpf::kernels::detail {
+
+enum class Op : std::uint32_t { Gather, SumF32, SumF16, SumBF16 };
+
+constexpr std::uint32_t kUnroll = 4;
+constexpr std::uint32_t kWarp = 32;
+
+__device__ __forceinline__ bool isProxy(std::uint8_t route) {
+    return route == client_proto::kRouteShm || route == client_proto::kRouteVerbs;
+}
+
+/// [begin, end) of `total` items for block b of nb, contiguous and balanced.
+struct Range {
+    std::uint64_t begin, end;
+};
+__device__ __forceinline__ Range blockRange(std::uint64_t total, std::uint32_t b, std::uint32_t nb) {
+    const std::uint64_t per = (total + nb - 1) / nb;
+    const std::uint64_t lo = per * b < total ? per * b : total;
+    const std::uint64_t hi = per * (b + 1) < total ? per * (b + 1) : total;
+    return {lo, hi};
+}
+
+/// Per-launch tables block-local threads share (filled by thread 0).
+struct Shared {
+    std::uint64_t epoch;
+    std::uint8_t* dst[kMaxWorld]; // where the own shard goes: own slot (if staged) + ipc peers' slots
+    const std::uint8_t* src[kMaxWorld]; // row r of the result: send for r == rank, else slot (p, r)
+    std::uint32_t ndst;
+    std::uint32_t lastPut; // this block finished the put last: it publishes
+    std::uint32_t ok;      // the wait succeeded: write the output
+};
+
+/// Copies this block's part of the shard to every destination, kUnroll
+/// vectors in flight per thread.
+__device__ __forceinline__ void putRange(const Shared& s, const std::uint8_t* send, Range r) {
+    for (std::uint64_t i = r.begin + threadIdx.x; i < r.end; i += kUnroll * blockDim.x) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (std::uint32_t u = 0; u < kUnroll; ++u) {
+            const std::uint64_t j = i + std::uint64_t(u) * blockDim.x;
+            if (j < r.end) v[u] = ldSend16(send + j * 16);
+        }
+        for (std::uint32_t d = 0; d < s.ndst; ++d) {
+#pragma unroll
+            for (std::uint32_t u = 0; u < kUnroll; ++u) {
+                const std::uint64_t j = i + std::uint64_t(u) * blockDim.x;
+                if (j < r.end) st16(s.dst[d] + j * 16, v[u]);
+            }
+        }
+    }
+}
+
+/// Warp 0 of the block that finished the put last: the epoch into every ipc
+/// peer's flags, then the doorbell for the daemon. Everything every block
+/// stored is ordered before (caller: fence after the arrival + __syncthreads).
+__device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p, std::uint64_t bytes,
+                        bool hasProxy) {
+    const std::uint32_t lane = threadIdx.x % kWarp;
+    const std::uint32_t S = v.layout.stripes;
+    const std::uint32_t n = (v.world - 1) * S;
+    for (std::uint32_t f = lane; f < n; f += kWarp) {
+        const std::uint32_t q = peerAt(v.rank, f / S, v.world);
+        if (v.routes[q] == client_proto::kRouteIpc)
+            stReleaseSys(reinterpret_cast<std::uint64_t*>(v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S)), e);
+    }
+    if (!hasProxy || lane != 0) return;
+    DeviceState* st = v.state;
+    auto* h = reinterpret_cast<RingHeader*>(v.ring);
+    const std::uint32_t head = st->ringHead;
+    // The daemon busy-polls while GPU groups exist; a full ring means it is
+    // stuck or gone: wait at most the timeout, then report instead of overwriting.
+    if (head - ldAcquireSys(&h->subTail) >= v.ringLayout.entries) {
+        const std::uint64_t t0 = globalTimerNs();
+        while (head - ldAcquireSys(&h->subTail) >= v.ringLayout.entries) {
+            if (globalTimerNs() - t0 > v.timeoutNs) {
+                stReleaseGpu(&st->ringFullEpoch, e);
+                return;
+            }
+            __nanosleep(1000);
+        }
+    }
+    uint4 d;
+    d.x = std::uint32_t(e);
+    d.y = std::uint32_t(e >> 32);
+    d.z = std::uint32_t(bytes);
+    d.w = v.groupHandle;
+    st16(v.ring + v.ringLayout.submissionOffset(head), d); // Doorbell{epoch, bytes, group}, one 16-byte store
+    __threadfence_system();
+    stReleaseSys(&h->subHead, head + 1);
+    st->ringHead = head + 1;
+}
+
+/// Warp 0 of block 0: waits until every peer's flags for every stripe reach
+/// e, or abort/error/ring-full/timeout. Returns 0 (all arrived) or the Errc
+/// to report; records it in the control block when it is this rank's own.
+__device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p) {
+    const std::uint32_t lane = threadIdx.x % kWarp;
+    const std::uint32_t S = v.layout.stripes;
+    const std::uint32_t n = v.world * S;
+    const std::uint64_t t0 = globalTimerNs();
+    for (;;) {
+        // Control words first: relaxed loads issue without waiting, so their
+        // latency overlaps the flags' acquire loads.
+        std::uint32_t daemonErr = 0, aborted = 0, ringFull = 0;
+        if (lane == 0) {
+            daemonErr = ldRelaxedSys(&v.control->error);
+            aborted = ldRelaxedSys(&v.control->abort);
+            ringFull = ldRelaxedGpu(&v.state->ringFullEpoch) == e;
+        }
+        std::uint32_t missing = kNoPeer;
+        for (std::uint32_t f = lane; f < n; f += kWarp) {
+            const std::uint32_t src = f / S;
+            if (src == v.rank) continue;
+            const auto* flag = reinterpret_cast<const std::uint64_t*>(v.region + v.layout.flagOffset(p, src, f % S));
+#if TPF_POLL_RELAXED
+            if (ldRelaxedSys(flag) < e && src < missing) missing = src;
+#else
+            if (ldAcquireSys(flag) < e && src < missing) missing = src;
+#endif
+        }
+        missing = __reduce_min_sync(0xffffffffu, missing);
+        daemonErr = __shfl_sync(0xffffffffu, daemonErr, 0);
+        aborted = __shfl_sync(0xffffffffu, aborted, 0);
+        ringFull = __shfl_sync(0xffffffffu, ringFull, 0);
+        std::uint32_t code = 0;
+        if (daemonErr != 0) code = daemonErr;
+        else if (aborted != 0) code = std::uint32_t(Errc::Aborted), missing = kNoPeer;
+        else if (ringFull != 0) code = std::uint32_t(Errc::Timeout), missing = v.rank;
+        else if (missing == kNoPeer) {
+#if TPF_POLL_RELAXED
+            fenceAcqRelSys(); // relaxed polls + this fence: the acquire pattern
+#endif
+            return 0;
+        }
+        const std::uint64_t waited = globalTimerNs() - t0;
+        if (code == 0 && waited > v.timeoutNs) code = std::uint32_t(Errc::Timeout);
+        if (code != 0) {
+            if (lane == 0) {
+                if (daemonErr == 0) { // the daemon's record stays as it wrote it
+                    stRelaxedSys(&v.control->missingPeer, missing);
+                    stReleaseSys(&v.control->error, code);
+                }
+                atomicAdd(&v.state->failures, 1u);
+            }
+            return code;
+        }
+        if (waited > 100000) __nanosleep(500); // long waits: poll gently
+    }
+}
+
+/// Non-zero blocks: wait for block 0's verdict of epoch e. Bounded well past
+/// block 0's own bound; if that runs out something is badly wrong (block 0
+/// never ran): fail without output.
+__device__ bool awaitVerdict(const DeviceGroupView& v, std::uint64_t e) {
+    const std::uint64_t t0 = globalTimerNs();
+    for (;;) {
+        const std::uint64_t w = ldAcquireSys(&v.state->verdict);
+        if ((w & ~kVerdictFailed) == e) return (w & kVerdictFailed) == 0;
+        if (globalTimerNs() - t0 > 2 * v.timeoutNs + 1000000000ull) {
+            stRelaxedSys(&v.control->missingPeer, kNoPeer);
+            stReleaseSys(&v.control->error, std::uint32_t(Errc::Timeout));
+            return false;
+        }
+    }
+}
+
+__device__ __forceinline__ uint4 loadRow(const Shared& s, std::uint32_t r, std::uint32_t rank, std::uint64_t off) {
+    return r == rank ? ldSend16(s.src[r] + off) : ldSlot16(s.src[r] + off);
+}
+
+/// Rows in rank order into recv: vector j of the W * n16 output is row j / n16.
+/// 32-bit index math: W * n16 <= 16 * 2^26 (a slot is at most 1 GiB).
+__device__ __forceinline__ void gatherRange(const Shared& s, std::uint32_t rank, std::uint8_t* recv, std::uint32_t n16,
+                                            Range r) {
+    const std::uint32_t end = std::uint32_t(r.end);
+    for (std::uint32_t i = std::uint32_t(r.begin) + threadIdx.x; i < end; i += kUnroll * blockDim.x) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (std::uint32_t u = 0; u < kUnroll; ++u) {
+            const std::uint32_t j = i + u * blockDim.x;
+            if (j < end) {
+                const std::uint32_t row = j / n16;
+                v[u] = loadRow(s, row, rank, std::uint64_t(j - row * n16) * 16);
+            }
+        }
+#pragma unroll
+        for (std::uint32_t u = 0; u < kUnroll; ++u) {
+            const std::uint32_t j = i + u * blockDim.x;
+            if (j < end) st16(recv + std::uint64_t(j) * 16, v[u]);
+        }
+    }
+}
+
+/// Lanes of one 16-byte vector and how they widen to f32 and narrow back.
+template <Op op> struct Vec;
+template <> struct Vec<Op::SumF32> {
+    static constexpr int kLanes = 4;
+    __device__ static void widen(uint4 x, float* f) {
+        f[0] = __uint_as_float(x.x), f[1] = __uint_as_float(x.y), f[2] = __uint_as_float(x.z), f[3] = __uint_as_float(x.w);
+    }
+    __device__ static uint4 narrow(const float* f) {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    }
+};
+template <> struct Vec<Op::SumF16> {
+    static constexpr int kLanes = 8;
+    __device__ static void widen(uint4 x, float* f) {
+        const std::uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            __half2 h = *reinterpret_cast<const __half2*>(&w[k]);
+            const float2 t = __half22float2(h);
+            f[2 * k] = t.x, f[2 * k + 1] = t.y;
+        }
+    }
+    __device__ static uint4 narrow(const float* f) {
+        std::uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __half lo = __float2half_rn(f[2 * k]), hi = __float2half_rn(f[2 * k + 1]);
+            w[k] = std::uint32_t(__half_as_ushort(lo)) | (std::uint32_t(__half_as_ushort(hi)) << 16);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+template <> struct Vec<Op::SumBF16> {
+    static constexpr int kLanes = 8;
+    __device__ static void widen(uint4 x, float* f) {
+        const std::uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            f[2 * k] = __uint_as_float(w[k] << 16);           // bf16 -> f32 is exact: the high half
+            f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    }
+    __device__ static uint4 narrow(const float* f) {
+        std::uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __nv_bfloat16 lo = __float2bfloat16_rn(f[2 * k]), hi = __float2bfloat16_rn(f[2 * k + 1]);
+            w[k] = std::uint32_t(__bfloat16_as_ushort(lo)) | (std::uint32_t(__bfloat16_as_ushort(hi)) << 16);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+
+/// Sum of rows 0..W-1 in rank order, f32 accumulation (adds only: nothing to
+/// contract), rows loaded kUnroll at a time so their latencies overlap.
+template <Op op>
+__device__ __forceinline__ void sumRange(const Shared& s, std::uint32_t rank, std::uint32_t world, std::uint8_t* recv,
+                                         Range r) {
+    using V = Vec<op>;
+    for (std::uint64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+        const std::uint64_t off = i * 16;
+        float acc[V::kLanes];
+        for (std::uint32_t r0 = 0; r0 < world; r0 += kUnroll) {
+            uint4 x[kUnroll];
+#pragma unroll
+            for (std::uint32_t u = 0; u < kUnroll; ++u)
+                if (r0 + u < world) x[u] = loadRow(s, r0 + u, rank, off);
+#pragma unroll
+            for (std::uint32_t u = 0; u < kUnroll; ++u) {
+                if (r0 + u >= world) break;
+                float f[V::kLanes];
+                V::widen(x[u], f);
+                if (r0 + u == 0) {
+#pragma unroll
+                    for (int k = 0; k < V::kLanes; ++k) acc[k] = f[k];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < V::kLanes; ++k) acc[k] = __fadd_rn(acc[k], f[k]);
+                }
+            }
+        }
+        st16(recv + off, V::narrow(acc));
+    }
+}
+
+template <Op op>
+__global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const DeviceGroupView v,
+                                                                     const std::uint8_t* send, std::uint8_t* recv,
+                                                                     std::uint64_t n16) {
+    __shared__ Shared s;
+    DeviceState* st = v.state;
+    const std::uint32_t nb = gridDim.x, b = blockIdx.x;
+    bool hasProxy = false;
+    for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]);
+    if (threadIdx.x == 0) {
+        // Every block reads the epoch before it arrives at doneArrive; the
+        // last to arrive advances it, so all blocks of a call agree on e.
+        const std::uint64_t e = ldRelaxedGpu(&st->epoch) + 1;
+        const std::uint32_t p = phaseOf(e);
+        s.epoch = e;
+        s.ndst = 0;
+        if (hasProxy) s.dst[s.ndst++] = v.region + v.layout.slotOffset(p, v.rank);
+        for (std::uint32_t i = 0; i + 1 < v.world; ++i) {
+            const std::uint32_t q = peerAt(v.rank, i, v.world);
+            if (v.routes[q] == client_proto::kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
+        }
+        for (std::uint32_t r = 0; r < v.world; ++r) s.src[r] = r == v.rank ? send : v.region + v.layout.slotOffset(p, r);
+        if (b == 0) stRelaxedSys(&v.control->epoch, e);
+    }
+    __syncthreads();
+    const std::uint64_t e = s.epoch;
+    const std::uint32_t p = phaseOf(e);
+
+    // 1. put, then publish once every block's stores are ordered before it.
+    putRange(s, send, blockRange(n16, b, nb));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bool last = true;
+        if (nb > 1) {
+            fenceAcqRelSys(); // this block's stores before its arrival (cumulative over the barrier)
+            last = atomicInc(&st->putArrive, nb - 1) == nb - 1;
+            if (last) fenceAcqRelSys();
+        }
+        s.lastPut = last;
+    }
+    __syncthreads();
+    if (threadIdx.x < kWarp && s.lastPut) publish(v, e, p, n16 * 16, hasProxy);
+
+    // 2. wait: block 0 decides for all, so that either every block writes or none does.
+    if (b == 0) {
+        if (threadIdx.x < kWarp) {
+            const std::uint32_t code = waitPeers(v, e, p);
+            if (threadIdx.x == 0) {
+                s.ok = code == 0;
+                if (nb > 1) stReleaseGpu(&st->verdict, e | (code == 0 ? 0 : kVerdictFailed));
+            }
+        }
+    } else if (threadIdx.x == 0) {
+        s.ok = awaitVerdict(v, e);
+    }
+    __syncthreads();
+
+    // 3. the result, only on success.
+    if (s.ok) {
+        if constexpr (op == Op::Gather) gatherRange(s, v.rank, recv, std::uint32_t(n16), blockRange(n16 * v.world, b, nb));
+        else sumRange<op>(s, v.rank, v.world, recv, blockRange(n16, b, nb));
+    }
+
+    // 4. the last block out advances the epoch for the next call.
+    if (threadIdx.x == 0) {
+        if (nb == 1 || atomicInc(&st->doneArrive, nb - 1) == nb - 1) st->epoch = e;
+    }
+}
+
+} // namespace tpf::kernels::detail

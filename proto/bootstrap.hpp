@@ -1,0 +1,50 @@
+// tpfabric — what ranks exchange over the bootstrap (the group's NCCL
+// communicator in production, loopback TCP in CPU tests) while opening a
+// group. Every rank contributes one record; all-gathered in rank order.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "proto/client_msg.hpp"
+#include "proto/wire.hpp"
+
+namespace tpf::bootstrap_proto {
+
+/// Framing of the loopback TCP bootstrap (MsgHeader with this magic; opcode
+/// kGatherPart rank -> root, kGatherAll root -> every rank).
+inline constexpr std::uint32_t kBootstrapMagic = fourcc('T', 'P', 'B', 1);
+inline constexpr std::uint16_t kBootstrapVersion = 1;
+inline constexpr std::uint32_t kMaxBootstrapPayload = 1024 * 1024;
+inline constexpr ProtocolSpec kBootstrapSpec{"bootstrap", kBootstrapMagic, kBootstrapVersion, kBootstrapVersion,
+                                             kMaxBootstrapPayload};
+enum Opcode : std::uint16_t {
+    kJoin = 1,       ///< u32 rank, u32 world: a rank introduces itself to the root
+    kGatherPart = 2, ///< one rank's part of an all-gather
+    kGatherAll = 3,  ///< the root's answer: every part in rank order
+};
+
+/// Round 1: every rank's card. 72 bytes.
+struct OpenCard {
+    std::uint8_t groupId[16];          ///< rank 0's draw; the others' are ignored
+    client_proto::RosterEntry entry;   ///< this rank's node, daemon endpoint, usable maximum
+    std::uint16_t errc;                ///< 0, or why this rank cannot take the fabric path (no daemon, ...)
+    std::uint16_t reserved0;
+    std::uint32_t reserved1;
+};
+static_assert(sizeof(OpenCard) == 72);
+static_assert(offsetof(OpenCard, entry) == 16);
+static_assert(offsetof(OpenCard, errc) == 64);
+static_assert(std::is_trivially_copyable_v<OpenCard>);
+
+/// Round 2: every rank's verdict from its daemon; the group takes the fabric
+/// path only if every errc is 0 (all or none). 8 bytes.
+struct OpenVote {
+    std::uint16_t errc;
+    std::uint16_t reserved0;
+    std::uint32_t reserved1;
+};
+static_assert(sizeof(OpenVote) == 8);
+static_assert(std::is_trivially_copyable_v<OpenVote>);
+
+} // namespace tpf::bootstrap_proto

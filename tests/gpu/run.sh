@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The one script that runs every GPU test, on the GPU machine, from the repo
+# root (docs/gpu.md):
+#   bash tests/gpu/run.sh [program args...]
+# Binaries: $TPF_GPU_BIN (default .carry/gpu) when it holds test_gpu_collectives
+# (built on the CPU box: meson compile -C build-gpu, then copied there with
+# libcudart.so.13 under lib/); otherwise, or with TPF_GPU_BUILD=1, they are
+# built here with nvcc into build-gpu-device/.
+# Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
+# TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
+# Exit: 0 all passed, 1 a test failed or the build failed, 77 no GPU here.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "SKIP: no GPU here (nvidia-smi -L failed); tests/gpu needs the GPU machine"
+  exit 77
+fi
+export NCCL_NVLS_ENABLE=0 # never NVLink multicast on shared machines (notes/device.md)
+logdir=${TPF_GPU_LOG:-${OUT:-build-gpu-device}}
+mkdir -p "$logdir" build-gpu-device
+bin=${TPF_GPU_BIN:-.carry/gpu}
+
+build_here() {
+  echo "building the GPU tests with $(nvcc --version | tail -1)"
+  local srcs=(kernels/collectives.cu kernels/layout_probe.cu tests/gpu/test_collectives.cu tests/gpu/cases_data.cu
+              tests/gpu/cases_fault.cu tests/gpu/bench.cu tests/gpu/check_kernels.cu tests/gpu/sim_group.cpp)
+  local objs=() pids=() s o ok=1
+  for s in "${srcs[@]}"; do
+    o=build-gpu-device/$(basename "$s").o
+    objs+=("$o")
+    nvcc -O2 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -Xcompiler -pthread -I. -c "$s" -o "$o" &
+    pids+=($!)
+  done
+  for s in "${pids[@]}"; do wait "$s" || ok=0; done
+  [ $ok = 1 ] && nvcc -arch=sm_90 -Xcompiler -pthread -o build-gpu-device/test_gpu_collectives "${objs[@]}"
+}
+
+if [ -z "${TPF_GPU_BUILD:-}" ] && [ -x "$bin/test_gpu_collectives" ]; then
+  export LD_LIBRARY_PATH="$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  build_here >"$logdir/gpu-build.log" 2>&1 || { cat "$logdir/gpu-build.log"; echo "GPU test build failed"; exit 1; }
+  bin=build-gpu-device
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+# MPS: several processes on ONE GPU time-slice without it (a flag round trip
+# of 4.5 ms instead of 0.7 us, notes/device.md). The multi-process tests and
+# the benchmark run under a private MPS daemon, against the real tpfabricd
+# ($bin/tpfabricd, carried with the .so files it lacks here under $bin/lib).
+single_process=(test_gpu_collectives)
+mps_dir=
+start_mps() {
+  mps_dir=$(mktemp -d)
+  export CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe CUDA_MPS_LOG_DIRECTORY=$mps_dir/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+}
+dpid=
+cleanup() {
+  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
+  if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; fi
+}
+trap cleanup EXIT
+
+rc=0
+run_one() {
+  local name=$1; shift
+  echo "== $name"
+  timeout "${TPF_GPU_TIMEOUT:-540}" "$bin/$name" "$@" 2>&1 | tee "$logdir/$name.log"
+  local r=${PIPESTATUS[0]}
+  echo "== $name: exit $r"
+  [ "$r" = 0 ] || [ "$r" = 77 ] || rc=1
+}
+if [ -z "${TPF_GPU_SKIP_SINGLE:-}" ]; then
+  for t in "${single_process[@]}"; do run_one "$t" "$@"; done
+fi
+[ -x "$bin/tpf-gpurank" ] || { echo "no $bin/tpf-gpurank: multi-process tests not run"; exit $rc; }
+echo "== tpf-gpurank nccl1 (world-1 NcclBootstrap; above-cap calls to NCCL)"
+timeout 60 "$bin/tpf-gpurank" --scenario nccl1 2>&1 | tee "$logdir/nccl1.log"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+
+start_mps || { echo "MPS did not start"; exit 1; }
+sock=$mps_dir/tpfabricd.sock
+"$bin/tpfabricd" --socket "$sock" --foreground --log-level info >"$logdir/tpfabricd.log" 2>&1 &
+dpid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || { echo "tpfabricd did not start:"; cat "$logdir/tpfabricd.log"; exit 1; }
+
+# run_ranks PROGRAM WORLD ROUTE SCENARIO TIMEOUT_MS [extra args]: W rank
+# processes; each judges its own outcome (exit 0) and prints RESULT lines.
+ranks() {
+  local prog=$1 w=$2 route=$3 scen=$4 tmo=$5; shift 5
+  local port=$((20000 + RANDOM % 30000)) pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w.log"
+  : >"$log"
+  for ((r = 0; r < w; r++)); do
+    timeout 40 "$bin/$prog" --socket "$sock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" \
+      "$@" >>"$log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r" || ok=0; done
+  return $((1 - ok))
+}
+t0=$SECONDS
+for route in ipc proxy; do
+  for w in 2 4 8; do
+    for scen in data graph b2b kill stall; do
+      tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
+      if ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; then st=PASS; else st=FAIL; rc=1; fi
+      echo "$st gpu-multiprocess route=$route W=$w scenario=$scen"
+      grep -h RESULT "$logdir/tpf-gpurank-$scen-$route-w$w.log" | sort | sed 's/^/    /'
+      [ $st = FAIL ] && grep -hv RESULT "$logdir/tpf-gpurank-$scen-$route-w$w.log" | head -20 | sed 's/^/    ! /'
+    done
+  done
+done
+if (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); then st=PASS; else st=FAIL; rc=1; fi
+echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
+grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
+echo "multi-process tests took $((SECONDS - t0)) s"
+
+if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
+  echo "== benchmark (bench/gpu): $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  for w in 2 4 8; do
+    ranks tpf-gpubench $w ipc sizes 0 --mode sizes || { echo "bench ipc W=$w failed"; rc=1; }
+    grep -h '^ROW' "$logdir/tpf-gpubench-sizes-ipc-w$w.log"
+  done
+  ranks tpf-gpubench 2 proxy hop 0 --mode hop || { echo "bench hop failed"; rc=1; }
+  grep -h '^ROW' "$logdir/tpf-gpubench-hop-proxy-w2.log"
+  ranks tpf-gpubench 2 proxy sizes 0 --mode sizes || { echo "bench proxy W=2 failed"; rc=1; }
+  grep -h '^ROW' "$logdir/tpf-gpubench-sizes-proxy-w2.log"
+fi
+exit $rc

@@ -1,0 +1,314 @@
+// One rank of the multi-process GPU tests (tests/gpu/run.sh): opens a Device
+// group on the real daemon and checks one scenario on device buffers. Each
+// rank judges its own outcome and prints one line
+//   RESULT rank=R scenario=S ok ...      (exit 0)
+//   RESULT rank=R scenario=S FAIL ...    (exit 1)
+// Exit 77 without a GPU. Scenarios:
+//   data       gathers of every size class byte-exact, f32/f16/bf16 sums bit-exact,
+//              Misaligned and CapMismatch refused without breaking the group
+//   graph      4 gathers captured once, replayed 64 times with new shards
+//   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
+//   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
+//   stall      the last rank never posts call 3: the others get Timeout naming it
+//   probefail  TPF_PROBE_SABOTAGE on the last rank: open fails on every rank (TPF_FALLBACK=error)
+//   nccl1      world 1 over an NcclBootstrap: above-cap calls go to NCCL
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/reduce.hpp"
+#include "tests/gpu/rank_kernels.hpp"
+#include "tests/integration/pattern.hpp"
+#include "tpf_config.h"
+#include <tpfabric/tpfabric.hpp>
+#if TPF_HAVE_NCCL
+#include <tpfabric/nccl.hpp>
+#endif
+
+using namespace tpf;
+using namespace tpf::testing;
+
+namespace {
+
+struct Args {
+    std::string socket, bootstrap, scenario = "data", route = "auto";
+    std::uint32_t rank = 0, world = 2, timeoutMs = 5000;
+};
+
+Args a;
+
+int report(bool ok, const std::string& what) {
+    std::printf("RESULT rank=%u scenario=%s %s %s\n", a.rank, a.scenario.c_str(), ok ? "ok" : "FAIL", what.c_str());
+    std::fflush(stdout);
+    return ok ? 0 : 1;
+}
+
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) return report(false, std::string(#call) + ": " + cudaGetErrorName(e_));              \
+    } while (0)
+#define ST(call)                                                                                                       \
+    do {                                                                                                               \
+        Status s_ = (call);                                                                                            \
+        if (!s_) return report(false, std::string(#call) + ": " + s_.error().describe());                            \
+    } while (0)
+
+constexpr std::uint64_t kMaxBytes = 512 * 1024;
+
+struct Buffers2 {
+    std::uint8_t* send = nullptr;
+    std::uint8_t* recv = nullptr;
+};
+
+int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    std::vector<std::uint8_t> h(kMaxBytes), out(kMaxBytes * W), want(kMaxBytes);
+    std::uint64_t it = 0;
+    for (std::uint64_t size : {16ull, 1024ull, 4096ull, 65536ull + 16, 512ull * 1024})
+        for (int rep = 0; rep < 3; ++rep, ++it) {
+            fillBytes(h.data(), size, it, g.rank());
+            CK(cudaMemcpyAsync(b.send, h.data(), size, cudaMemcpyHostToDevice, st));
+            CK(cudaMemsetAsync(b.recv, 0xa5, size * W, st));
+            ST(g.allGather(b.send, b.recv, size, st));
+            CK(cudaMemcpyAsync(out.data(), b.recv, size * W, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            ST(g.check());
+            for (std::uint32_t q = 0; q < W; ++q) {
+                fillBytes(want.data(), size, it, q);
+                if (std::memcmp(out.data() + q * size, want.data(), size) != 0)
+                    return report(false, "gather size " + std::to_string(size) + " row " + std::to_string(q) + " differs");
+            }
+        }
+    int sums = 0;
+    for (DType t : {DType::F32, DType::F16, DType::BF16})
+        for (std::uint64_t size : {16ull, 1024ull, 65536ull + 16, 512ull * 1024}) {
+            const std::size_t count = size / dtypeSize(t);
+            fillValues(h.data(), count, t, ++it, g.rank());
+            CK(cudaMemcpyAsync(b.send, h.data(), size, cudaMemcpyHostToDevice, st));
+            CK(cudaMemsetAsync(b.recv, 0xa5, size, st));
+            ST(g.allReduceSum(b.send, b.recv, count, t, st));
+            CK(cudaMemcpyAsync(out.data(), b.recv, size, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            ST(g.check());
+            const auto ref = referenceSum(count, t, it, W);
+            if (std::memcmp(out.data(), ref.data(), size) != 0)
+                return report(false, "sum dtype " + std::to_string(int(t)) + " size " + std::to_string(size) + " differs");
+            ++sums;
+        }
+    // Refusals: nothing launched, the group stays healthy.
+    Status m1 = g.allGather(b.send + 4, b.recv, 64, st);
+    Status m2 = g.allReduceSum(b.send, b.recv, 3, DType::F32, st);
+    Status c1 = g.allGather(b.send, b.recv, g.agreedCap() + 16, st);
+    if (m1.code() != Errc::Misaligned || m2.code() != Errc::Misaligned)
+        return report(false, "misaligned calls gave " + std::string(errcName(m1.code())) + "/" + std::string(errcName(m2.code())));
+    if (c1.code() != Errc::CapMismatch) return report(false, "above-cap call gave " + std::string(errcName(c1.code())));
+    ST(g.check());
+    return report(true, "gathers=15 sums=" + std::to_string(sums) + " misaligned=Misaligned abovecap=CapMismatch route1=" +
+                            g.route((g.rank() + 1) % W));
+}
+
+int scenarioGraph(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    const std::uint64_t sizes[4] = {4096, 65536 + 16, 16, 1024};
+    std::uint64_t off[4], total = 0;
+    for (int j = 0; j < 4; ++j) off[j] = total, total += sizes[j];
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int j = 0; j < 4; ++j) ST(g.allGather(b.send + off[j], b.recv + off[j] * W, sizes[j], st));
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<std::uint8_t> h(total), out(total * W), want(65536 + 16);
+    for (int rep = 0; rep < 64; ++rep) {
+        for (int j = 0; j < 4; ++j) fillBytes(h.data() + off[j], sizes[j], 5000 + rep * 4 + j, g.rank());
+        CK(cudaMemcpyAsync(b.send, h.data(), total, cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(b.recv, 0x5a, total * W, st));
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaMemcpyAsync(out.data(), b.recv, total * W, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        ST(g.check());
+        for (int j = 0; j < 4; ++j)
+            for (std::uint32_t q = 0; q < W; ++q) {
+                fillBytes(want.data(), sizes[j], 5000 + rep * 4 + j, q);
+                if (std::memcmp(out.data() + off[j] * W + q * sizes[j], want.data(), sizes[j]) != 0)
+                    return report(false, "replay " + std::to_string(rep) + " gather " + std::to_string(j) + " row " + std::to_string(q));
+            }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return report(true, "replays=64 gathers_per_graph=4");
+}
+
+int scenarioB2b(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    unsigned long long* cnt = nullptr;
+    CK(cudaMalloc(&cnt, 16));
+    const unsigned long long init[2] = {0, ~0ull};
+    CK(cudaMemcpy(cnt, init, 16, cudaMemcpyHostToDevice));
+    const std::uint64_t sizes[4] = {16, 4096, 65536 + 16, 128 * 1024};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::uint64_t call = 0; call < 2000; ++call) {
+        const std::uint64_t size = sizes[(call / 2) % 4];
+        if (call % 2 == 0) {
+            gputest::fillShard(b.send, size, call, g.rank(), st);
+            ST(g.allGather(b.send, b.recv, size, st));
+            gputest::verifyGather(b.recv, size, W, call, cnt, cnt + 1, st);
+        } else {
+            gputest::fillInts(reinterpret_cast<float*>(b.send), size / 4, call, g.rank(), st);
+            ST(g.allReduceSum(b.send, b.recv, size / 4, DType::F32, st));
+            gputest::verifySum(reinterpret_cast<float*>(b.recv), size / 4, W, call, cnt, cnt + 1, st);
+        }
+    }
+    CK(cudaStreamSynchronize(st));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ST(g.check());
+    unsigned long long res[2];
+    CK(cudaMemcpy(res, cnt, 16, cudaMemcpyDeviceToHost));
+    if (res[0]) return report(false, std::to_string(res[0]) + " wrong words, first in call " + std::to_string(res[1]));
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "calls=2000 seconds=%.3f", s);
+    return report(true, buf);
+}
+
+// kill / stall: the last rank misbehaves at call 3; the others must fail with `want` naming it.
+int scenarioFault(Group& g, cudaStream_t st, Buffers2 b, bool kill) {
+    const std::uint32_t W = g.world(), bad = W - 1;
+    for (std::uint64_t call = 0; call < 20; ++call) {
+        if (g.rank() == bad && call == 3) {
+            if (kill) std::_Exit(0); // no Close: the daemon sees the socket drop
+            std::this_thread::sleep_for(std::chrono::milliseconds(3 * a.timeoutMs));
+            return report(true, "stalled rank woke up");
+        }
+        gputest::fillShard(b.send, 4096, call, g.rank(), st);
+        CK(cudaMemsetAsync(b.recv, 0xa5, 4096 * W, st));
+        const auto t0 = std::chrono::steady_clock::now();
+        ST(g.allGather(b.send, b.recv, 4096, st));
+        CK(cudaStreamSynchronize(st));
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        Status s = g.check();
+        if (s) continue;
+        std::vector<std::uint8_t> out(4096 * W);
+        CK(cudaMemcpy(out.data(), b.recv, out.size(), cudaMemcpyDeviceToHost));
+        for (auto v : out)
+            if (v != 0xa5) return report(false, "output written by a failed call");
+        const Errc want = kill ? Errc::PeerLost : Errc::Timeout;
+        const bool names = s.error().detail.find("rank " + std::to_string(bad)) != std::string::npos;
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "call=%llu error=%s after_ms=%.1f detail=%s", (unsigned long long)call,
+                      std::string(errcName(s.code())).c_str(), ms, s.error().detail.c_str());
+        const bool inTime = kill ? ms < 0.8 * a.timeoutMs : ms >= 0.9 * a.timeoutMs;
+        return report(s.code() == want && names && call == 3 && inTime, buf);
+    }
+    return report(false, "no failure seen");
+}
+
+#if TPF_HAVE_NCCL
+int scenarioNccl1(cudaStream_t st, Buffers2 b) {
+    ncclUniqueId id;
+    ncclComm_t comm;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess)
+        return report(false, "NCCL world-1 communicator did not initialise");
+    auto boot = NcclBootstrap::create(comm);
+    if (!boot) return report(false, "NcclBootstrap: " + boot.error().describe());
+    std::uint64_t x = 0x1234, y = 0;
+    ST((*boot)->allGather(&x, &y, 8));
+    if (y != x) return report(false, "NcclBootstrap allGather of one rank");
+    Options o;
+    o.buffers = tpf::Buffers::Device;
+    auto grp = Group::open(**boot, 0, 1, 4096, o);
+    if (!grp) return report(false, "open: " + grp.error().describe());
+    Group& g = **grp;
+    std::vector<std::uint8_t> h(65536), out(65536);
+    fillBytes(h.data(), h.size(), 1, 0);
+    CK(cudaMemcpy(b.send, h.data(), h.size(), cudaMemcpyHostToDevice));
+    ST(g.allGather(b.send, b.recv, 4096, st));           // within the cap: a copy
+    ST(g.allGather(b.send, b.recv + 4096, 61440, st));   // above: ncclAllGather
+    fillValues(h.data(), 16384, DType::F32, 2, 0);
+    CK(cudaMemcpyAsync(b.send + 65536, h.data(), 65536, cudaMemcpyHostToDevice, st));
+    ST(g.allReduceSum(b.send + 65536, b.recv + 65536, 16384, DType::F32, st)); // above: ncclAllReduce
+    CK(cudaStreamSynchronize(st));
+    ST(g.check());
+    CK(cudaMemcpy(out.data(), b.recv, 65536, cudaMemcpyDeviceToHost));
+    fillBytes(h.data(), 65536, 1, 0);
+    if (std::memcmp(out.data(), h.data(), 4096) || std::memcmp(out.data() + 4096, h.data(), 61440))
+        return report(false, "world-1 gathers differ");
+    CK(cudaMemcpy(out.data(), b.recv + 65536, 65536, cudaMemcpyDeviceToHost));
+    fillValues(h.data(), 16384, DType::F32, 2, 0);
+    if (std::memcmp(out.data(), h.data(), 65536)) return report(false, "world-1 NCCL sum differs");
+    grp->reset();
+    boot->reset();
+    ncclCommDestroy(comm);
+    return report(true, "nccl_bootstrap=ok copy=ok ncclAllGather=ok ncclAllReduce=ok path=" + std::string("fabric"));
+}
+#endif
+
+} // namespace
+
+int main(int argc, char** argv) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string k = argv[i], v = argv[i + 1];
+        if (k == "--socket") a.socket = v;
+        else if (k == "--bootstrap") a.bootstrap = v;
+        else if (k == "--scenario") a.scenario = v;
+        else if (k == "--route") a.route = v;
+        else if (k == "--rank") a.rank = std::uint32_t(std::stoul(v));
+        else if (k == "--world") a.world = std::uint32_t(std::stoul(v));
+        else if (k == "--timeout-ms") a.timeoutMs = std::uint32_t(std::stoul(v));
+        else return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
+    }
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        std::printf("SKIP: no CUDA device here; tpf-gpurank runs on the GPU machine (tests/gpu/run.sh)\n");
+        return 77;
+    }
+    if (a.scenario == "selftest") return report(true, "a GPU is present; run tests/gpu/run.sh");
+    CK(cudaSetDevice(0));
+    CK(gputest::preloadRankKernels());
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Buffers2 b;
+    CK(cudaMalloc(&b.send, 2 * kMaxBytes));
+    CK(cudaMalloc(&b.recv, 2 * kMaxBytes * 16));
+    if (a.scenario == "nccl1") {
+#if TPF_HAVE_NCCL
+        return scenarioNccl1(st, b);
+#else
+        return report(true, "SKIP built without NCCL");
+#endif
+    }
+    auto boot = TcpBootstrap::create(a.rank, a.world, a.bootstrap);
+    if (!boot) return report(false, "bootstrap: " + boot.error().describe());
+    Options o;
+    o.socketPath = a.socket;
+    o.buffers = tpf::Buffers::Device;
+    o.timeout = std::chrono::milliseconds(a.timeoutMs);
+    o.gpuRoute = a.route == "ipc" ? GpuRoute::Ipc : a.route == "proxy" ? GpuRoute::Proxy : GpuRoute::Auto;
+    if (a.scenario == "probefail") {
+        o.fallback = Fallback::Error;
+        auto grp = Group::open(**boot, a.rank, a.world, kMaxBytes, o);
+        if (grp) return report(false, "open succeeded despite a sabotaged probe");
+        const std::string& d = grp.error().detail; // the sabotaged rank names its check, the others the rank
+        const bool named = d.find("ProbeFailed") != std::string::npos || d.find("probe failed on rank 1") != std::string::npos;
+        return report(grp.code() == Errc::Unavailable && named, "open: " + grp.error().describe());
+    }
+    auto grp = Group::open(**boot, a.rank, a.world, kMaxBytes, o);
+    if (!grp) return report(false, "open: " + grp.error().describe());
+    Group& g = **grp;
+    const std::string want = a.route == "auto" ? "" : a.route == "ipc" ? "ipc" : "shm";
+    if (!want.empty() && g.route((a.rank + 1) % a.world) != want)
+        return report(false, "route to the next rank is " + g.route((a.rank + 1) % a.world) + ", wanted " + want);
+    if (a.scenario == "data") return scenarioData(g, st, b);
+    if (a.scenario == "graph") return scenarioGraph(g, st, b);
+    if (a.scenario == "b2b") return scenarioB2b(g, st, b);
+    if (a.scenario == "kill") return scenarioFault(g, st, b, true);
+    if (a.scenario == "stall") return scenarioFault(g, st, b, false);
+    return report(false, "unknown scenario");
+}

@@ -1,0 +1,72 @@
+// Real daemon, real rank processes: gathers byte-exact and sums bit-exact for
+// W in {2, 3, 4, 8, 16}, every size class from empty shards to the cap.
+#include <cstdlib>
+#include <string>
+
+#include "catch.hpp"
+#include "harness.hpp"
+
+using namespace tpf::testing;
+
+namespace {
+
+// Calls per size class: 2000, scaled by $TPF_IT_SCALE (0 < scale <= 1) where
+// every call costs more (sanitizer builds in tests/run.sh use 0.1).
+std::uint64_t perSize() {
+    const char* v = std::getenv("TPF_IT_SCALE");
+    const double scale = v && *v ? std::atof(v) : 1.0;
+    if (!(scale > 0.0) || scale >= 1.0) return 2000;
+    const auto n = std::uint64_t(2000 * scale);
+    return n ? n : 1;
+}
+
+std::string join(const std::vector<std::uint64_t>& v) {
+    std::string s;
+    for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+}
+
+// Every rank must end "ok" with `calls` calls.
+void runAndCheck(std::uint32_t world, std::uint64_t cap, const std::vector<std::uint64_t>& sizes, const char* mode,
+                 std::uint64_t iters) {
+    Daemon d;
+    auto run = startRanks(d, world, {"--max-bytes", std::to_string(cap), "--sizes", join(sizes), "--mode", mode,
+                                     "--iters", std::to_string(iters), "--timeout-ms", "20000"});
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    const bool clean = waitAll(all, 600000);
+    INFO("daemon log:\n" << d.log());
+    REQUIRE(clean);
+    for (std::uint32_t r = 0; r < world; ++r) {
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(exitCode(run.ranks[r]) == 0);
+        CHECK(run.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=" + std::to_string(iters));
+    }
+}
+
+} // namespace
+
+// Size classes: empty, 16 B, odd sizes around a page, 64 KiB + 16, and the cap.
+TEST_CASE("gathers are byte-exact for W = 2, 3, 4 up to a 512 KiB cap") {
+    const std::uint64_t cap = 512 * 1024;
+    const std::vector<std::uint64_t> sizes{0, 16, 1000, 4097, 65552, cap - 3, cap};
+    for (std::uint32_t world : {2u, 3u, 4u}) {
+        DYNAMIC_SECTION("world " << world) { runAndCheck(world, cap, sizes, "gather", perSize() * sizes.size()); }
+    }
+}
+
+TEST_CASE("gathers are byte-exact for W = 8 and 16 up to a 64 KiB cap") {
+    const std::uint64_t cap = 64 * 1024;
+    const std::vector<std::uint64_t> sizes{0, 16, 1000, 4097, cap - 1, cap};
+    for (std::uint32_t world : {8u, 16u}) {
+        DYNAMIC_SECTION("world " << world) { runAndCheck(world, cap, sizes, "gather", perSize() * sizes.size()); }
+    }
+}
+
+// Sums cycle f32, f16, bf16; values where the order changes the bits.
+TEST_CASE("sums are bit-exact against the rank-order reference for every W") {
+    const std::vector<std::uint64_t> sizes{16, 1008, 4096, 65536};
+    for (std::uint32_t world : {2u, 3u, 4u, 8u, 16u}) {
+        DYNAMIC_SECTION("world " << world) { runAndCheck(world, 64 * 1024, sizes, "sum", perSize()); }
+    }
+}
