@@ -37,7 +37,7 @@ Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp,
     if (m->header.opcode == kErrorReply) {
         auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
         if (!e) return e.error();
-        Errc code;
+        Errc code = Errc::Unavailable;
         errcFromWire(e->errc, code);
         return Error{code, std::string("daemon refused: ") + e->message};
     }
@@ -85,7 +85,7 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     auto v = decodeFixed<Verdict>(m->payload, "Verdict");
     if (!v) return v.error();
     if (v->errc != 0) {
-        Errc code;
+        Errc code = Errc::Unavailable;
         errcFromWire(v->errc, code);
         return Error{code, v->reason};
     }
@@ -150,7 +150,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     Error verdict{};
     for (std::uint32_t r = 0; r < world && verdict.code == Errc::Ok; ++r)
         if (cards[r].errc != 0) {
-            Errc code;
+            Errc code = Errc::Unavailable;
             errcFromWire(cards[r].errc, code);
             verdict = r == rank ? local : Error{code, "rank " + std::to_string(r) + " has no usable daemon"};
         }
@@ -166,7 +166,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     if (auto s = boot.allGather(&vote, votes.data(), sizeof vote); !s) return s.error();
     for (std::uint32_t r = 0; r < world && verdict.code == Errc::Ok; ++r)
         if (votes[r].errc != 0) {
-            Errc code;
+            Errc code = Errc::Unavailable;
             errcFromWire(votes[r].errc, code);
             verdict = Error{code, "rank " + std::to_string(r) + " could not join: " + std::string(errcName(code))};
         }

@@ -36,6 +36,16 @@ std::uint16_t floatToF16(float f) {
     return v;
 }
 
+namespace {
+// One accumulation pass per row, the element conversion chosen outside the loop
+// so each loop vectorises.
+template <class Load>
+void accumulate(float* acc, const std::uint16_t* x, std::size_t n, bool first, Load load) {
+    if (first) for (std::size_t i = 0; i < n; ++i) acc[i] = load(x[i]);
+    else for (std::size_t i = 0; i < n; ++i) acc[i] += load(x[i]);
+}
+} // namespace
+
 void sumRowsInOrder(const void* const* rows, std::size_t nrows, void* out, std::size_t count, DType type) {
     constexpr std::size_t kChunk = 1024;
     float acc[kChunk];
@@ -48,16 +58,16 @@ void sumRowsInOrder(const void* const* rows, std::size_t nrows, void* out, std::
                 else for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
             } else {
                 const std::uint16_t* x = static_cast<const std::uint16_t*>(rows[r]) + base;
-                const bool bf = type == DType::BF16;
-                if (r == 0) for (std::size_t i = 0; i < n; ++i) acc[i] = bf ? bf16ToFloat(x[i]) : f16ToFloat(x[i]);
-                else for (std::size_t i = 0; i < n; ++i) acc[i] += bf ? bf16ToFloat(x[i]) : f16ToFloat(x[i]);
+                if (type == DType::BF16) accumulate(acc, x, n, r == 0, bf16ToFloat);
+                else accumulate(acc, x, n, r == 0, f16ToFloat);
             }
         }
         if (type == DType::F32) {
             std::memcpy(static_cast<float*>(out) + base, acc, n * 4);
         } else {
             std::uint16_t* o = static_cast<std::uint16_t*>(out) + base;
-            for (std::size_t i = 0; i < n; ++i) o[i] = type == DType::BF16 ? floatToBf16(acc[i]) : floatToF16(acc[i]);
+            if (type == DType::BF16) for (std::size_t i = 0; i < n; ++i) o[i] = floatToBf16(acc[i]);
+            else for (std::size_t i = 0; i < n; ++i) o[i] = floatToF16(acc[i]);
         }
     }
 }

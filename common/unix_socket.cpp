@@ -33,24 +33,15 @@ Status readExact(int fd, std::uint8_t* dst, std::size_t len, std::vector<UniqueF
     std::size_t got = 0;
     while (got < len) {
         iovec iov{dst + got, len - got};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        FdControl control;
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        msg.msg_control = control.bytes;
+        msg.msg_controllen = sizeof control.bytes;
         const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n > 0) {
-            for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                    for (std::size_t i = 0; i < count; ++i) {
-                        int received;
-                        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                        fds.emplace_back(received);
-                    }
-                }
-            if (msg.msg_flags & MSG_CTRUNC) return {Errc::BadMessage, "more file descriptors than a message may carry"};
+            if (!takeFds(msg, fds)) return {Errc::BadMessage, "more file descriptors than a message may carry"};
             got += std::size_t(n);
             continue;
         }
@@ -63,6 +54,28 @@ Status readExact(int fd, std::uint8_t* dst, std::size_t len, std::vector<UniqueF
 }
 
 } // namespace
+
+void attachFds(msghdr& msg, FdControl& ctl, std::span<const int> fds) {
+    if (fds.empty()) return;
+    msg.msg_control = ctl.bytes;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+}
+
+bool takeFds(const msghdr& msg, std::vector<UniqueFd>& out) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+                int fd;
+                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                out.emplace_back(fd);
+            }
+    return !(msg.msg_flags & MSG_CTRUNC);
+}
 
 Result<UniqueFd> connectUnix(const std::string& path) {
     sockaddr_un addr{};
@@ -83,19 +96,13 @@ Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeout
     bool fdsSent = fds.empty();
     while (sent < bytes.size()) {
         iovec iov{const_cast<std::uint8_t*>(bytes.data()) + sent, bytes.size() - sent};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        FdControl control;
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
         if (!fdsSent) {
             if (fds.size() > kMaxFdsPerMessage) return {Errc::OutOfRange, "too many fds for one message"};
-            msg.msg_control = control;
-            msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-            cmsghdr* c = CMSG_FIRSTHDR(&msg);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-            std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+            attachFds(msg, control, fds);
         }
         const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {

@@ -3,6 +3,8 @@
 // tpfabricctl use these; the daemon has its own non-blocking side.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -15,6 +17,19 @@
 namespace tpf {
 
 inline constexpr std::size_t kMaxFdsPerMessage = 8;
+
+/// Control-message buffer for up to kMaxFdsPerMessage fds.
+struct FdControl {
+    alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+};
+
+/// Point `msg` at `ctl` carrying `fds` as SCM_RIGHTS; no fds, no control data.
+/// At most kMaxFdsPerMessage (checked by the caller).
+void attachFds(msghdr& msg, FdControl& ctl, std::span<const int> fds);
+
+/// Move every SCM_RIGHTS fd of a received `msg` into `out`. False when the
+/// kernel cut some off (MSG_CTRUNC: more than a message may carry).
+bool takeFds(const msghdr& msg, std::vector<UniqueFd>& out);
 
 /// One received message: checked header, payload, and the fds that came with it.
 struct Message {

@@ -57,23 +57,16 @@ void Connection::onReadable() {
         const std::size_t old = inbuf_.size();
         inbuf_.resize(old + kReadChunk);
         iovec iov{inbuf_.data() + old, kReadChunk};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        FdControl control;
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        msg.msg_control = control.bytes;
+        msg.msg_controllen = sizeof control.bytes;
         const ssize_t n = ::recvmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         inbuf_.resize(old + (n > 0 ? std::size_t(n) : 0));
         if (n > 0) {
-            for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-                    for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
-                        int fd;
-                        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-                        infds_.emplace_back(fd);
-                    }
-            if (msg.msg_flags & MSG_CTRUNC) return refuse(Errc::BadMessage, "too many file descriptors in one message");
+            if (!takeFds(msg, infds_)) return refuse(Errc::BadMessage, "too many file descriptors in one message");
             if (std::size_t(n) < kReadChunk) break;
             continue;
         }
@@ -206,22 +199,14 @@ void Connection::flush() {
     while (!closed_ && !writing_ && !out_.empty()) {
         Outgoing& o = out_.front();
         iovec iov{o.bytes.data() + o.sent, o.bytes.size() - o.sent};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+        FdControl control;
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
-        if (o.sent == 0 && !o.fds.empty()) {
-            msg.msg_control = control;
-            msg.msg_controllen = CMSG_SPACE(sizeof(int) * o.fds.size());
-            cmsghdr* c = CMSG_FIRSTHDR(&msg);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int) * o.fds.size());
-            for (std::size_t i = 0; i < o.fds.size(); ++i) {
-                const int fd = o.fds[i].get();
-                std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
-            }
-        }
+        std::vector<int> fds;
+        if (o.sent == 0)
+            for (const auto& fd : o.fds) fds.push_back(fd.get());
+        attachFds(msg, control, fds);
         const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) {
             o.sent += std::size_t(n);

@@ -1,17 +1,95 @@
 #!/usr/bin/env bash
-# The whole test suite, as README.md and CI run it:
-#   configure and build build/, run every Meson test (unit, integration, vm;
-#   GPU tests skip with 77 where there is no GPU), then print one line
-#   "N passed, N failed, N skipped". Exit status non-zero on any failure.
+# The whole test suite, as README.md and CI run it. Stages, each in its own
+# build dir, each timed:
+#   build/       configure and build everything, run every Meson test (unit,
+#                integration, vm; GPU tests skip with 77 where there is no GPU)
+#   build-asan/  ASan+UBSan (gcc, CUDA off): the unit and integration suites,
+#                collectives scaled down with TPF_IT_SCALE=0.1
+#   build-tsan/  TSan (gcc, CUDA off): the ring unit test and the faults and
+#                status integration tests (proxy thread against rank processes)
+#   build-fuzz/  libFuzzer targets (clang++-14, -Dfuzz=true): regression
+#                inputs replayed, then $TPF_FUZZ_SECONDS (12) of fuzzing each
+# then one line "N passed, N failed, N skipped" over every stage's
+# testlog.json. Exit status non-zero on any failure. Extra arguments go to the
+# first stage's meson test. TPF_STAGES (default "normal asan tsan fuzz")
+# picks stages.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 bash scripts/install-deps.sh
-[ -f build/build.ninja ] || meson setup build >/dev/null || { echo "0 passed, 1 failed, 0 skipped"; exit 1; }
-if ! meson compile -C build; then
-  echo "build failed"
-  echo "0 passed, 1 failed, 0 skipped"
-  exit 1
-fi
-meson test -C build --print-errorlogs --num-processes 2 "$@"
-python3 tests/summary.py build/meson-logs/testlog.json
+stages=${TPF_STAGES:-normal asan tsan fuzz}
+logs=()
+build_failures=0
+t_all=$(date +%s)
+
+# Sanitizer reports are fatal, with stacks; the daemon and ranks the
+# integration tests spawn inherit these.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:print_summary=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:print_summary=1}
+# Catch2 2.x is not thread-safe: an assertion in a test's helper thread races
+# with the main thread's inside Catch (test_faults.cpp, "misaligned buffers").
+# Only frames of Catch itself are suppressed; tpfabric code is not.
+tsan_supp="$top/build-tsan/catch.supp"
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$tsan_supp}
+
+# CPU seconds (user+sys) of this shell's finished children: wall time on a
+# shared box varies with its load, CPU time much less.
+cpu_s() { awk -v t="$(getconf CLK_TCK)" '{printf "%d", ($16 + $17) / t}' /proc/$$/stat; }
+stage_time() { echo "== stage $1: $(( $(date +%s) - $2 )) s wall, $(( $(cpu_s) - $3 )) s CPU"; }
+
+# setup <dir> <meson setup args...>: configure once; "build failed" counts as one failure.
+setup() {
+  local dir=$1; shift
+  [ -f "$dir/build.ninja" ] && return 0
+  meson setup "$dir" "$@" >"$top/.setup-$dir.log" 2>&1 && { rm -f "$top/.setup-$dir.log"; return 0; }
+  cat "$top/.setup-$dir.log"; rm -f "$top/.setup-$dir.log"
+  return 1
+}
+failed_build() { echo "stage $1: build failed"; build_failures=$((build_failures + 1)); }
+
+for stage in $stages; do
+  t0=$(date +%s) c0=$(cpu_s)
+  case $stage in
+  normal)
+    rm -f build/meson-logs/testlog.json
+    if setup build && meson compile -C build; then
+      meson test -C build --print-errorlogs --num-processes 2 "$@"
+      logs+=(build/meson-logs/testlog.json)
+    else failed_build normal; fi
+    ;;
+  asan)
+    rm -f build-asan/meson-logs/testlog.json
+    if setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbuildtype=debugoptimized &&
+       meson compile -C build-asan; then
+      TPF_IT_SCALE=${TPF_IT_SCALE:-0.1} meson test -C build-asan --no-rebuild --print-errorlogs --num-processes 2 \
+        --timeout-multiplier 3 --suite unit --suite integration
+      logs+=(build-asan/meson-logs/testlog.json)
+    else failed_build asan; fi
+    ;;
+  tsan)
+    rm -f build-tsan/meson-logs/testlog.json
+    if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized &&
+       meson compile -C build-tsan tests/unit/test_ring tests/integration/test_it_faults tests/integration/test_it_status \
+         daemon/tpfabricd tests/integration/tpf-testrank ctl/tpfabricctl; then
+      printf 'race:^Catch::\n' >"$tsan_supp"
+      meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 ring faults status
+      logs+=(build-tsan/meson-logs/testlog.json)
+    else failed_build tsan; fi
+    ;;
+  fuzz)
+    rm -f build-fuzz/meson-logs/testlog.json
+    if ! command -v clang++-14 >/dev/null; then
+      echo "stage fuzz: clang++-14 not installed (apt-get install clang-14 libclang-rt-14-dev)"
+      build_failures=$((build_failures + 1))
+    elif CXX=clang++-14 setup build-fuzz -Dfuzz=true -Dcuda=disabled &&
+         meson compile -C build-fuzz fuzz/fuzz_client_msg fuzz/fuzz_peer_msg fuzz/fuzz_ring fuzz/fuzz_config fuzz/make_seeds; then
+      meson test -C build-fuzz --no-rebuild --print-errorlogs --num-processes 2 --suite fuzz
+      logs+=(build-fuzz/meson-logs/testlog.json)
+    else failed_build fuzz; fi
+    ;;
+  *) echo "unknown stage $stage"; build_failures=$((build_failures + 1)) ;;
+  esac
+  stage_time "$stage" "$t0" "$c0"
+done
+echo "== all stages: $(( $(date +%s) - t_all )) s wall, $(cpu_s) s CPU"
+python3 tests/summary.py --build-failures "$build_failures" "${logs[@]}"

@@ -5,7 +5,12 @@
 # Binaries: $TPF_GPU_BIN (default .carry/gpu) when it holds test_gpu_collectives
 # (built on the CPU box: meson compile -C build-gpu, then copied there with
 # libcudart.so.13 under lib/); otherwise, or with TPF_GPU_BUILD=1, they are
-# built here with nvcc into build-gpu-device/.
+# built here with nvcc into build-gpu-device/ (single-process test only).
+# The multi-process tests and the benchmark need tpf-gpurank, tpfabricd and
+# tpf-gpubench in $TPF_GPU_BIN, with libtpfabric.so.0 and the .so files the
+# GPU machine lacks (libsodium.so.23, libtomlplusplus.so.3, libspdlog.so.1.10,
+# libfmt.so.9) under lib/ (docs/gpu.md). TPF_GPU_SKIP_SINGLE=1 skips the
+# single-process test, TPF_GPU_NO_BENCH=1 the benchmark.
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
 # Exit: 0 all passed, 1 a test failed or the build failed, 77 no GPU here.

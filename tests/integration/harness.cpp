@@ -112,7 +112,7 @@ Daemon::Daemon(std::vector<std::string> extraArgs) {
     argv.insert(argv.end(), extraArgs.begin(), extraArgs.end());
     // The daemon logs to stderr: keep it in a file for failing tests.
     const int logFd = ::open((dir_ + "/daemon.log").c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
-    const int saved = ::dup(2);
+    const int saved = ::fcntl(2, F_DUPFD_CLOEXEC, 0); // not inherited by the daemon
     ::dup2(logFd, 2);
     child_ = spawn(argv);
     ::dup2(saved, 2);

@@ -80,21 +80,25 @@ TEST_CASE("misaligned buffers and sizes above the cap are refused by name, the g
     Daemon d;
     const std::string boot = "127.0.0.1:" + std::to_string(freePort());
     std::unique_ptr<tpf::Group> groups[2];
+    // Catch2 2.x is not thread-safe: the helper thread only records, the main thread checks.
+    tpf::Status peerOpen{tpf::Errc::Closed};
     std::thread peer([&] {
         auto b = tpf::TcpBootstrap::create(1, 2, boot);
-        REQUIRE(b.ok());
+        if (!b) return void(peerOpen = b.error());
         tpf::Options o;
         o.socketPath = d.socket();
         auto g = tpf::Group::open(**b, 1, 2, 8192, o);
-        REQUIRE(g.ok());
+        if (!g) return void(peerOpen = g.error());
         groups[1] = std::move(*g);
+        peerOpen = tpf::okStatus();
     });
     auto b = tpf::TcpBootstrap::create(0, 2, boot);
-    REQUIRE(b.ok());
     tpf::Options o;
     o.socketPath = d.socket();
-    auto g = tpf::Group::open(**b, 0, 2, 4096 + 100, o);
+    auto g = b ? tpf::Group::open(**b, 0, 2, 4096 + 100, o) : tpf::Result<std::unique_ptr<tpf::Group>>(b.error());
     peer.join();
+    INFO("peer: " << (peerOpen ? "ok" : peerOpen.error().describe()));
+    REQUIRE(peerOpen.ok());
     REQUIRE(g.ok());
     groups[0] = std::move(*g);
     CHECK(groups[0]->agreedCap() == 4096 + 100); // exact minimum, not a rounded slot

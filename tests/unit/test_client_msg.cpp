@@ -92,10 +92,21 @@ ErrorReply sampleError() {
     return e;
 }
 
-Frame frameOf(const Bytes& b) {
-    auto f = decodeFrame(b, kReplySpec);
+// A decoded frame that owns its bytes (its payload view points into them; a
+// moved vector keeps its buffer).
+struct OwnedFrame {
+    Bytes bytes;
+    MsgHeader header{};
+    ByteView payload;
+};
+
+OwnedFrame frameOf(Bytes b) {
+    OwnedFrame o{std::move(b)};
+    auto f = decodeFrame(o.bytes, kReplySpec);
     REQUIRE(f.ok());
-    return *f;
+    o.header = f->header;
+    o.payload = f->payload;
+    return o;
 }
 
 // Every cut of a fixed record's payload is refused as Truncated.

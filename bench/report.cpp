@@ -1,0 +1,165 @@
+// The table (plain or Markdown), its notes, and the JSON document.
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <tuple>
+
+#include "bench/bench.hpp"
+#include "ctl/byte_size.hpp"
+
+namespace tpf::bench {
+
+const char* opName(Op op) { return op == Op::Gather ? "gather" : "sum bf16"; }
+
+double percentile(std::vector<std::uint64_t> samples, double p) {
+    if (samples.empty()) return 0;
+    std::sort(samples.begin(), samples.end());
+    const auto rank = std::size_t(std::ceil(p * double(samples.size())));
+    return double(samples[std::clamp<std::size_t>(rank, 1, samples.size()) - 1]);
+}
+
+namespace {
+
+constexpr std::uint32_t kTargetWorld = 2;
+constexpr std::uint64_t kTargetSize = 4096;
+constexpr double kTargetRatio = 3.0;
+
+std::string fmt(double v, int decimals = 1) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.*f", decimals, v);
+    return b;
+}
+
+double us(const std::vector<std::uint64_t>& ns, double p) { return percentile(ns, p) / 1000.0; }
+double floorP50(const Point& f) { return f.bestBurstP50Ns > 0 ? f.bestBurstP50Ns / 1000.0 : us(f.ns, 0.5); }
+
+const Point* floorAt(const Results& r, std::uint64_t size) {
+    for (const auto& f : r.floor)
+        if (f.size == size) return &f;
+    return nullptr;
+}
+
+double ratioOf(const Results& r, const Point& p) {
+    const Point* f = floorAt(r, p.size);
+    const double fl = f ? floorP50(*f) : 0;
+    return fl > 0 ? us(p.ns, 0.5) / fl : 0;
+}
+
+// Display width of UTF-8 text (code points; µ is one).
+std::size_t width(const std::string& s) {
+    std::size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xc0) != 0x80;
+    return n;
+}
+
+std::string renderTable(const std::vector<std::vector<std::string>>& rows, bool markdown) {
+    std::vector<std::size_t> w(rows[0].size(), 0);
+    for (const auto& row : rows)
+        for (std::size_t c = 0; c < row.size(); ++c) w[c] = std::max(w[c], width(row[c]));
+    std::string out;
+    auto pad = [&](const std::string& s, std::size_t c) {
+        const std::string fill(w[c] - width(s), ' ');
+        return c < 3 ? s + fill : fill + s; // op, W, size left; numbers right
+    };
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        std::string line = markdown ? "|" : "";
+        for (std::size_t c = 0; c < rows[i].size(); ++c)
+            line += markdown ? " " + pad(rows[i][c], c) + " |" : (c ? "  " : "") + pad(rows[i][c], c);
+        out += line + "\n";
+        if (i == 0) {
+            std::string rule = markdown ? "|" : "";
+            for (std::size_t c = 0; c < w.size(); ++c)
+                rule += markdown ? " " + std::string(w[c] - 1, '-') + (c < 3 ? "-" : ":") + " |"
+                                 : (c ? "  " : "") + std::string(w[c], '-');
+            out += rule + "\n";
+        }
+    }
+    return out;
+}
+
+} // namespace
+
+std::string formatTable(const Results& r, bool markdown) {
+    std::vector<std::vector<std::string>> rows{
+        {"op", "W", "size", "calls", "p50 µs", "p99 µs", "floor p50 µs", "floor p99 µs", "p50 / floor"}};
+    auto sorted = r.rows;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+        return std::tuple(a.second.op, a.first, a.second.size) < std::tuple(b.second.op, b.first, b.second.size);
+    });
+    for (const auto& [world, p] : sorted) {
+        const Point* f = floorAt(r, p.size);
+        rows.push_back({opName(p.op), std::to_string(world), formatByteSize(p.size), std::to_string(p.ns.size()), fmt(us(p.ns, 0.5)),
+                        fmt(us(p.ns, 0.99)), f ? fmt(floorP50(*f), 2) : "-", f ? fmt(us(f->ns, 0.99), 2) : "-",
+                        fmt(ratioOf(r, p)) + "x"});
+    }
+    std::string out = renderTable(rows, markdown);
+    const std::string bullet = markdown ? "- " : "  ";
+    out += "\n";
+    std::string target;
+    for (const auto& [world, p] : sorted)
+        if (world == kTargetWorld && p.size == kTargetSize) {
+            const double x = ratioOf(r, p);
+            target += (target.empty() ? "" : ", ") + std::string(opName(p.op)) + " " + fmt(x) + "x (" +
+                      (x <= kTargetRatio ? "met" : "missed") + ")";
+        }
+    out += bullet + "target: W=2 at 4 KiB within 3x the floor (p50): " +
+           (target.empty() ? std::string("not measured in this run (needs --world 2 and 4KiB in --sizes)") : target) + "\n";
+    out += bullet + "floor: raw two-process shared-memory ping-pong, one way = round trip / 2; each leg copies the bytes in, "
+                    "release-stores a flag, the other side spins (pause, sched_yield) and copies them out. No daemon, no futex. "
+                    "p50 = the best of " + std::to_string(kFloorBursts) + " interleaved bursts' p50, p99 over all round trips.\n";
+    out += bullet + "p50/p99: CLOCK_MONOTONIC around each call, every timed call of every rank pooled (calls = W x timed "
+                    "calls per rank: up to " + std::to_string(r.iters) + " after up to " + std::to_string(r.warmup) +
+           " warm-up calls" +
+           (r.pointMs ? "; slow points stop after about " + std::to_string(r.pointMs) + " ms but at least " +
+                            std::to_string(r.minIters) + " calls, so their p99 is close to their maximum"
+                      : "") +
+           ").\n";
+    const unsigned cpus = onlineCpus();
+    if (r.loadBefore >= 0)
+        out += bullet + "load average (1 min) " + fmt(r.loadBefore, 2) + " before the run, " + fmt(r.loadAfter, 2) +
+               " after it: anything above ~0 is other work competing for the same CPUs.\n";
+    std::uint32_t maxWorld = 0;
+    for (auto w : r.worlds) maxWorld = std::max(maxWorld, w);
+    out += bullet + "this machine has " + std::to_string(cpus) + " online CPU(s); nothing is pinned" +
+           (maxWorld > cpus ? "; W > " + std::to_string(cpus) +
+                                  " oversubscribes it (plus the daemon's proxy thread), so those rows measure the "
+                                  "scheduler as much as the data path."
+                            : ".") +
+           "\n";
+    return out;
+}
+
+nlohmann::json toJson(const Results& r) {
+    utsname u{};
+    ::uname(&u);
+    const std::time_t t = std::time(nullptr);
+    char when[64];
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    nlohmann::json floor = nlohmann::json::array(), rows = nlohmann::json::array();
+    for (const auto& f : r.floor)
+        floor.push_back({{"size", f.size}, {"p50_us", floorP50(f)}, {"p50_all_us", us(f.ns, 0.5)}, {"p99_us", us(f.ns, 0.99)}, {"samples", f.ns.size()}});
+    for (const auto& [world, p] : r.rows) {
+        const Point* f = floorAt(r, p.size);
+        rows.push_back({{"op", p.op == Op::Gather ? "gather" : "sum_bf16"}, {"world", world}, {"size", p.size},
+                        {"p50_us", us(p.ns, 0.5)}, {"p99_us", us(p.ns, 0.99)}, {"samples", p.ns.size()},
+                        {"floor_p50_us", f ? floorP50(*f) : 0.0}, {"floor_p99_us", f ? us(f->ns, 0.99) : 0.0},
+                        {"ratio_p50", ratioOf(r, p)}});
+    }
+    nlohmann::json target = nlohmann::json::array();
+    for (const auto& [world, p] : r.rows)
+        if (world == kTargetWorld && p.size == kTargetSize)
+            target.push_back({{"op", p.op == Op::Gather ? "gather" : "sum_bf16"}, {"ratio_p50", ratioOf(r, p)},
+                              {"limit", kTargetRatio}, {"met", ratioOf(r, p) <= kTargetRatio}});
+    return {{"bench_version", 1},
+            {"machine", {{"cpus", onlineCpus()}, {"kernel", std::string(u.sysname) + " " + u.release},
+                         {"arch", u.machine}, {"date_utc", when},
+                         {"loadavg_1m_before", r.loadBefore}, {"loadavg_1m_after", r.loadAfter}}},
+            {"iters", r.iters}, {"warmup", r.warmup}, {"point_ms", r.pointMs}, {"min_iters", r.minIters}, {"worlds", r.worlds}, {"sizes", r.sizes},
+            {"units", "microseconds; p50/p99 nearest rank over all ranks' calls"},
+            {"floor", floor}, {"results", rows}, {"target", target}};
+}
+
+} // namespace tpf::bench

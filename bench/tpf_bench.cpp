@@ -1,0 +1,193 @@
+// tpf-bench — host-path latency of tpfabric collectives beside a raw
+// shared-memory floor. `run` is the command; `rank` and `floor-peer` are the
+// processes it starts (hidden).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+
+#include "bench/bench.hpp"
+#include "bench/launch.hpp"
+#include "ctl/byte_size.hpp"
+#include "tpf_config.h"
+
+using namespace tpf;
+using namespace tpf::bench;
+
+namespace {
+
+struct RunArgs {
+    std::string socket;
+    std::vector<std::uint32_t> worlds{2, 4, 8, 16};
+    std::vector<std::string> sizes{"64", "256", "1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "512KiB"};
+    std::vector<std::string> ops{"gather", "sum"};
+    std::uint64_t iters = 200, warmup = 20, floorIters = 2000, pointMs = 100, minIters = 10;
+    std::uint32_t timeoutMs = 5000, spinUs = 20, holdMs = 0, deadlineS = 300;
+    std::string jsonPath;
+    bool markdown = false;
+};
+
+std::vector<std::uint64_t> parseSizes(const std::vector<std::string>& in) {
+    std::vector<std::uint64_t> out;
+    for (const auto& s : in) {
+        auto v = parseByteSize(s);
+        if (!v) throw CLI::ValidationError("--sizes", v.error().detail);
+        if (*v < 16 || *v % 16) throw CLI::ValidationError("--sizes", s + ": sizes must be multiples of 16 bytes, at least 16");
+        out.push_back(*v);
+    }
+    return out;
+}
+
+std::vector<Op> parseOps(const std::vector<std::string>& in) {
+    std::vector<Op> out;
+    for (const auto& s : in) {
+        if (s == "gather") out.push_back(Op::Gather);
+        else if (s == "sum") out.push_back(Op::SumBf16);
+        else throw CLI::ValidationError("--ops", "'" + s + "': one of gather, sum");
+    }
+    return out;
+}
+
+std::string defaultSocket() {
+    const char* env = std::getenv("TPF_SOCKET");
+    return env && *env ? env : "/run/tpfabric/tpfabricd.sock";
+}
+
+int runCommand(const RunArgs& a) {
+    Results res;
+    res.sizes = parseSizes(a.sizes);
+    res.worlds = a.worlds;
+    res.iters = a.iters;
+    res.warmup = a.warmup;
+    res.pointMs = a.pointMs;
+    res.minIters = a.minIters;
+    const auto ops = parseOps(a.ops);
+    const std::string socket = a.socket.empty() ? defaultSocket() : a.socket;
+    struct stat st{};
+    if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground)\n",
+                     socket.c_str(), socket.c_str());
+        return 1;
+    }
+    auto load = [] {
+        double l[1] = {-1};
+        return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
+    };
+    res.loadBefore = load();
+    try {
+        std::fprintf(stderr, "tpf-bench: floor: shared-memory ping-pong, %zu sizes x %llu round trips\n", res.sizes.size(),
+                     (unsigned long long)a.floorIters);
+        res.floor = measureFloor(res.sizes, a.floorIters, a.floorIters / 10);
+        WorldRun held;
+        for (std::size_t i = 0; i < a.worlds.size(); ++i) {
+            const bool last = i + 1 == a.worlds.size();
+            RankPlan plan{socket, "127.0.0.1:" + std::to_string(freeLoopbackPort()), a.worlds[i], res.sizes, ops,
+                          a.iters, a.warmup, a.pointMs, a.minIters, a.timeoutMs, a.spinUs, last ? a.holdMs : 0};
+            const std::uint64_t t0 = nowNs();
+            std::fprintf(stderr, "tpf-bench: W=%u: %u ranks, %zu points ...", plan.world, plan.world, res.sizes.size() * ops.size());
+            WorldRun run = runWorld(plan, a.deadlineS);
+            std::fprintf(stderr, " %.1f s (route %s)\n", double(nowNs() - t0) / 1e9,
+                         run.reports[0].value("route", std::string("?")).c_str());
+            for (auto& p : poolReports(run)) res.rows.emplace_back(plan.world, std::move(p));
+            if (plan.holdMs) held = std::move(run);
+            else reapWorld(run, 30000);
+        }
+        res.loadAfter = load();
+        std::fputs(formatTable(res, a.markdown).c_str(), stdout);
+        if (!a.jsonPath.empty()) {
+            std::ofstream f(a.jsonPath);
+            f << toJson(res).dump(2) << "\n";
+            if (!f) throw std::runtime_error("cannot write " + a.jsonPath);
+        }
+        std::fflush(stdout);
+        if (!held.pids.empty()) {
+            std::fprintf(stderr, "tpf-bench: W=%u ranks hold the group open for %u ms\n", held.world, a.holdMs);
+            reapWorld(held, a.holdMs + 30000);
+            std::fprintf(stderr, "tpf-bench: ranks closed the group and exited\n");
+        }
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "\ntpf-bench: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"tpf-bench " TPF_VERSION " - host-path latency of tpfabric collectives beside a shared-memory floor"};
+    app.set_version_flag("--version", TPF_VERSION);
+    app.require_subcommand(1);
+
+    RunArgs a;
+    auto* run = app.add_subcommand("run", "start W rank processes per world against a running tpfabricd and print p50/p99 per size");
+    run->add_option("--socket", a.socket, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock)");
+    run->add_option("--world", a.worlds, "worlds to run, one after another")->delimiter(',')->check(CLI::Range(2, 16))->capture_default_str();
+    run->add_option("--sizes", a.sizes, "bytes per rank: 64,4KiB,... (multiples of 16)")->delimiter(',')->capture_default_str();
+    run->add_option("--ops", a.ops, "gather and/or sum (allReduceSum bf16)")->delimiter(',')->capture_default_str();
+    run->add_option("--iters", a.iters, "timed calls per (op, size) and rank, at most (see --point-ms)")->check(CLI::Range(1, 1000000))->capture_default_str();
+    run->add_option("--warmup", a.warmup, "untimed calls before them (at most iters / 5 when --point-ms cuts a point short)")->capture_default_str();
+    run->add_option("--point-ms", a.pointMs, "time budget of one (op, W, size) point: fewer than --iters calls when the "
+                                             "slowest rank's probe call says they would take longer; 0 = always --iters")->capture_default_str();
+    run->add_option("--min-iters", a.minIters, "the budget never cuts a point below this many timed calls")->check(CLI::Range(1, 1000000))->capture_default_str();
+    run->add_option("--floor-iters", a.floorIters, "timed round trips of the floor per size")->check(CLI::Range(1, 10000000))->capture_default_str();
+    run->add_option("--timeout-ms", a.timeoutMs, "the library's bound on one call's wait")->capture_default_str();
+    run->add_option("--spin-us", a.spinUs, "the library's spin before it sleeps in a wait (Options::spin)")->capture_default_str();
+    run->add_option("--hold-ms", a.holdMs, "the last world's ranks keep the group open this long after the table is printed")->capture_default_str();
+    run->add_option("--deadline-s", a.deadlineS, "give up on a world whose ranks have not reported by then")->capture_default_str();
+    run->add_option("--json", a.jsonPath, "also write every number to this file");
+    run->add_flag("--markdown", a.markdown, "print the table as Markdown");
+    run->footer("Exit status: 0 measured; 1 no daemon, a rank failed or timed out, or wrong data.");
+
+    RankPlan plan;
+    std::uint32_t rankNo = 0;
+    int reportFd = -1;
+    std::vector<std::uint64_t> rankSizes;
+    std::vector<std::string> rankOps;
+    auto* rank = app.add_subcommand("rank", "one rank (started by run)")->group("");
+    rank->add_option("--socket", plan.socket)->required();
+    rank->add_option("--bootstrap", plan.bootstrap)->required();
+    rank->add_option("--rank", rankNo)->required();
+    rank->add_option("--world", plan.world)->required();
+    rank->add_option("--sizes", rankSizes)->delimiter(',')->required();
+    rank->add_option("--ops", rankOps)->delimiter(',')->required();
+    rank->add_option("--iters", plan.iters)->required();
+    rank->add_option("--warmup", plan.warmup);
+    rank->add_option("--point-ms", plan.pointMs);
+    rank->add_option("--min-iters", plan.minIters);
+    rank->add_option("--timeout-ms", plan.timeoutMs);
+    rank->add_option("--spin-us", plan.spinUs);
+    rank->add_option("--hold-ms", plan.holdMs);
+    rank->add_option("--report-fd", reportFd)->required();
+
+    int floorFd = -1;
+    std::uint64_t floorIters = 0, floorWarmup = 0;
+    std::vector<std::uint64_t> floorSizes;
+    auto* peer = app.add_subcommand("floor-peer", "the answering side of the floor (started by run)")->group("");
+    peer->add_option("--fd", floorFd)->required();
+    peer->add_option("--sizes", floorSizes)->delimiter(',')->required();
+    peer->add_option("--iters", floorIters)->required();
+    peer->add_option("--warmup", floorWarmup);
+
+    CLI11_PARSE(app, argc, argv);
+    try {
+        if (*run) return runCommand(a);
+        if (*rank) {
+            plan.sizes = rankSizes;
+            plan.ops = parseOps(rankOps);
+            return runRank(plan, rankNo, reportFd);
+        }
+        if (*peer) return runFloorPeer(floorFd, floorSizes, floorIters, floorWarmup);
+    } catch (const CLI::Error& e) {
+        return app.exit(e);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "tpf-bench: %s\n", e.what());
+        return 1;
+    }
+    return 2;
+}

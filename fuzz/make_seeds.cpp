@@ -1,0 +1,192 @@
+// Writes the seed corpus of one fuzz target into a directory: valid encoded
+// records (and a few near misses), so the fuzzers start from inputs that get
+// past the magic and version checks.
+//   make_seeds <target> <dir> [<source root>]
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "proto/bootstrap.hpp"
+#include "proto/client_msg.hpp"
+#include "proto/peer_msg.hpp"
+#include "proto/ring.hpp"
+
+using namespace tpf;
+
+namespace {
+
+std::string outDir;
+int written = 0;
+
+void put(const std::string& name, const Bytes& b) {
+    std::ofstream f(outDir + "/" + name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    ++written;
+}
+void put(const std::string& name, const std::string& s) { put(name, Bytes(s.begin(), s.end())); }
+
+Bytes cat(std::initializer_list<Bytes> parts, std::uint8_t prefix) {
+    Bytes out{prefix};
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+}
+
+void clientSeeds() {
+    using namespace client_proto;
+    const Bytes hello = encode(kHello, 1, Hello{kRoleRank, 0, 0});
+    HelloReply hr{};
+    setText(hr.daemonVersion, "0.1.0");
+    hr.protocol = kClientVersion;
+    NodeCard card;
+    card.fixed.endpointPort = 18515;
+    card.fixed.usableCap = 512 * 1024;
+    HcaCard hca{};
+    setText(hca.device, "rxe0");
+    hca.port = 1;
+    hca.prefixLen = 120;
+    hca.mtu = 1024;
+    hca.state = 4;
+    card.hcas = {hca, hca};
+    GroupOpen open;
+    open.fixed.rank = 1;
+    open.fixed.world = 2;
+    open.fixed.maxBytes = 65536;
+    open.fixed.timeoutMs = 30000;
+    open.fixed.regionKind = kRegionHost;
+    for (std::uint32_t r = 0; r < 2; ++r) {
+        RosterEntry e{};
+        e.pid = 100 + r;
+        e.maxBytes = 65536;
+        open.roster.push_back(e);
+    }
+    Verdict v{};
+    v.rank = 1;
+    v.world = 2;
+    v.stripes = 1;
+    v.agreedCap = 65536;
+    v.slotBytes = slotBytesFor(v.agreedCap);
+    v.ringEntries = 64;
+    v.routes[0] = kRouteShm;
+    ErrorReply er{};
+    er.errc = std::uint16_t(Errc::BadMessage);
+    er.missingPeer = kNoPeer;
+    setText(er.message, "BadMessage: unknown opcode 99");
+
+    // Requests (prefix 0): what a rank and tpfabricctl send, alone and in sequence.
+    put("req-hello", cat({hello}, 0));
+    put("req-rank-session", cat({hello, encodeEmpty(kNodeCardRequest, 2), encode(3, open), encode(kAbort, 4, Abort{}),
+                                 encodeEmpty(kClose, 5)}, 0));
+    put("req-control-session", cat({encode(kHello, 1, Hello{kRoleControl, 0, 0}), encode(kStatusRequest, 2, StatusRequest{})}, 0));
+    put("req-open", cat({encode(7, open)}, 0));
+    // Replies (prefix 1): what the client library decodes.
+    put("rep-hello", cat({encode(kHelloReply, 1, hr)}, 1));
+    put("rep-nodecard", cat({encode(2, card)}, 1));
+    put("rep-verdict", cat({encode(kVerdict, 0, v)}, 1));
+    put("rep-status", cat({encodeStatusReply(4, R"({"groups":[],"regions":0})")}, 1));
+    put("rep-error", cat({encode(kErrorReply, 0, er), encodeEmpty(kClosed, 9)}, 1));
+    // Bootstrap (prefix 2).
+    {
+        using namespace bootstrap_proto;
+        bootstrap_proto::OpenCard oc{};
+        oc.entry = open.roster[0];
+        Writer w;
+        w.put(oc).put(oc);
+        Bytes all = encodeHeader(kBootstrapSpec, kGatherAll, 1, std::uint32_t(w.bytes().size()));
+        all.insert(all.end(), w.bytes().begin(), w.bytes().end());
+        Writer j;
+        j.put(std::uint32_t(1)).put(std::uint32_t(2));
+        Bytes join = encodeHeader(kBootstrapSpec, kJoin, 0, 8);
+        join.insert(join.end(), j.bytes().begin(), j.bytes().end());
+        put("boot-session", cat({join, all}, 2));
+    }
+}
+
+void peerSeeds() {
+    using namespace peer_proto;
+    PeerHello hello{};
+    hello.flags = kHelloKeyed;
+    PeerGroup g;
+    g.fixed.world = 4;
+    g.fixed.localRanks = 0x3;
+    g.fixed.caps[0] = g.fixed.caps[1] = g.fixed.caps[2] = g.fixed.caps[3] = 65536;
+    HcaRecord h{};
+    h.prefixLen = 120;
+    h.port = 1;
+    h.mtu = 4096;
+    g.hcas = {h, h};
+    for (std::uint32_t r = 0; r < 2; ++r)
+        for (std::uint32_t hca = 0; hca < 2; ++hca) g.regions.push_back(RegionRecord{r, hca, 0x10000, 1 << 20, 77, 0});
+    for (std::uint16_t l = 0; l < 2; ++l)
+        for (std::uint16_t rr = 2; rr < 4; ++rr) g.qps.push_back(QpRecord{0, 0, l, rr, 0, 0x1234, 0x42});
+    PeerVerdict ready{};
+    ready.missingRank = kNoPeer;
+    PeerVerdict broken{};
+    broken.errc = std::uint16_t(Errc::PeerLost);
+    broken.missingRank = 3;
+    setText(broken.reason, "rank 3 died");
+    const Bytes helloB = encode(kPeerHello, 0, hello), auth = encode(kPeerAuth, 1, PeerAuth{}), group = encode(2, g),
+                readyB = encode(kPeerReady, 3, ready), brokenB = encode(kPeerBroken, 4, broken);
+    put("peer-hello", helloB);
+    put("peer-group", group);
+    Bytes link;
+    for (const Bytes* b : {&helloB, &auth, &group, &readyB, &brokenB}) link.insert(link.end(), b->begin(), b->end());
+    put("peer-link", link);
+}
+
+void ringSeeds() {
+    // [entries shift][tail u32][cplHead u32] then ops (see fuzz_ring.cpp).
+    Bytes b{3};
+    const std::uint32_t tail = 0xfffffff0u, head = 5;
+    b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&tail), reinterpret_cast<const std::uint8_t*>(&tail) + 4);
+    b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&head), reinterpret_cast<const std::uint8_t*>(&head) + 4);
+    for (int i = 0; i < 20; ++i) {
+        b.push_back(3); // push
+        Doorbell d{std::uint64_t(i + 1), 4096, 7};
+        b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&d), reinterpret_cast<const std::uint8_t*>(&d) + sizeof d);
+        b.push_back(0); // pop
+        b.push_back(1); // complete
+        Completion c{std::uint64_t(i + 1), 4, 0, 7};
+        b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&c), reinterpret_cast<const std::uint8_t*>(&c) + sizeof c);
+        b.push_back(2); // take
+    }
+    put("ring-traffic", b);
+    Bytes corrupt{0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0xff, 0xff, 0xff, 0x7f, 0, 0, 6, 7};
+    put("ring-corrupt-head", corrupt);
+}
+
+void configSeeds(const std::string& root) {
+    std::ifstream ex(root + "/systemd/tpfabricd.conf.example");
+    std::string text((std::istreambuf_iterator<char>(ex)), std::istreambuf_iterator<char>());
+    if (!text.empty()) put("example", text);
+    put("full", "[daemon]\nsocket = \"/run/tpf/d.sock\"\nsocket_group = \"tpfabric\"\nlog_level = \"debug\"\n"
+                "max_bytes = \"512KiB\"\nring_entries = 64\nopen_timeout_ms = 30000\nmax_clients = 256\n"
+                "max_groups = 64\nmax_region_bytes = \"16GiB\"\n\n[proxy]\ncpu = -1\nspin_us = 50\nheartbeat_ms = 100\n\n"
+                "[peer]\nlisten = \"fd00::1\"\nport = 18515\nkey_file = \"/etc/tpfabric/key\"\nconnect_timeout_ms = 5000\n\n"
+                "[verbs]\nhcas = [\"mlx5_0\", \"10.0.0.1\"]\ninflight_bytes = 1048576\nqp_timeout_ms = 2000\n");
+    put("bad-range", "[daemon]\nring_entries = 3\n");
+    put("bad-type", "[proxy]\ncpu = \"x\"\n[verbs]\nhcas = [1, 2]\n");
+    put("bad-syntax", "[daemon\nmax_bytes = = 1\n");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        std::fprintf(stderr, "usage: make_seeds client_msg|peer_msg|ring|config <dir> [<source root>]\n");
+        return 2;
+    }
+    const std::string target = argv[1];
+    outDir = argv[2];
+    if (target == "client_msg") clientSeeds();
+    else if (target == "peer_msg") peerSeeds();
+    else if (target == "ring") ringSeeds();
+    else if (target == "config") configSeeds(argc > 3 ? argv[3] : ".");
+    else {
+        std::fprintf(stderr, "make_seeds: unknown target %s\n", target.c_str());
+        return 2;
+    }
+    std::printf("make_seeds: %d seeds for %s in %s\n", written, target.c_str(), outDir.c_str());
+    return written ? 0 : 1;
+}
