@@ -50,8 +50,6 @@ nlohmann::json GroupTable::status() const {
                     for (std::uint32_t b = 0; b < kLatencyBuckets; ++b)
                         hist[b] += std::atomic_ref(const_cast<std::uint32_t&>(s.latency[b])).load(std::memory_order_relaxed);
                 }
-            } else if (local) {
-                e["route"] = g.state == State::Pending ? "shm" : "gone";
             }
             if (g.routes[r]) e["route"] = routeName(g.routes[r]);
             ranks.push_back(e);
