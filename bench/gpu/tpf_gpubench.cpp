@@ -9,6 +9,8 @@
 //   thread) in the same run.
 #include <cuda_runtime.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -83,17 +85,15 @@ void row(const char* what, std::uint64_t bytes, double us) {
 } // namespace
 
 int main(int argc, char** argv) {
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const std::string k = argv[i], v = argv[i + 1];
-        if (k == "--socket") a.socket = v;
-        else if (k == "--bootstrap") a.bootstrap = v;
-        else if (k == "--mode") a.mode = v;
-        else if (k == "--route") a.route = v;
-        else if (k == "--rank") a.rank = std::uint32_t(std::stoul(v));
-        else if (k == "--world") a.world = std::uint32_t(std::stoul(v));
-        else if (k == "--calls") a.calls = std::uint32_t(std::stoul(v));
-        else return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
-    }
+    CLI::App app{"tpfabric GPU benchmark rank (started by bench/gpu/run.sh on the GPU machine)"};
+    app.add_option("--socket", a.socket);
+    app.add_option("--bootstrap", a.bootstrap);
+    app.add_option("--mode", a.mode);
+    app.add_option("--route", a.route);
+    app.add_option("--rank", a.rank);
+    app.add_option("--world", a.world);
+    app.add_option("--calls", a.calls);
+    CLI11_PARSE(app, argc, argv);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return std::printf("SKIP: no CUDA device\n"), 77;
     CK(cudaSetDevice(0));

@@ -13,6 +13,8 @@
 //   probefail  TPF_PROBE_SABOTAGE on the last rank: open fails on every rank (TPF_FALLBACK=error)
 //   nccl1      world 1 over an NcclBootstrap: above-cap calls go to NCCL
 #include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
 #include <unistd.h>
 
 #include <chrono>
@@ -253,17 +255,15 @@ int scenarioNccl1(cudaStream_t st, Buffers2 b) {
 } // namespace
 
 int main(int argc, char** argv) {
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const std::string k = argv[i], v = argv[i + 1];
-        if (k == "--socket") a.socket = v;
-        else if (k == "--bootstrap") a.bootstrap = v;
-        else if (k == "--scenario") a.scenario = v;
-        else if (k == "--route") a.route = v;
-        else if (k == "--rank") a.rank = std::uint32_t(std::stoul(v));
-        else if (k == "--world") a.world = std::uint32_t(std::stoul(v));
-        else if (k == "--timeout-ms") a.timeoutMs = std::uint32_t(std::stoul(v));
-        else return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
-    }
+    CLI::App app{"tpfabric GPU test rank (started by tests/gpu/run.sh on the GPU machine)"};
+    app.add_option("--socket", a.socket);
+    app.add_option("--bootstrap", a.bootstrap);
+    app.add_option("--scenario", a.scenario);
+    app.add_option("--route", a.route);
+    app.add_option("--rank", a.rank);
+    app.add_option("--world", a.world);
+    app.add_option("--timeout-ms", a.timeoutMs);
+    CLI11_PARSE(app, argc, argv);
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         std::printf("SKIP: no CUDA device here; tpf-gpurank runs on the GPU machine (tests/gpu/run.sh)\n");
