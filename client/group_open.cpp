@@ -213,8 +213,10 @@ void Group::close() {
 
 Status Group::abort() {
     if (impl_->world == 1 || !impl_->socket) return okStatus();
-    if (auto s = sendMessage(impl_->socket.get(), encode(kAbort, impl_->seq++, Abort{}), {}, 1000); !s) return s;
-    return impl_->fail(Error{Errc::Aborted, "this rank aborted the group"});
+    // Broken here even when the daemon cannot be told (it is gone: the others see DaemonLost).
+    const Status told = sendMessage(impl_->socket.get(), encode(kAbort, impl_->seq++, Abort{}), {}, 1000);
+    const Status s = impl_->fail(Error{Errc::Aborted, "this rank aborted the group"});
+    return told ? s : told;
 }
 
 Status Group::check() const {

@@ -22,6 +22,9 @@ inline void cpuRelax() {
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kBufferAlign == 0; }
 
 constexpr std::uint64_t kSleepSliceNs = 10 * 1000 * 1000; // re-check the daemon's socket this often
+// How long a wait still takes shards after its group broke: deliveries the
+// daemon had begun (a proxy copy, RDMA writes in flight) land; nothing new comes.
+constexpr std::uint64_t kBrokenGraceNs = 200 * 1000 * 1000;
 
 } // namespace
 
@@ -63,9 +66,14 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         }
         return true;
     };
-    // A daemon-reported failure ends the wait when it is an abort or it names
-    // a peer whose shard is still missing (a rank that left after delivering
-    // this epoch does not fail the ranks still waiting for others).
+    // A daemon-reported failure ends the wait at once when it is an abort or
+    // it names a peer whose shard is still missing. A rank that left after
+    // delivering this epoch does not fail the ranks still waiting for others
+    // at once: shards already under way may land. But a broken group's
+    // doorbells are no longer carried, so after a grace the wait ends too
+    // (else a rank killed inside a call it posted leaves the others waiting
+    // for a live rank's dropped doorbell until the timeout).
+    std::uint64_t brokenSeenNs = 0;
     auto failed = [&]() -> bool {
         const std::uint32_t err = std::atomic_ref(c.error).load(std::memory_order_acquire);
         if (!err) return false;
@@ -74,7 +82,9 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         for (std::uint32_t k = 0; k < layout.stripes; ++k)
             if (who < world && who != rank && std::atomic_ref(*flag(phase, who, k)).load(std::memory_order_acquire) < e)
                 return true;
-        return false;
+        const std::uint64_t now = monotonicNs();
+        if (!brokenSeenNs) brokenSeenNs = now;
+        return now - brokenSeenNs >= kBrokenGraceNs;
     };
     auto reportFailure = [&]() -> Status {
         Errc code;
@@ -119,7 +129,8 @@ Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t&
     std::memcpy(slot(phase, rank), send, bytes);
     const Doorbell d{e, std::uint32_t(bytes), handle};
     const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
-    while (!ring.push(d)) { // full only if the proxy stalls
+    while (!ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
+        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
         if (monotonicNs() >= deadline) return fail(Error{Errc::Timeout, "the daemon's proxy does not take doorbells"});
         ::sched_yield();
     }

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "common/shm.hpp"
 #include "common/unix_socket.hpp"
@@ -59,13 +60,29 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     return c;
 }
 
-namespace {
-void drain(Child& c) {
+void readOutput(Child& c) {
     char buf[4096];
     ssize_t n;
     while (c.out >= 0 && (n = ::read(c.out, buf, sizeof buf)) > 0) c.output.append(buf, std::size_t(n));
 }
-} // namespace
+
+bool waitForOutput(Child& c, const std::string& needle, int timeoutMs) {
+    const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeoutMs) * 1000000ull;
+    for (;;) {
+        readOutput(c);
+        if (c.output.find(needle) != std::string::npos) return true;
+        if (c.out < 0 || monotonicNs() > deadline) return false;
+        int st;
+        if (!c.reaped && ::waitpid(c.pid, &st, WNOHANG) == c.pid) {
+            c.status = st;
+            c.reaped = true;
+            c.endedNs = monotonicNs();
+            readOutput(c);
+            return c.output.find(needle) != std::string::npos;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
 
 bool waitAll(std::vector<Child*> children, int timeoutMs) {
     const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeoutMs) * 1000000ull;
@@ -73,14 +90,14 @@ bool waitAll(std::vector<Child*> children, int timeoutMs) {
     for (;;) {
         bool all = true;
         for (Child* c : children) {
-            drain(*c);
+            readOutput(*c);
             if (c->reaped) continue;
             int st;
             if (::waitpid(c->pid, &st, WNOHANG) == c->pid) {
                 c->status = st;
                 c->reaped = true;
                 c->endedNs = monotonicNs();
-                drain(*c);
+                readOutput(*c);
             } else {
                 all = false;
             }
@@ -104,14 +121,19 @@ int exitCode(const Child& c) {
     return -1;
 }
 
-Daemon::Daemon(std::vector<std::string> extraArgs) {
+Daemon::Daemon(std::vector<std::string> extraArgs) : extraArgs_(std::move(extraArgs)) {
     char tmpl[] = "/tmp/tpf-it-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     socket_ = dir_ + "/tpfabricd.sock";
+    start();
+}
+
+void Daemon::start() {
+    stopped_ = false;
     std::vector<std::string> argv{envPath("TPF_DAEMON"), "--socket", socket_, "--foreground", "--log-level", "info"};
-    argv.insert(argv.end(), extraArgs.begin(), extraArgs.end());
-    // The daemon logs to stderr: keep it in a file for failing tests.
-    const int logFd = ::open((dir_ + "/daemon.log").c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+    argv.insert(argv.end(), extraArgs_.begin(), extraArgs_.end());
+    // The daemon logs to stderr: keep it in a file for failing tests (appended across restarts).
+    const int logFd = ::open((dir_ + "/daemon.log").c_str(), O_CREAT | O_WRONLY | O_APPEND | O_CLOEXEC, 0644);
     const int saved = ::fcntl(2, F_DUPFD_CLOEXEC, 0); // not inherited by the daemon
     ::dup2(logFd, 2);
     child_ = spawn(argv);
@@ -133,9 +155,25 @@ Daemon::~Daemon() {
 
 int Daemon::stop() {
     stopped_ = true;
-    ::kill(child_.pid, SIGTERM);
-    waitAll({&child_}, 10000);
+    if (!child_.reaped) {
+        ::kill(child_.pid, SIGTERM);
+        waitAll({&child_}, 10000);
+    }
     return exitCode(child_);
+}
+
+void Daemon::signal(int sig) {
+    if (child_.reaped) return;
+    ::kill(child_.pid, sig);
+    if (sig == SIGKILL) {
+        stopped_ = true;
+        waitAll({&child_}, 10000);
+    }
+}
+
+void Daemon::restart() {
+    if (!stopped_) stop();
+    start();
 }
 
 std::string Daemon::log() {
@@ -146,7 +184,8 @@ std::string Daemon::log() {
 }
 
 RankRun startRanks(const Daemon& d, std::uint32_t world, const std::vector<std::string>& common,
-                   const std::map<std::uint32_t, std::vector<std::string>>& perRank) {
+                   const std::map<std::uint32_t, std::vector<std::string>>& perRank,
+                   const std::map<std::string, std::string>& env) {
     RankRun run;
     const std::string boot = "127.0.0.1:" + std::to_string(freePort());
     for (std::uint32_t r = 0; r < world; ++r) {
@@ -154,9 +193,19 @@ RankRun startRanks(const Daemon& d, std::uint32_t world, const std::vector<std::
                                       "--rank", std::to_string(r), "--world", std::to_string(world)};
         argv.insert(argv.end(), common.begin(), common.end());
         if (auto it = perRank.find(r); it != perRank.end()) argv.insert(argv.end(), it->second.begin(), it->second.end());
-        run.ranks.push_back(spawn(argv));
+        run.ranks.push_back(spawn(argv, env));
     }
     return run;
+}
+
+RankRun::~RankRun() {
+    for (Child& c : ranks) {
+        if (!c.reaped && c.pid > 0) {
+            ::kill(c.pid, SIGKILL);
+            ::waitpid(c.pid, nullptr, 0);
+        }
+        if (c.out >= 0) ::close(std::exchange(c.out, -1));
+    }
 }
 
 std::string RankRun::line(std::uint32_t r) const {

@@ -31,6 +31,10 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 /// Reap every child (reading their output), killing all after timeoutMs. True if none had to be killed.
 bool waitAll(std::vector<Child*> children, int timeoutMs);
 int exitCode(const Child& c); ///< exit status, or 128+signal
+/// Read what `c` printed so far (never blocks).
+void readOutput(Child& c);
+/// Wait until `c`'s output contains `needle` (or it exited); true if it does.
+bool waitForOutput(Child& c, const std::string& needle, int timeoutMs);
 
 /// The daemon on a fresh temporary socket.
 class Daemon {
@@ -42,9 +46,15 @@ public:
     pid_t pid() const { return child_.pid; }
     /// SIGTERM and wait; returns the exit code.
     int stop();
+    /// Send `sig`; SIGKILL also reaps it (socket file left behind, as after a crash).
+    void signal(int sig);
+    /// A new daemon on the same socket path (after stop() or signal(SIGKILL)).
+    void restart();
     std::string log();
 
 private:
+    void start();
+    std::vector<std::string> extraArgs_;
     std::string dir_, socket_;
     Child child_;
     bool stopped_ = false;
@@ -53,11 +63,16 @@ private:
 /// Ranks of one group as tpf-testrank processes; `common` args go to every
 /// rank, `perRank` (rank -> args) to one.
 struct RankRun {
+    RankRun() = default;
+    RankRun(RankRun&&) = default;
+    RankRun& operator=(RankRun&&) = default;
+    ~RankRun(); ///< SIGKILLs and reaps ranks still running, so a failed REQUIRE leaves no process behind
     std::vector<Child> ranks;
     std::string line(std::uint32_t r) const; ///< its RESULT line
 };
 RankRun startRanks(const Daemon& d, std::uint32_t world, const std::vector<std::string>& common,
-                   const std::map<std::uint32_t, std::vector<std::string>>& perRank = {});
+                   const std::map<std::uint32_t, std::vector<std::string>>& perRank = {},
+                   const std::map<std::string, std::string>& env = {});
 
 /// One request on a fresh connection to the daemon: Hello (control) + StatusRequest; the JSON text.
 std::string statusJson(const std::string& socket);

@@ -3,13 +3,18 @@
 //   RESULT rank=R ok calls=N
 // or
 //   RESULT rank=R error=NAME calls=N elapsed_ms=T detail=...
-// and exits 0 (ok), 1 (a collective failed), 2 (usage) or 3 (wrong data).
+// and exits 0 (ok), 1 (a collective failed), 2 (usage) or 3 (wrong data, or
+// a failed call that wrote into its output). Progress lines a test can wait
+// for: "OPEN rank=R", "PAUSED rank=R calls=N", "STALL rank=R calls=N",
+// "PROGRESS rank=R calls=N", "REOPEN rank=R ok|error=NAME ...".
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -25,6 +30,8 @@ using namespace tpf::testing;
 
 namespace {
 
+constexpr std::uint8_t kSentinel = 0xa5; // every output byte before a call
+
 struct Args {
     std::string socket, bootstrap;
     std::uint32_t rank = 0, world = 2;
@@ -36,7 +43,14 @@ struct Args {
     std::int64_t abortAt = -1;   // call abort() before this iteration
     std::int64_t stallAt = -1;   // stop posting (sleep) at this iteration
     std::int64_t exitAt = -1;    // _exit(0) without closing at this iteration
+    std::int64_t pauseAt = -1;   // before this iteration wait until goFile exists
+    std::string goFile;
+    std::string stopFile;        // every 16 calls all ranks agree whether it exists; stop ok if so
+    std::uint64_t progress = 0;  // print PROGRESS every this many calls
     std::uint32_t holdMs = 0;    // wait this long before closing (keep the group open)
+    bool reopen = false;         // after a failed call: close and open again (REOPEN line)
+    std::string reopenGoFile;    // then wait for this file, open once more and run reopenIters calls
+    std::uint64_t reopenIters = 200;
 };
 
 struct Aligned {
@@ -45,14 +59,146 @@ struct Aligned {
     std::vector<std::uint64_t> v;
 };
 
+[[gnu::format(printf, 1, 2)]] void line(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::vprintf(fmt, ap);
+    va_end(ap);
+    std::fflush(stdout);
+}
+
+// A test that died never writes the file: give up then rather than linger.
+Status waitForFile(const std::string& path) {
+    const std::uint64_t deadline = monotonicNs() + 300 * 1000000000ull;
+    while (!std::filesystem::exists(path)) {
+        if (monotonicNs() > deadline) return Status{Errc::Timeout, "the test never wrote " + path};
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return okStatus();
+}
+
 int finish(const Args& a, const Status& s, std::uint64_t calls, std::uint64_t startNs) {
     const double ms = double(monotonicNs() - startNs) / 1e6;
-    if (s) std::printf("RESULT rank=%u ok calls=%llu\n", a.rank, (unsigned long long)calls);
+    if (s) line("RESULT rank=%u ok calls=%llu\n", a.rank, (unsigned long long)calls);
     else
-        std::printf("RESULT rank=%u error=%s calls=%llu elapsed_ms=%.1f detail=%s\n", a.rank,
-                    std::string(errcName(s.code())).c_str(), (unsigned long long)calls, ms, s.error().detail.c_str());
-    std::fflush(stdout);
+        line("RESULT rank=%u error=%s calls=%llu elapsed_ms=%.1f detail=%s\n", a.rank,
+             std::string(errcName(s.code())).c_str(), (unsigned long long)calls, ms, s.error().detail.c_str());
     return s ? 0 : 1;
+}
+
+Result<std::unique_ptr<Group>> openGroup(const Args& a, Bootstrap& boot) {
+    Options o;
+    o.socketPath = a.socket;
+    o.timeout = std::chrono::milliseconds(a.timeoutMs);
+    return Group::open(boot, a.rank, a.world, a.maxBytes, o);
+}
+
+// Every rank learns whether any rank saw the stop file: one extra allGather.
+Result<bool> agreeStop(const Args& a, Group& g) {
+    alignas(16) std::uint64_t mine[2] = {std::filesystem::exists(a.stopFile) ? 1u : 0u, 0};
+    std::vector<std::uint64_t> all(2 * a.world + 2);
+    if (auto s = g.allGather(mine, all.data(), sizeof mine); !s) return s.error();
+    for (std::uint32_t r = 0; r < a.world; ++r)
+        if (all[2 * r]) return true;
+    return false;
+}
+
+// The calls of one open group; prints the RESULT line, returns the exit code.
+int runCalls(const Args& a, Group& g) {
+    std::uint64_t maxSize = 0;
+    for (auto s : a.sizes) maxSize = std::max(maxSize, s);
+    const std::size_t outBytes = maxSize * a.world;
+    Aligned send(maxSize), recv(outBytes), expect(maxSize);
+    std::uint64_t calls = 0;
+    std::uint64_t start = monotonicNs();
+    // A failed call writes nothing into its output.
+    auto failed = [&](const Status& s) {
+        for (std::size_t i = 0; i < outBytes; ++i)
+            if (recv.data()[i] != kSentinel) {
+                line("RESULT rank=%u baddata output written on failure (%s, byte %zu)\n", a.rank,
+                     std::string(errcName(s.code())).c_str(), i);
+                return 3;
+            }
+        return finish(a, s, calls, start);
+    };
+    for (std::uint64_t it = 0; it < a.iters; ++it) {
+        if (std::int64_t(it) == a.exitAt) std::_Exit(0);
+        if (std::int64_t(it) == a.abortAt) {
+            start = monotonicNs();
+            (void)g.abort();
+            return finish(a, g.check(), calls, start);
+        }
+        if (std::int64_t(it) == a.stallAt) {
+            line("STALL rank=%u calls=%llu\n", a.rank, (unsigned long long)calls);
+            std::this_thread::sleep_for(std::chrono::seconds(60));
+            return finish(a, Status{Errc::Timeout, "stalled rank woke up"}, calls, start);
+        }
+        if (std::int64_t(it) == a.pauseAt && !a.goFile.empty()) {
+            line("PAUSED rank=%u calls=%llu\n", a.rank, (unsigned long long)calls);
+            if (auto s = waitForFile(a.goFile); !s) return finish(a, s, calls, start);
+        }
+        if (!a.stopFile.empty() && it > 0 && it % 16 == 0) {
+            auto stop = agreeStop(a, g);
+            if (!stop) return finish(a, stop.error(), calls, start);
+            if (*stop) break;
+        }
+        if (a.progress && it > 0 && it % a.progress == 0) line("PROGRESS rank=%u calls=%llu\n", a.rank, (unsigned long long)calls);
+        const std::uint64_t size = a.sizes[it % a.sizes.size()];
+        const bool sum = a.mode == "sum" || (a.mode == "mixed" && it % 2);
+        start = monotonicNs();
+        std::memset(recv.data(), kSentinel, outBytes);
+        if (!sum) {
+            fillBytes(send.data(), size, it, a.rank);
+            const Status s = g.allGather(send.data(), recv.data(), size);
+            if (!s) return failed(s);
+            for (std::uint32_t q = 0; q < a.world; ++q) {
+                fillBytes(expect.data(), size, it, q);
+                if (std::memcmp(recv.data() + q * size, expect.data(), size) != 0) {
+                    line("RESULT rank=%u baddata gather iter=%llu size=%llu row=%u\n", a.rank, (unsigned long long)it,
+                         (unsigned long long)size, q);
+                    return 3;
+                }
+            }
+        } else {
+            const DType types[] = {DType::F32, DType::F16, DType::BF16};
+            const DType t = types[(it / 2) % 3];
+            const std::size_t count = size / dtypeSize(t);
+            fillValues(send.data(), count, t, it, a.rank);
+            const Status s = g.allReduceSum(send.data(), recv.data(), count, t);
+            if (!s) return failed(s);
+            const auto ref = referenceSum(count, t, it, a.world);
+            if (std::memcmp(recv.data(), ref.data(), ref.size()) != 0) {
+                line("RESULT rank=%u baddata sum iter=%llu count=%zu\n", a.rank, (unsigned long long)it, count);
+                return 3;
+            }
+        }
+        ++calls;
+    }
+    if (a.holdMs) std::this_thread::sleep_for(std::chrono::milliseconds(a.holdMs));
+    return finish(a, okStatus(), calls, start);
+}
+
+// After a failed call: open again at once (no daemon: refused by name), then
+// once more when the test says the daemon is back.
+int reopenAfterFailure(const Args& a, Bootstrap& boot, int failedRc) {
+    std::uint64_t start = monotonicNs();
+    auto again = openGroup(a, boot);
+    const double ms = double(monotonicNs() - start) / 1e6;
+    if (again) line("REOPEN rank=%u ok path=%s\n", a.rank, (*again)->path().c_str());
+    else
+        line("REOPEN rank=%u error=%s elapsed_ms=%.1f detail=%s\n", a.rank, std::string(errcName(again.code())).c_str(), ms,
+             again.error().detail.c_str());
+    if (a.reopenGoFile.empty()) return failedRc;
+    again = Error{}; // leave a group that did open before the next one
+    if (auto s = waitForFile(a.reopenGoFile); !s) return finish(a, s, 0, start);
+    start = monotonicNs();
+    auto fresh = openGroup(a, boot);
+    if (!fresh) return finish(a, fresh.error(), 0, start);
+    Args plain = a; // the fresh group runs clean: no faults, no stop file
+    plain.iters = a.reopenIters;
+    plain.abortAt = plain.stallAt = plain.exitAt = plain.pauseAt = -1;
+    plain.stopFile.clear();
+    return runCalls(plain, **fresh);
 }
 
 } // namespace
@@ -72,73 +218,23 @@ int main(int argc, char** argv) {
     app.add_option("--abort-at", a.abortAt);
     app.add_option("--stall-at", a.stallAt);
     app.add_option("--exit-at", a.exitAt);
+    app.add_option("--pause-at", a.pauseAt, "before this iteration print PAUSED and wait for --go-file");
+    app.add_option("--go-file", a.goFile);
+    app.add_option("--stop-file", a.stopFile, "every 16 calls the ranks agree whether it exists; stop ok if so");
+    app.add_option("--progress", a.progress, "print PROGRESS every this many calls");
     app.add_option("--hold-ms", a.holdMs);
+    app.add_flag("--reopen", a.reopen, "after a failed call, close and open again");
+    app.add_option("--reopen-go-file", a.reopenGoFile, "then wait for this file and open once more");
+    app.add_option("--reopen-iters", a.reopenIters);
     CLI11_PARSE(app, argc, argv);
 
     auto boot = TcpBootstrap::create(a.rank, a.world, a.bootstrap);
     if (!boot) return finish(a, boot.error(), 0, monotonicNs());
-    Options o;
-    o.socketPath = a.socket;
-    o.timeout = std::chrono::milliseconds(a.timeoutMs);
-    auto group = Group::open(**boot, a.rank, a.world, a.maxBytes, o);
+    auto group = openGroup(a, **boot);
     if (!group) return finish(a, group.error(), 0, monotonicNs());
-    Group& g = **group;
-
-    std::uint64_t maxSize = 0;
-    for (auto s : a.sizes) maxSize = std::max(maxSize, s);
-    Aligned send(maxSize), recv(maxSize * a.world), expect(maxSize);
-    std::uint64_t calls = 0;
-    std::uint64_t start = monotonicNs();
-    for (std::uint64_t it = 0; it < a.iters; ++it) {
-        if (std::int64_t(it) == a.exitAt) std::_Exit(0);
-        if (std::int64_t(it) == a.abortAt) {
-            start = monotonicNs();
-            (void)g.abort();
-            return finish(a, g.check(), calls, start);
-        }
-        if (std::int64_t(it) == a.stallAt) {
-            std::this_thread::sleep_for(std::chrono::seconds(60));
-            return finish(a, Status{Errc::Timeout, "stalled rank woke up"}, calls, start);
-        }
-        const std::uint64_t size = a.sizes[it % a.sizes.size()];
-        const bool sum = a.mode == "sum" || (a.mode == "mixed" && it % 2);
-        start = monotonicNs();
-        std::memset(recv.data(), 0xa5, maxSize * a.world);
-        if (!sum) {
-            fillBytes(send.data(), size, it, a.rank);
-            const Status s = g.allGather(send.data(), recv.data(), size);
-            if (!s) {
-                // A failed call writes nothing into its output.
-                for (std::size_t i = 0; i < size * a.world; ++i)
-                    if (recv.data()[i] != 0xa5) {
-                        std::printf("RESULT rank=%u baddata output written on failure\n", a.rank);
-                        return 3;
-                    }
-                return finish(a, s, calls, start);
-            }
-            for (std::uint32_t q = 0; q < a.world; ++q) {
-                fillBytes(expect.data(), size, it, q);
-                if (std::memcmp(recv.data() + q * size, expect.data(), size) != 0) {
-                    std::printf("RESULT rank=%u baddata gather iter=%llu size=%llu row=%u\n", a.rank,
-                                (unsigned long long)it, (unsigned long long)size, q);
-                    return 3;
-                }
-            }
-        } else {
-            const DType types[] = {DType::F32, DType::F16, DType::BF16};
-            const DType t = types[(it / 2) % 3];
-            const std::size_t count = size / dtypeSize(t);
-            fillValues(send.data(), count, t, it, a.rank);
-            const Status s = g.allReduceSum(send.data(), recv.data(), count, t);
-            if (!s) return finish(a, s, calls, start);
-            const auto ref = referenceSum(count, t, it, a.world);
-            if (std::memcmp(recv.data(), ref.data(), ref.size()) != 0) {
-                std::printf("RESULT rank=%u baddata sum iter=%llu count=%zu\n", a.rank, (unsigned long long)it, count);
-                return 3;
-            }
-        }
-        ++calls;
-    }
-    if (a.holdMs) std::this_thread::sleep_for(std::chrono::milliseconds(a.holdMs));
-    return finish(a, okStatus(), calls, start);
+    line("OPEN rank=%u\n", a.rank);
+    const int rc = runCalls(a, **group);
+    if (rc != 1 || !a.reopen) return rc;
+    group = Error{}; // closes the broken group
+    return reopenAfterFailure(a, **boot, rc);
 }
