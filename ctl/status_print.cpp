@@ -194,11 +194,11 @@ void printHeader(const json& doc, std::ostream& out) {
 void printHcas(const json& doc, std::ostream& out) {
     const json* list = section(out, doc, "hcas", "HCAs");
     if (!list) return;
-    Table t({"DEVICE", "PORT", "STATE", "GID", "GID IDX", "SUBNET", "MTU", "SPEED"});
+    Table t({"DEVICE", "PORT", "STATE", "GID", "GID IDX", "IP", "SUBNET", "MTU", "SPEED"});
     for (const auto& h : *list) {
         const json* speed = field(h, "speed_mbps");
         t.add({text(h, "device"), text(h, "port"), text(h, "state"), text(h, "gid"), text(h, "gid_index"),
-               text(h, "subnet"), text(h, "mtu"), count(speed) ? formatSpeed(*count(speed)) : text(speed)});
+               text(h, "ip"), text(h, "subnet"), text(h, "mtu"), count(speed) ? formatSpeed(*count(speed)) : text(speed)});
     }
     t.print(out, "  ");
 }
@@ -206,10 +206,21 @@ void printHcas(const json& doc, std::ostream& out) {
 void printPeers(const json& doc, std::ostream& out) {
     const json* list = section(out, doc, "peers", "Peers");
     if (!list) return;
-    Table t({"NODE", "ENDPOINT", "STATE", "QPS", "LAST ERROR"});
-    for (const auto& p : *list)
-        t.add({text(p, "node_id"), text(p, "endpoint"), text(p, "state"), text(p, "qps"), text(p, "last_error")});
-    t.print(out, "  ");
+    // One link per group and other node; its queue pairs below it.
+    for (const auto& p : *list) {
+        const json* qps = field(p, "qps");
+        const std::string qpCount = qps && qps->is_array() ? std::to_string(qps->size()) : text(qps);
+        Table t({"NODE", "ENDPOINT", "ROLE", "RANKS", "STATE", "QPS", "GROUP", "LAST ERROR"});
+        t.add({text(p, "node_id"), text(p, "endpoint"), text(p, "role"), text(p, "ranks"), text(p, "state"), qpCount,
+               text(p, "group").substr(0, 12), text(p, "last_error")});
+        t.print(out, "  ");
+        if (!qps || !qps->is_array() || qps->empty()) continue;
+        Table q({"LOCAL", "REMOTE", "RAIL", "HCA", "QPN", "REMOTE QPN", "POSTS", "INFLIGHT CAP", "HIGH WATER"});
+        for (const auto& x : *qps)
+            q.add({text(x, "local_rank"), text(x, "remote_rank"), text(x, "rail"), text(x, "hca"), text(x, "qpn"),
+                   text(x, "remote_qpn"), text(x, "posts"), text(x, "inflight_cap"), text(x, "inflight_high_water")});
+        q.print(out, "    ");
+    }
 }
 
 void printRanks(const json& g, std::ostream& out) {

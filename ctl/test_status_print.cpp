@@ -24,14 +24,17 @@ constexpr const char* kExample = R"json({
   },
   "hcas": [
     {"device": "rxe0", "port": 1, "state": "ACTIVE", "gid": "::ffff:10.77.0.1", "gid_index": 1,
-     "subnet": "10.77.0.0/24", "mtu": 1024, "speed_mbps": 10000}
+     "ip": "10.77.0.1", "subnet": "10.77.0.0/24", "mtu": 1024, "speed_mbps": 10000}
   ],
   "peers": [
-    {"node_id": "hex", "endpoint": "10.77.0.2:18515", "state": "connected|connecting|failed",
-     "qps": 8, "last_error": ""}
+    {"group": "32 hex digits", "node_id": "hex", "endpoint": "10.77.0.2:18515", "role": "connect|accept",
+     "ranks": "1,3", "state": "connecting|handshake|negotiating|ready|waiting|failed|closed",
+     "qps": [{"local_rank": 0, "remote_rank": 1, "rail": 0, "hca": "rxe0", "qpn": 17, "remote_qpn": 18,
+              "posts": 2000, "inflight_cap": 1048576, "inflight_high_water": 65544}],
+     "last_error": ""}
   ],
   "groups": [
-    {"id": "32 hex digits", "world": 4, "state": "pending|open|broken|closed",
+    {"id": "32 hex digits", "world": 4, "state": "pending|negotiating|open|broken",
      "agreed_cap": 524288, "slot_bytes": 524288, "stripes": 1,
      "ranks": [{"rank": 0, "local": true, "pid": 4321, "uid": 1000, "route": "shm"}],
      "calls": 2000, "bytes": 8192000, "errors": 0,
@@ -89,20 +92,26 @@ TEST_CASE("the example document of docs/status.md prints every section") {
     for (const char* cell : {"ACTIVE", "::ffff:10.77.0.1", "10.77.0.0/24", "1024", "10 Gb/s"}) CHECK(has(hcaRow, cell));
     CHECK(hcaHead.find("GID ") == hcaRow.find("::ffff:10.77.0.1"));
     CHECK(hcaHead.find("SPEED") == hcaRow.find("10 Gb/s"));
+    CHECK(hcaHead.find("IP ") == hcaRow.find(" 10.77.0.1 ") + 1);
+    CHECK(hcaHead.find("SUBNET") == hcaRow.find("10.77.0.0/24"));
 
     // Peers: the empty last_error prints as "-".
     CHECK(has(out, "\nPeers: 1\n"));
     const std::string peerRow = lineWith(out, "10.77.0.2:18515");
-    CHECK(has(peerRow, "connected|connecting|failed"));
-    CHECK(has(peerRow, "  8  "));
+    CHECK(has(peerRow, "connecting|handshake|negotiating|ready|waiting|failed|closed"));
+    CHECK(has(peerRow, "  1  ")); // one QP listed
     CHECK(peerRow.substr(peerRow.size() - 1) == "-");
+    const std::string qpRow = lineWith(out, "65544");
+    CHECK(has(qpRow, "rxe0"));
+    CHECK(has(qpRow, "1048576"));
+    CHECK(has(out, "HIGH WATER"));
 
     // Groups: full id, numbers in human units, then the ranks.
     CHECK(has(out, "\nGroups: 1\n  32 hex digits\n"));
-    CHECK(has(out, "    world 4, state pending|open|broken|closed, agreed cap 512KiB (slot 512KiB), stripes 1\n"));
+    CHECK(has(out, "    world 4, state pending|negotiating|open|broken, agreed cap 512KiB (slot 512KiB), stripes 1\n"));
     CHECK(has(out, "    calls 2000, bytes 7.8MiB, errors 0, latency p50 12.0 µs, p99 40.0 µs\n"));
     CHECK(has(out, "    last error -\n"));
-    const std::string rankHead = lineWith(out, "RANK");
+    const std::string rankHead = lineWith(out, "RANK  LOCAL");
     const std::string rankRow = lineWith(out, "4321");
     CHECK(rankHead.rfind("    RANK", 0) == 0);
     CHECK(has(rankRow, "yes"));

@@ -102,25 +102,35 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     if ((g.everJoined & g.localMask) == g.localMask) tryOpen(g);
 }
 
+void GroupTable::attachVerbs(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers) {
+    hcas_ = std::move(hcas);
+    peers_ = peers;
+}
+
 void GroupTable::tryOpen(Group& g) {
     g.openTimer->cancel();
     const GroupId id = g.id;
+    const bool remote = (g.localMask | ~(~0u << g.world)) != g.localMask;
     for (std::uint32_t r = 0; r < g.world; ++r) {
-        if (!(g.localMask >> r & 1u)) {
-            return refuseAll(g, Errc::Unavailable,
-                             "rank " + std::to_string(r) + " is on another node and this daemon has no peer link"),
-                   eraseIfEmpty(id);
-        }
         if (g.roster[r].maxBytes > cfg_.maxBytes)
             return refuseAll(g, Errc::CapMismatch,
                              "rank " + std::to_string(r) + " asks for " + std::to_string(g.roster[r].maxBytes) +
                                  " bytes, above this daemon's daemon.max_bytes " + std::to_string(cfg_.maxBytes)),
                    eraseIfEmpty(id);
     }
+    if (remote && (!peers_ || !peers_->enabled()))
+        return refuseAll(g, Errc::Unavailable, "ranks are on other nodes and this daemon has no peer link (set peer.listen)"),
+               eraseIfEmpty(id);
+    if (remote && hcas_.empty())
+        return refuseAll(g, Errc::Unavailable, "ranks are on other nodes and this daemon has no usable HCA "
+                                               "(verbs.hcas, TPF_HCA; see tpfabricctl status)"),
+               eraseIfEmpty(id);
     std::vector<std::uint64_t> caps;
     for (const auto& e : g.roster) caps.push_back(e.maxBytes);
     g.agreedCap = agreedCap(caps.data(), caps.size());
-    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), 1);
+    // Across nodes a shard is striped over every HCA pair (pairing checks both
+    // nodes have as many); within one node there is one stripe.
+    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote ? std::uint32_t(hcas_.size()) : 1);
     if (!layout) return refuseAll(g, layout.code(), layout.error().detail), eraseIfEmpty(id);
     g.layout = *layout;
     const std::uint64_t need = std::uint64_t(std::popcount(g.localMask)) * g.layout.totalBytes();
@@ -128,15 +138,7 @@ void GroupTable::tryOpen(Group& g) {
         return refuseAll(g, Errc::Unavailable,
                          "regions would exceed daemon.max_region_bytes (" + std::to_string(cfg_.maxRegionBytes) + ")"),
                eraseIfEmpty(id);
-
-    auto pg = std::make_shared<ProxyGroup>();
-    pg->handle = g.handle;
-    pg->world = g.world;
-    pg->layout = g.layout;
-    pg->agreedCap = g.agreedCap;
-    pg->gpuDoorbells = g.gpuDoorbells;
     for (std::uint32_t r = 0; r < g.world; ++r) g.routes[r] = (g.localMask >> r & 1u) ? kRouteShm : kRouteVerbs;
-    pg->routes = g.routes;
     for (auto& [rank, m] : g.members) {
         const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
         auto region = HostRegion::create(g.layout, tag + "-region");
@@ -148,13 +150,29 @@ void GroupTable::tryOpen(Group& g) {
         }
         m.region = *region;
         m.ring = *ring;
-        pg->regions[rank] = m.region;
     }
+    if (!remote) return finishOpen(g);
+    if (auto s = startNegotiation(g); !s) return failNegotiation(g, s.code(), s.error().detail);
+}
+
+// Every rank's regions exist and, across nodes, every QP is up: hand the
+// group to the proxy and the verdict to each local rank.
+void GroupTable::finishOpen(Group& g) {
+    g.openTimer->cancel();
+    auto pg = std::make_shared<ProxyGroup>();
+    pg->handle = g.handle;
+    pg->world = g.world;
+    pg->layout = g.layout;
+    pg->agreedCap = g.agreedCap;
+    pg->gpuDoorbells = g.gpuDoorbells;
+    pg->routes = g.routes;
+    pg->verbs = g.verbs;
+    for (auto& [rank, m] : g.members) pg->regions[rank] = m.region;
     g.proxyGroup = pg;
     g.state = State::Open;
     publishProxyTable();
-    spdlog::info("group {}: open, world {}, agreed cap {} bytes, slot {} bytes, region {} bytes", shortId(id), g.world,
-                 g.agreedCap, g.layout.slotBytes, g.layout.totalBytes());
+    spdlog::info("group {}: open, world {}, agreed cap {} bytes, slot {} bytes, {} stripe(s), region {} bytes",
+                 shortId(g.id), g.world, g.agreedCap, g.layout.slotBytes, g.layout.stripes, g.layout.totalBytes());
     for (auto& [rank, m] : g.members) {
         Verdict v{};
         v.rank = rank;
@@ -172,8 +190,17 @@ void GroupTable::tryOpen(Group& g) {
 
 void GroupTable::openTimedOut(const GroupId& id) {
     auto it = groups_.find(id);
-    if (it == groups_.end() || it->second.state != State::Pending) return;
+    if (it == groups_.end()) return;
     Group& g = it->second;
+    if (g.state == State::Negotiating) {
+        std::string slow;
+        for (const auto& n : g.nodes)
+            if (!n.selfReady || !n.remoteReady)
+                slow += (slow.empty() ? "" : ", ") + endpointText(n.addr, n.port) + " (" +
+                        (n.session ? n.session->state() : std::string("not connected")) + ")";
+        return failNegotiation(g, Errc::Timeout, "peer daemon(s) " + slow + " did not complete negotiation within the open timeout");
+    }
+    if (g.state != State::Pending) return;
     std::uint32_t missing = 0;
     while (missing < g.world && !((g.localMask & ~g.everJoined) >> missing & 1u)) ++missing;
     refuseAll(g, Errc::Timeout, "rank " + std::to_string(missing) + " did not join within the open timeout");
@@ -203,8 +230,10 @@ void GroupTable::leave(MemberLink& link) {
     const GroupId id = g->id;
     g->members.erase(rank);
     spdlog::info("group {}: rank {} left", shortId(id), rank);
-    if (g->state == State::Pending) {
+    if (g->state == State::Pending || g->state == State::Negotiating) {
         // The group can no longer complete: tell the ranks already waiting.
+        if (g->state == State::Negotiating)
+            return failNegotiation(*g, Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
         refuseAll(*g, Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
         return eraseIfEmpty(id);
     }
@@ -251,9 +280,24 @@ void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Err
     breakGroup(*g, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " sent a bad doorbell: " + why.describe());
 }
 
-void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why) {
+void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why) {
+    Group* g = findByHandle(handle);
+    if (!g || g->state != State::Open) return;
+    breakGroup(*g, why.code, remoteRank, why.detail);
+}
+
+void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers) {
     if (g.state == State::Broken && code != Errc::Aborted) return;
     if (g.state != State::Broken) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
+    if (tellPeers && g.state != State::Broken) {
+        peer_proto::PeerVerdict v{};
+        std::memcpy(v.groupId, g.id.data(), 16);
+        v.errc = std::uint16_t(code);
+        v.missingRank = rank;
+        setText(v.reason, why.substr(0, sizeof v.reason - 1));
+        for (auto& n : g.nodes)
+            if (n.session) n.session->send(peer_proto::encode(peer_proto::kPeerBroken, 0, v));
+    }
     g.state = State::Broken;
     g.lastError = Error{code, why};
     if (g.proxyGroup) g.proxyGroup->broken.store(true, std::memory_order_release);
@@ -276,6 +320,7 @@ void GroupTable::eraseIfEmpty(const GroupId& id) {
     auto it = groups_.find(id);
     if (it == groups_.end() || !it->second.members.empty()) return;
     spdlog::info("group {}: closed", shortId(id));
+    closePeers(it->second);
     const bool published = it->second.proxyGroup != nullptr;
     groups_.erase(it);
     if (published) publishProxyTable();

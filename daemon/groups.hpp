@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "daemon/config.hpp"
+#include "daemon/peer_link.hpp"
 #include "daemon/proxy.hpp"
 #include "proto/client_msg.hpp"
+#include "proto/peer_msg.hpp"
 
 namespace tpf::daemon {
 
@@ -36,9 +38,13 @@ public:
     virtual std::uint32_t uid() const = 0;
 };
 
-class GroupTable {
+class GroupTable : public PeerHandler {
 public:
     GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const GroupId& nodeId, Proxy& proxy);
+
+    /// The verbs wire: the opened HCAs (stripe count of cross-node groups)
+    /// and the peer service. Without them groups spanning nodes are refused.
+    void attachVerbs(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers);
 
     /// A rank asks to join. The verdict arrives through link.sendVerdict, now
     /// or when the last local rank joins (or the open times out).
@@ -56,13 +62,33 @@ public:
     void badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why);
     /// The proxy carried out everything published before `version`.
     void drained(std::uint64_t version);
+    /// The proxy saw a queue pair to `remoteRank` fail: break its group.
+    void peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why);
+
+    // PeerHandler (peer links, groups_verbs.cpp)
+    void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) override;
+    void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) override;
+    void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) override;
 
     nlohmann::json status() const;
+    nlohmann::json peersStatus() const;
     std::size_t regionCount() const;
     std::uint64_t hostRegionBytes() const;
 
 private:
-    enum class State { Pending, Open, Broken };
+    enum class State { Pending, Negotiating, Open, Broken };
+    /// The daemon of another node serving ranks of a group.
+    struct NodeLink {
+        NodeId node{};
+        std::uint32_t ranks = 0;  ///< bit r: rank r is on that node
+        std::uint8_t addr[16] = {};
+        std::uint16_t port = 0;
+        bool weConnect = false;   ///< our node id is the smaller one
+        std::shared_ptr<PeerSession> session;
+        bool selfReady = false;   ///< our QPs towards it are up and PeerReady sent
+        bool remoteReady = false; ///< its PeerReady (ok) arrived
+        Bytes ourRecord;          ///< PeerGroup we send it
+    };
     struct Member {
         MemberLink* link = nullptr;
         std::int32_t pid = 0;
@@ -86,7 +112,15 @@ private:
         std::array<std::uint8_t, kMaxWorld> routes{};
         bool gpuDoorbells = false;
         std::shared_ptr<ProxyGroup> proxyGroup;
+        std::vector<NodeLink> nodes;             ///< other nodes' daemons, when some rank is remote
+        std::shared_ptr<VerbsGroup> verbs;
+        std::vector<std::unique_ptr<QpLink>> qpsByHca; ///< (local * world + remote) * hcas + hca, until paired
         Error lastError;
+    };
+    struct Parked {
+        std::shared_ptr<PeerSession> session;
+        peer_proto::PeerGroup record;
+        std::uint64_t sinceNs;
     };
     struct PendingBreak {
         std::uint64_t version;
@@ -102,7 +136,19 @@ private:
     void refuseAll(Group& g, Errc code, const std::string& why);
     void tryOpen(Group& g);
     void openTimedOut(const GroupId& id);
-    void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why);
+    void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers = true);
+    void finishOpen(Group& g);
+    // groups_verbs.cpp
+    Status startNegotiation(Group& g);
+    Status buildVerbs(Group& g);
+    Bytes recordFor(const Group& g, const NodeLink& n) const;
+    void attach(Group& g, NodeLink& n, const std::shared_ptr<PeerSession>& s);
+    void takeRecord(Group& g, NodeLink& n, const peer_proto::PeerGroup& rec);
+    Status connectQps(Group& g, NodeLink& n, const peer_proto::PeerGroup& rec);
+    void failNegotiation(Group& g, Errc code, const std::string& why);
+    void maybeOpen(Group& g);
+    void closePeers(Group& g);
+    NodeLink* nodeOf(Group& g, const NodeId& node);
     std::uint64_t publishProxyTable();
     void eraseIfEmpty(const GroupId& id);
 
@@ -114,6 +160,16 @@ private:
     std::uint32_t nextHandle_ = 1;
     std::uint64_t tableVersion_ = 0;
     std::vector<PendingBreak> pendingBreaks_;
+    std::vector<std::shared_ptr<VerbsHca>> hcas_;
+    PeerService* peers_ = nullptr;
+    std::vector<Parked> parked_; ///< accepted links whose group has not reached negotiation here yet
+    struct Refusal {
+        Error why;
+        std::uint64_t atNs;
+    };
+    /// The last failed handshake of a node that connects to us (wrong key):
+    /// a group waiting for that node is refused at once, not at the open timeout.
+    std::map<NodeId, Refusal> refusals_;
 };
 
 } // namespace tpf::daemon

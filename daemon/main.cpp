@@ -89,9 +89,33 @@ int run(DaemonConfig cfg, bool foreground) {
                 ProxyEvents{[&](std::uint64_t v) { boost::asio::post(io, [&, v] { groupsPtr->drained(v); }); },
                             [&](std::uint32_t handle, std::uint32_t rank, Error why) {
                                 boost::asio::post(io, [&, handle, rank, why] { groupsPtr->badDoorbell(handle, rank, why); });
+                            },
+                            [&](std::uint32_t handle, std::uint32_t rank, Error why) {
+                                boost::asio::post(io, [&, handle, rank, why] { groupsPtr->peerFailed(handle, rank, why); });
                             }});
     GroupTable groups(io, cfg, nodeId, proxy);
     groupsPtr = &groups;
+
+    // The verbs wire: every discovered HCA opened once, shared by all groups.
+    std::vector<std::shared_ptr<VerbsHca>> verbsHcas;
+    for (const auto& card : hcas) {
+        auto h = VerbsHca::open(card, 4096);
+        if (!h) {
+            std::string name;
+            getText(card.device, name);
+            spdlog::error("HCA {} port {}: {}; not used", name, card.port, h.error().describe());
+            continue;
+        }
+        verbsHcas.push_back(*h);
+    }
+    PeerService peers(io, cfg, nodeId, groups);
+    if (auto s = peers.start(); !s) {
+        spdlog::critical("{}", s.error().describe());
+        return s.code() == Errc::ConfigError ? 2 : 1;
+    }
+    proxy.setHcas(verbsHcas);
+    groups.attachVerbs(verbsHcas, &peers);
+    const auto endpoint = endpointBytes(cfg.peerListen, hcas);
 
     client_proto::HelloReply hello{};
     std::memcpy(hello.nodeId, nodeId.data(), 16);
@@ -103,7 +127,8 @@ int run(DaemonConfig cfg, bool foreground) {
         client_proto::NodeCard card;
         std::memcpy(card.fixed.nodeId, nodeId.data(), 16);
         card.fixed.usableCap = cfg.maxBytes;
-        card.fixed.endpointPort = cfg.peerListen.empty() ? 0 : cfg.peerPort;
+        card.fixed.endpointPort = peers.enabled() ? cfg.peerPort : 0;
+        std::memcpy(card.fixed.endpointAddr, endpoint.data(), 16);
         card.hcas = hcas;
         card.fixed.hcaCount = std::uint16_t(hcas.size());
         return card;
@@ -116,8 +141,9 @@ int run(DaemonConfig cfg, bool foreground) {
         for (const auto& h : hcas) {
             std::string name;
             getText(h.device, name);
-            hcaList.push_back({{"device", name}, {"port", h.port}, {"mtu", h.mtu}, {"speed_mbps", h.speedMbps},
-                               {"gid_index", h.gidIndex}, {"state", h.state == 4 ? "ACTIVE" : "DOWN"}});
+            hcaList.push_back({{"device", name}, {"port", h.port}, {"state", portStateName(livePortState(h))},
+                               {"gid", gidText(h.gid)}, {"gid_index", h.gidIndex}, {"ip", hcaIp(h)},
+                               {"subnet", hcaSubnetText(h)}, {"mtu", h.mtu}, {"speed_mbps", h.speedMbps}});
         }
         nlohmann::json doc = {
             {"status_version", 1},
@@ -131,7 +157,7 @@ int run(DaemonConfig cfg, bool foreground) {
               {"config_source", cfg.source},
               {"proxy", {{"state", proxy.sleeping() ? "sleeping" : "polling"}, {"cpu", proxy.cpu()}, {"doorbells", proxy.doorbells()}}}}},
             {"hcas", hcaList},
-            {"peers", nlohmann::json::array()},
+            {"peers", groups.peersStatus()},
             {"groups", groups.status()},
             {"regions", {{"count", groups.regionCount()}, {"host_bytes", groups.hostRegionBytes()}, {"device_bytes", 0}}},
             {"clients", serverPtr ? serverPtr->clients() : 0},
@@ -155,6 +181,7 @@ int run(DaemonConfig cfg, bool foreground) {
         spdlog::info("signal {}: stopping", sig);
         notify("STOPPING=1");
         server.stop();
+        peers.stop();
         proxy.stop();
         io.stop();
     });

@@ -82,7 +82,11 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
     const HostRegion& src = *g.regions[pr.rank];
     for (std::uint32_t i = 0; i + 1 < g.world; ++i) {
         const std::uint32_t q = peerAt(pr.rank, i, g.world);
-        if (g.routes[q] != client_proto::kRouteShm) continue; // verbs peers: the verbs wire (not here yet)
+        if (g.routes[q] == client_proto::kRouteVerbs) {
+            deliverVerbs(pr, q, phase, d);
+            continue;
+        }
+        if (g.routes[q] != client_proto::kRouteShm) continue;
         const HostRegion& dst = *g.regions[q];
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
@@ -92,6 +96,85 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
         dst.wakeIfWaiting();
     }
     doorbells_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Each stripe: wait (polling completions) until its QP is under the in-flight
+// cap, then post payload + flag. A failed link breaks the group; the doorbell
+// is not carried further (the group's ranks end with PeerLost).
+void Proxy::deliverVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, const Doorbell& d) {
+    ProxyGroup& g = *pr.group;
+    if (!g.verbs) return;
+    for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
+        QpLink* link = g.verbs->link(pr.rank, peer, k);
+        if (!link) return;
+        while (!link->failed && (link->gate.mustWait(2) || link->hca().outstanding + 2 >= link->hca().cqDepth())) {
+            pollCqs();
+            if (g.broken.load(std::memory_order_acquire) || !running_.load(std::memory_order_relaxed)) return;
+            cpuRelax();
+        }
+        if (link->failed) return;
+        const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
+        if (auto st = link->postStripe(g.layout, phase, pr.rank, k, s, d.epoch); !st) {
+            link->failed = true;
+            return linkFailed(*link, st.error().describe());
+        }
+    }
+}
+
+void Proxy::linkFailed(QpLink& link, const std::string& why) {
+    if (events_.peerFailed)
+        events_.peerFailed(link.groupHandle, link.remoteRank,
+                           Error{Errc::PeerLost, "queue pair " + std::to_string(link.qpn()) + " to rank " +
+                                                     std::to_string(link.remoteRank) + " on rail " + std::to_string(link.rail) +
+                                                     " (" + link.hca().name() + ") failed: " + why});
+}
+
+bool Proxy::pollCqs() {
+    bool busy = false;
+    for (auto& h : hcas_) {
+        if (!h->outstanding) continue;
+        pollCompletions(*h, [](void* self, QpLink& link, const std::string& why) {
+            static_cast<Proxy*>(self)->linkFailed(link, why);
+        }, this);
+        busy |= h->outstanding != 0;
+    }
+    return busy;
+}
+
+bool Proxy::wakeVerbsWaiters(std::vector<ProxyRank>& table) {
+    bool waiting = false;
+    for (auto& pr : table) {
+        const ProxyGroup& g = *pr.group;
+        if (!g.verbs) continue;
+        const HostRegion& r = *g.regions[pr.rank];
+        if (std::atomic_ref(r.control().waiters).load(std::memory_order_relaxed) == 0) continue;
+        waiting = true;
+        std::uint64_t sum = 0;
+        for (std::uint32_t p = 0; p < 2; ++p)
+            for (std::uint32_t q = 0; q < g.world; ++q)
+                if (g.routes[q] == client_proto::kRouteVerbs)
+                    for (std::uint32_t k = 0; k < g.layout.stripes; ++k)
+                        sum += std::atomic_ref(*r.flag(p, q, k)).load(std::memory_order_acquire);
+        if (sum != pr.verbsFlagSum) {
+            pr.verbsFlagSum = sum;
+            r.wakeIfWaiting();
+        }
+    }
+    return waiting;
+}
+
+// Groups leaving the table keep their QPs until every posted request
+// completed (a completion names its QpLink); after 1 s the QPs are moved to
+// the error state so they flush.
+void Proxy::retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next) {
+    for (const auto& pr : old) {
+        const auto& vg = pr.group->verbs;
+        if (!vg || !vg->busy()) continue;
+        bool kept = false;
+        for (const auto& n : next) kept |= n.group->verbs == vg;
+        for (const auto& r : retiring_) kept |= r.group == vg;
+        if (!kept) retiring_.push_back(Retiring{vg, monotonicNs()});
+    }
 }
 
 std::size_t Proxy::pollOnce(std::vector<ProxyRank>& table) {
@@ -140,6 +223,7 @@ void Proxy::run() {
                 next = pending_;
                 version = pendingVersion_;
             }
+            retire(table, next);
             table = std::move(next);
             mustSpin = false;
             for (auto& pr : table) mustSpin |= pr.group->gpuDoorbells;
@@ -147,11 +231,26 @@ void Proxy::run() {
         }
         const std::size_t work = pollOnce(table);
         const std::uint64_t now = monotonicNs();
+        // The verbs wire: completions, retiring groups, waits on remote flags.
+        bool verbsBusy = pollCqs();
+        if (!retiring_.empty()) {
+            std::erase_if(retiring_, [&](Retiring& r) {
+                if (!r.group->busy()) return true;
+                if (!r.flushed && now - r.sinceNs > 1000000000ull) {
+                    for (auto& l : r.group->links)
+                        if (l) l->flush();
+                    r.flushed = true;
+                }
+                return false;
+            });
+            verbsBusy = true;
+        }
+        verbsBusy |= wakeVerbsWaiters(table);
         if (now - lastBeat > 1000000) {
             for (auto& pr : table) std::atomic_ref(pr.ring->view.header().heartbeatNs).store(now, std::memory_order_relaxed);
             lastBeat = now;
         }
-        if (work || mustSpin) {
+        if (work || mustSpin || verbsBusy) {
             if (work) lastWork = now;
             cpuRelax();
             continue;

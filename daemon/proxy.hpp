@@ -16,9 +16,32 @@
 
 #include "common/fd.hpp"
 #include "daemon/shared_state.hpp"
+#include "daemon/verbs.hpp"
 #include "proto/client_msg.hpp"
 
 namespace tpf::daemon {
+
+/// A group's verbs wire: its local regions registered on every HCA and one
+/// QpLink per (local rank, remote rank, rail). Built and connected by the
+/// control thread before the group opens; afterwards only the proxy touches
+/// the links. Members are destroyed QPs first, then MRs, then the regions.
+struct VerbsGroup {
+    std::uint32_t world = 0;
+    std::uint32_t stripes = 0;
+    std::vector<std::shared_ptr<HostRegion>> regions; ///< keeps the registered mappings alive
+    std::vector<std::unique_ptr<VerbsMr>> mrs;
+    std::vector<std::unique_ptr<QpLink>> links;        ///< (local * world + remote) * stripes + rail; null if same node
+
+    QpLink* link(std::uint32_t local, std::uint32_t remote, std::uint32_t rail) const {
+        return links[(std::size_t(local) * world + remote) * stripes + rail].get();
+    }
+    /// Work requests still posted on any link.
+    bool busy() const {
+        for (const auto& l : links)
+            if (l && l->gate.wrs()) return true;
+        return false;
+    }
+};
 
 /// What the proxy knows of one open group. Built by the control thread; the
 /// proxy reads it, and only `broken` changes afterwards.
@@ -30,6 +53,7 @@ struct ProxyGroup {
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
     std::array<std::uint8_t, kMaxWorld> routes{};                 ///< how this node reaches each rank
     bool gpuDoorbells = false;
+    std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
     std::atomic<bool> broken{false};
 };
 
@@ -38,6 +62,7 @@ struct ProxyRank {
     std::shared_ptr<ProxyGroup> group;
     std::uint32_t rank = 0;
     std::shared_ptr<CommandRing> ring;
+    std::uint64_t verbsFlagSum = 0; ///< proxy-private: flags from other nodes last seen (to wake sleeping waits)
 };
 
 /// Events the proxy reports; called on the proxy thread (post them on).
@@ -46,6 +71,8 @@ struct ProxyEvents {
     std::function<void(std::uint64_t version)> drained;
     /// A rank's doorbell or ring was invalid; its group must break.
     std::function<void(std::uint32_t groupHandle, std::uint32_t rank, Error why)> badDoorbell;
+    /// A queue pair to a remote rank failed (error completion or post): its group must break.
+    std::function<void(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why)> peerFailed;
 };
 
 class Proxy {
@@ -55,6 +82,8 @@ public:
     Proxy(const Proxy&) = delete;
     Proxy& operator=(const Proxy&) = delete;
 
+    /// The HCAs whose CQs the proxy polls (before start()).
+    void setHcas(std::vector<std::shared_ptr<VerbsHca>> hcas) { hcas_ = std::move(hcas); }
     Status start();
     void stop();
 
@@ -74,7 +103,15 @@ private:
     void run();
     std::size_t pollOnce(std::vector<ProxyRank>& table);
     void deliver(ProxyRank& pr, const Doorbell& d);
+    void deliverVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, const Doorbell& d);
     bool goIdle(std::vector<ProxyRank>& table);
+    /// Poll every HCA CQ with requests outstanding; true if any is still busy.
+    bool pollCqs();
+    void linkFailed(QpLink& link, const std::string& why);
+    /// Wake host waits of ranks whose flags a remote node wrote; true if a
+    /// rank of a verbs group is waiting (then the proxy must not sleep).
+    bool wakeVerbsWaiters(std::vector<ProxyRank>& table);
+    void retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);
 
     const std::uint64_t spinNs_;
     const std::uint32_t heartbeatMs_;
@@ -90,6 +127,14 @@ private:
     std::vector<ProxyRank> pending_;
     std::uint64_t pendingVersion_ = 0;
     std::atomic<std::uint64_t> publishedVersion_{0};
+
+    std::vector<std::shared_ptr<VerbsHca>> hcas_;
+    struct Retiring {
+        std::shared_ptr<VerbsGroup> group;
+        std::uint64_t sinceNs;
+        bool flushed = false;
+    };
+    std::vector<Retiring> retiring_; ///< dropped groups whose QPs still have requests posted (proxy thread)
 };
 
 } // namespace tpf::daemon

@@ -8,7 +8,10 @@
 namespace tpf::daemon {
 
 namespace {
-const char* stateName(int s) { return s == 0 ? "pending" : s == 1 ? "open" : "broken"; }
+const char* stateName(int s) {
+    static const char* const names[] = {"pending", "negotiating", "open", "broken"}; // GroupTable::State order
+    return s >= 0 && s < 4 ? names[s] : "unknown";
+}
 const char* routeName(std::uint8_t r) {
     switch (r) {
     case client_proto::kRouteShm: return "shm";

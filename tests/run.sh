@@ -5,8 +5,9 @@
 #                integration, vm; GPU tests skip with 77 where there is no GPU)
 #   build-asan/  ASan+UBSan (gcc, CUDA off): the unit and integration suites,
 #                collectives scaled down with TPF_IT_SCALE=0.1
-#   build-tsan/  TSan (gcc, CUDA off): the ring unit test and the faults and
-#                status integration tests (proxy thread against rank processes)
+#   build-tsan/  TSan (gcc, CUDA off): the ring and inflight unit tests and the
+#                faults, fault_matrix and status integration tests (proxy thread
+#                against rank processes)
 #   build-fuzz/  libFuzzer targets (clang++-14, -Dfuzz=true): regression
 #                inputs replayed, then $TPF_FUZZ_SECONDS (12) of fuzzing each
 # then one line "N passed, N failed, N skipped" over every stage's
@@ -69,10 +70,11 @@ for stage in $stages; do
   tsan)
     rm -f build-tsan/meson-logs/testlog.json
     if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized &&
-       meson compile -C build-tsan tests/unit/test_ring tests/integration/test_it_faults tests/integration/test_it_status \
+       meson compile -C build-tsan tests/unit/test_ring tests/unit/test_inflight tests/integration/test_it_faults \
+         tests/integration/test_it_fault_matrix tests/integration/test_it_status \
          daemon/tpfabricd tests/integration/tpf-testrank ctl/tpfabricctl; then
       printf 'race:^Catch::\n' >"$tsan_supp"
-      meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 ring faults status
+      meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 ring inflight faults fault_matrix status
       logs+=(build-tsan/meson-logs/testlog.json)
     else failed_build tsan; fi
     ;;

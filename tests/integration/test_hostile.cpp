@@ -1,9 +1,14 @@
 // Hostile clients (random bytes, wrong version, length 2^32-1, fds where none
 // belong, truncation, requests out of order) are refused and logged while a
 // live group keeps working and the daemon keeps serving.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -11,6 +16,7 @@
 #include "common/unix_socket.hpp"
 #include "harness.hpp"
 #include "proto/client_msg.hpp"
+#include "proto/peer_msg.hpp"
 
 using namespace tpf;
 using namespace tpf::testing;
@@ -127,4 +133,108 @@ TEST_CASE("hostile clients are refused by name while a live group keeps working"
     CHECK(log.find("refused: TooLarge") != std::string::npos);
     CHECK(log.find("refused: BadMessage: 1 file descriptor(s) sent where none belong") != std::string::npos);
     CHECK(d.stop() == 0);
+}
+
+// The peer port (daemon <-> daemon TCP) is as exposed as the client socket:
+// junk, oversize lengths, a peer without the cluster key and a wrong proof
+// are refused by name and logged; the daemon and a live group carry on.
+namespace {
+
+int connectTcp(std::uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < 100; ++i) {
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+        ::usleep(50000);
+    }
+    FAIL("cannot connect to the peer port " << port);
+    return -1;
+}
+
+// Send `bytes`, then read until the daemon closes; true if it closed within 5 s.
+bool peerAttack(std::uint16_t port, const Bytes& bytes) {
+    const int fd = connectTcp(port);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    char buf[512];
+    bool closed = false;
+    for (;;) {
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) closed = true;
+        if (n <= 0) break;
+    }
+    ::close(fd);
+    return closed;
+}
+
+} // namespace
+
+TEST_CASE("hostile peers on the peer port are refused by name while a live group keeps working") {
+    char dir[] = "/tmp/tpf-peer-XXXXXX";
+    REQUIRE(::mkdtemp(dir));
+    const std::string keyPath = std::string(dir) + "/cluster.key", cfgPath = std::string(dir) + "/d.toml";
+    {
+        FILE* k = std::fopen(keyPath.c_str(), "w");
+        std::fputs("0123456789abcdef0123456789abcdef", k);
+        std::fclose(k);
+        ::chmod(keyPath.c_str(), 0600);
+    }
+    const std::uint16_t port = std::uint16_t(20000 + ::getpid() % 20000);
+    {
+        FILE* c = std::fopen(cfgPath.c_str(), "w");
+        std::fprintf(c, "[peer]\nlisten = \"127.0.0.1\"\nport = %u\nkey_file = \"%s\"\n", port, keyPath.c_str());
+        std::fclose(c);
+    }
+    Daemon d({"--config", cfgPath});
+    auto run = startRanks(d, 2, {"--iters", "4000", "--sizes", "64,4096", "--mode", "mixed"});
+
+    using namespace tpf::peer_proto;
+    std::mt19937 rng(7);
+    Bytes junk(64);
+    for (auto& b : junk) b = std::uint8_t(rng());
+    CHECK(peerAttack(port, junk));
+
+    PeerHello h{};
+    h.flags = 0; // no key
+    CHECK(peerAttack(port, peer_proto::encode(kPeerHello, 1, h)));
+
+    Bytes huge = peer_proto::encode(kPeerHello, 1, h);
+    const std::uint32_t len = 0xffffffffu;
+    std::memcpy(huge.data() + 8, &len, 4);
+    CHECK(peerAttack(port, huge));
+
+    h.flags = kHelloKeyed; // claims a key, proves nothing
+    Bytes wrong = peer_proto::encode(kPeerHello, 1, h);
+    const Bytes auth = peer_proto::encode(kPeerAuth, 2, PeerAuth{});
+    wrong.insert(wrong.end(), auth.begin(), auth.end());
+    CHECK(peerAttack(port, wrong));
+
+    // A record before the handshake.
+    PeerGroup g;
+    g.fixed.world = 2;
+    g.fixed.localRanks = 1;
+    CHECK(peerAttack(port, peer_proto::encode(1, g)));
+
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    REQUIRE(waitAll(all, 300000));
+    CHECK(run.line(0) == "RESULT rank=0 ok calls=4000");
+    CHECK(run.line(1) == "RESULT rank=1 ok calls=4000");
+    const std::string log = d.log();
+    INFO(log);
+    CHECK(log.find("BadMagic") != std::string::npos);
+    CHECK(log.find("TooLarge") != std::string::npos);
+    CHECK(log.find("AuthFailed: peer daemon 127.0.0.1") != std::string::npos);
+    CHECK(log.find("has no cluster key") != std::string::npos);
+    CHECK(log.find("did not prove the cluster key") != std::string::npos);
+    CHECK(log.find("expected PeerHello") != std::string::npos);
+    CHECK(d.stop() == 0);
+    std::remove(keyPath.c_str());
+    std::remove(cfgPath.c_str());
+    ::rmdir(dir);
 }

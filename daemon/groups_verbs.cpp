@@ -1,0 +1,400 @@
+// Groups spanning nodes (DESIGN.md §3 steps 3-7): regions registered on every
+// HCA, one RC QP per (local rank, remote rank, HCA), a PeerGroup record to
+// each other node's daemon over a peer link, HCA pairing by subnet, QPs
+// connected from the exchanged records, PeerReady both ways; the group opens
+// when every node is ready, and is refused on every node otherwise.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "daemon/groups.hpp"
+#include "proto/pairing.hpp"
+
+namespace tpf::daemon {
+
+using namespace client_proto;
+using namespace peer_proto;
+
+namespace {
+constexpr std::uint32_t kMaxSendWr = 256;
+
+std::string shortHex(const std::uint8_t* b) { return hexOf(b, 6); }
+std::string shortId(const GroupId& id) { return hexOf(id.data(), 6); }
+
+HcaAddress addressOf(const std::uint8_t (&gid)[16], const std::uint8_t (&subnet)[16], std::uint8_t prefixLen) {
+    HcaAddress a;
+    std::memcpy(a.gid.data(), gid, 16);
+    std::memcpy(a.subnet.data(), subnet, 16);
+    a.prefixLen = prefixLen;
+    return a;
+}
+
+std::string ranksText(std::uint32_t mask) {
+    std::string s;
+    for (std::uint32_t r = 0; r < 32; ++r)
+        if (mask >> r & 1u) s += (s.empty() ? "" : ",") + std::to_string(r);
+    return s;
+}
+} // namespace
+
+GroupTable::NodeLink* GroupTable::nodeOf(Group& g, const NodeId& node) {
+    for (auto& n : g.nodes)
+        if (n.node == node) return &n;
+    return nullptr;
+}
+
+Status GroupTable::startNegotiation(Group& g) {
+    g.state = State::Negotiating;
+    for (std::uint32_t r = 0; r < g.world; ++r) {
+        if (g.localMask >> r & 1u) continue;
+        const auto& e = g.roster[r];
+        NodeId node;
+        std::memcpy(node.data(), e.nodeId, 16);
+        NodeLink* n = nodeOf(g, node);
+        if (!n) {
+            if (e.endpointPort == 0)
+                return Error{Errc::Unavailable, "rank " + std::to_string(r) + "'s daemon (node " + shortHex(e.nodeId) +
+                                                    ") has no peer link (peer.listen is unset there)"};
+            n = &g.nodes.emplace_back();
+            n->node = node;
+            std::memcpy(n->addr, e.endpointAddr, 16);
+            n->port = e.endpointPort;
+            n->weConnect = std::memcmp(nodeId_.data(), node.data(), 16) < 0;
+        }
+        n->ranks |= 1u << r;
+    }
+    if (auto s = buildVerbs(g); !s) return s;
+    for (auto& n : g.nodes) n.ourRecord = recordFor(g, n);
+
+    const GroupId id = g.id;
+    g.openTimer->expires_after(std::chrono::milliseconds(cfg_.openTimeoutMs));
+    g.openTimer->async_wait([this, id](const boost::system::error_code& ec) {
+        if (!ec) openTimedOut(id);
+    });
+    spdlog::info("group {}: negotiating with {} other node(s) over {} HCA(s)", shortId(id), g.nodes.size(), hcas_.size());
+    // Links whose record already arrived are taken last: taking one may end the group.
+    std::vector<Parked> ready;
+    for (auto& n : g.nodes) {
+        if (n.weConnect) {
+            n.session = peers_->connect(n.addr, n.port, n.node, n.ourRecord);
+            continue;
+        }
+        if (auto r = refusals_.find(n.node);
+            r != refusals_.end() && monotonicNs() - r->second.atNs < std::uint64_t(cfg_.openTimeoutMs) * 1000000ull)
+            return Error{r->second.why.code, "peer daemon " + endpointText(n.addr, n.port) + ": " + r->second.why.detail};
+        auto it = std::find_if(parked_.begin(), parked_.end(), [&](const Parked& p) {
+            return std::memcmp(p.record.fixed.groupId, id.data(), 16) == 0 && p.session->remoteNode() == n.node;
+        });
+        if (it != parked_.end()) {
+            ready.push_back(std::move(*it));
+            parked_.erase(it);
+        }
+    }
+    for (auto& p : ready) {
+        auto git = groups_.find(id);
+        if (git == groups_.end() || git->second.state != State::Negotiating) {
+            p.session->finish();
+            continue;
+        }
+        NodeLink* n = nodeOf(git->second, p.session->remoteNode());
+        attach(git->second, *n, p.session);
+        takeRecord(git->second, *n, p.record);
+    }
+    return okStatus();
+}
+
+Status GroupTable::buildVerbs(Group& g) {
+    const std::uint32_t nh = std::uint32_t(hcas_.size());
+    auto vg = std::make_shared<VerbsGroup>();
+    vg->world = g.world;
+    vg->stripes = g.layout.stripes;
+    vg->mrs.resize(std::size_t(g.world) * nh);
+    vg->links.resize(std::size_t(g.world) * g.world * vg->stripes);
+    g.qpsByHca.clear();
+    g.qpsByHca.resize(std::size_t(g.world) * g.world * nh);
+    for (auto& [l, m] : g.members) {
+        vg->regions.push_back(m.region);
+        for (std::uint32_t a = 0; a < nh; ++a) {
+            auto mr = VerbsMr::reg(hcas_[a], m.region->map.data(), m.region->layout.totalBytes());
+            if (!mr) return Error{mr.code(), "registering rank " + std::to_string(l) + "'s region on " + hcas_[a]->name() +
+                                                 ": " + mr.error().detail + " (LimitMEMLOCK=infinity?)"};
+            vg->mrs[l * nh + a] = std::move(*mr);
+        }
+        for (std::uint32_t r = 0; r < g.world; ++r) {
+            if (g.localMask >> r & 1u) continue;
+            for (std::uint32_t a = 0; a < nh; ++a) {
+                auto qp = QpLink::create(hcas_[a], kMaxSendWr, cfg_.inflightBytes);
+                if (!qp) return Error{qp.code(), "creating a QP on " + hcas_[a]->name() + ": " + qp.error().detail};
+                (*qp)->groupHandle = g.handle;
+                (*qp)->localRank = l;
+                (*qp)->remoteRank = r;
+                (*qp)->localBase = m.region->map.data();
+                (*qp)->lkey = vg->mrs[l * nh + a]->lkey();
+                g.qpsByHca[(std::size_t(l) * g.world + r) * nh + a] = std::move(*qp);
+            }
+        }
+    }
+    g.verbs = std::move(vg);
+    return okStatus();
+}
+
+Bytes GroupTable::recordFor(const Group& g, const NodeLink& n) const {
+    const std::uint32_t nh = std::uint32_t(hcas_.size());
+    PeerGroup rec;
+    std::memcpy(rec.fixed.groupId, g.id.data(), 16);
+    std::memcpy(rec.fixed.nodeId, nodeId_.data(), 16);
+    rec.fixed.world = g.world;
+    rec.fixed.localRanks = g.localMask;
+    for (std::uint32_t r = 0; r < g.world; ++r) rec.fixed.caps[r] = g.roster[r].maxBytes;
+    for (std::uint32_t a = 0; a < nh; ++a) {
+        const auto& c = hcas_[a]->card();
+        HcaRecord h{};
+        std::memcpy(h.gid, c.gid, 16);
+        std::memcpy(h.subnet, c.subnet, 16);
+        h.prefixLen = c.prefixLen;
+        h.port = c.port;
+        h.mtu = c.mtu;
+        h.gidIndex = c.gidIndex;
+        rec.hcas.push_back(h);
+    }
+    for (const auto& [l, m] : g.members)
+        for (std::uint32_t a = 0; a < nh; ++a) {
+            const auto& mr = g.verbs->mrs[l * nh + a];
+            rec.regions.push_back(RegionRecord{l, a, mr->addr(), mr->bytes(), mr->rkey(), 0});
+            for (std::uint32_t r = 0; r < g.world; ++r)
+                if (n.ranks >> r & 1u) {
+                    const auto& qp = g.qpsByHca[(std::size_t(l) * g.world + r) * nh + a];
+                    rec.qps.push_back(QpRecord{std::uint8_t(a), 0, std::uint16_t(l), std::uint16_t(r), 0, qp->qpn(), qp->psn()});
+                }
+        }
+    return peer_proto::encode(0, rec);
+}
+
+void GroupTable::attach(Group& g, NodeLink& n, const std::shared_ptr<PeerSession>& s) {
+    n.session = s;
+    if (!n.weConnect) s->send(n.ourRecord);
+    spdlog::info("group {}: peer link {} to node {} attached", shortId(g.id), s->endpointText(), hexOf(n.node.data(), 6));
+}
+
+// The remote's record: pair, connect our QPs, say PeerReady (or why not).
+void GroupTable::takeRecord(Group& g, NodeLink& n, const PeerGroup& rec) {
+    if (auto s = connectQps(g, n, rec); !s)
+        return failNegotiation(g, s.code(), "with node " + hexOf(n.node.data(), 6) + " (" + n.session->endpointText() +
+                                                "): " + s.error().detail);
+    PeerVerdict v{};
+    std::memcpy(v.groupId, g.id.data(), 16);
+    v.missingRank = kNoPeer;
+    n.session->send(peer_proto::encode(kPeerReady, 0, v));
+    n.selfReady = true;
+    maybeOpen(g);
+}
+
+Status GroupTable::connectQps(Group& g, NodeLink& n, const PeerGroup& rec) {
+    const auto& f = rec.fixed;
+    if (f.world != g.world || f.localRanks != n.ranks)
+        return Error{Errc::GroupMismatch, "it serves ranks " + ranksText(f.localRanks) + " of world " + std::to_string(f.world) +
+                                              ", our roster says ranks " + ranksText(n.ranks) + " of world " +
+                                              std::to_string(g.world)};
+    for (std::uint32_t r = 0; r < g.world; ++r)
+        if (f.caps[r] != g.roster[r].maxBytes)
+            return Error{Errc::CapMismatch, "rank " + std::to_string(r) + "'s cap differs between the nodes"};
+    std::vector<HcaAddress> ours, theirs;
+    for (const auto& h : hcas_) ours.push_back(addressOf(h->card().gid, h->card().subnet, h->card().prefixLen));
+    for (const auto& h : rec.hcas) theirs.push_back(addressOf(h.gid, h.subnet, h.prefixLen));
+    auto pairs = pairHcas(ours, theirs);
+    if (!pairs) return pairs.error();
+    if (pairs->size() != g.layout.stripes)
+        return Error{Errc::NonOneToOnePairing, std::to_string(pairs->size()) + " HCA pairs for " +
+                                                   std::to_string(g.layout.stripes) + " stripes"};
+    const std::uint32_t nh = std::uint32_t(hcas_.size());
+    for (std::uint32_t k = 0; k < pairs->size(); ++k) {
+        const std::uint32_t a = (*pairs)[k].local, b = (*pairs)[k].remote;
+        for (const auto& [l, m] : g.members)
+            for (std::uint32_t r = 0; r < g.world; ++r) {
+                if (!(n.ranks >> r & 1u)) continue;
+                const RegionRecord* region = nullptr;
+                for (const auto& x : rec.regions)
+                    if (x.rank == r && x.hca == b) region = &x;
+                const QpRecord* qp = nullptr;
+                for (const auto& x : rec.qps)
+                    if (x.hca == b && x.localRank == r && x.remoteRank == l) qp = &x;
+                if (!region || !qp)
+                    return Error{Errc::GroupMismatch, "its record lacks the region or QP of rank " + std::to_string(r) +
+                                                          " on its HCA " + std::to_string(b)};
+                if (region->bytes != g.layout.totalBytes())
+                    return Error{Errc::GroupMismatch, "rank " + std::to_string(r) + "'s region is " +
+                                                          std::to_string(region->bytes) + " bytes, ours " +
+                                                          std::to_string(g.layout.totalBytes()) + " (different layout)"};
+                RemoteQp rq;
+                rq.qpn = qp->qpn;
+                rq.psn = qp->psn;
+                std::memcpy(rq.gid, rec.hcas[b].gid, 16);
+                rq.mtu = rec.hcas[b].mtu;
+                rq.regionAddr = region->addr;
+                rq.rkey = region->rkey;
+                auto& link = g.qpsByHca[(std::size_t(l) * g.world + r) * nh + a];
+                if (!link) return Error{Errc::GroupMismatch, "QP of rank " + std::to_string(l) + " to " + std::to_string(r) + " used twice"};
+                link->rail = k;
+                if (auto s = link->connect(rq); !s) return s;
+                g.verbs->links[(std::size_t(l) * g.world + r) * g.layout.stripes + k] = std::move(link);
+            }
+    }
+    spdlog::info("group {}: QPs to node {} up ({} rail(s))", shortId(g.id), hexOf(n.node.data(), 6), pairs->size());
+    return okStatus();
+}
+
+void GroupTable::maybeOpen(Group& g) {
+    for (const auto& n : g.nodes)
+        if (!n.selfReady || !n.remoteReady) return;
+    for (auto& n : g.nodes) n.session->setState("ready");
+    g.qpsByHca.clear();
+    finishOpen(g);
+}
+
+// Tell every node why, refuse every local rank, drop the group.
+void GroupTable::failNegotiation(Group& g, Errc code, const std::string& why) {
+    PeerVerdict v{};
+    std::memcpy(v.groupId, g.id.data(), 16);
+    v.errc = std::uint16_t(code);
+    v.missingRank = kNoPeer;
+    setText(v.reason, why.substr(0, sizeof v.reason - 1));
+    for (auto& n : g.nodes)
+        if (n.session) n.session->send(peer_proto::encode(kPeerReady, 0, v));
+    const GroupId id = g.id;
+    g.state = State::Broken;
+    refuseAll(g, code, why);
+    eraseIfEmpty(id);
+}
+
+void GroupTable::closePeers(Group& g) {
+    for (auto& n : g.nodes)
+        if (n.session) std::exchange(n.session, nullptr)->finish();
+    std::erase_if(parked_, [&](const Parked& p) { return std::memcmp(p.record.fixed.groupId, g.id.data(), 16) == 0; });
+}
+
+// ---- PeerHandler ------------------------------------------------------------
+
+void GroupTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec) {
+    GroupId id;
+    std::memcpy(id.data(), rec.fixed.groupId, 16);
+    NodeId from;
+    std::memcpy(from.data(), rec.fixed.nodeId, 16);
+    auto refuseLink = [&](const std::string& why) {
+        spdlog::warn("peer link {}: group {}: {}", s->endpointText(), shortId(id), why);
+        PeerVerdict v{};
+        std::memcpy(v.groupId, id.data(), 16);
+        v.errc = std::uint16_t(Errc::GroupMismatch);
+        v.missingRank = kNoPeer;
+        setText(v.reason, why.substr(0, sizeof v.reason - 1));
+        s->send(peer_proto::encode(kPeerReady, 0, v));
+        s->finish();
+    };
+    if (from != s->remoteNode()) return refuseLink("record of node " + hexOf(from.data(), 6) + " on the link of another node");
+    refusals_.erase(from);
+    auto it = groups_.find(id);
+    if (s->accepted() && (it == groups_.end() || it->second.state == State::Pending)) {
+        // Our ranks have not all joined yet: hold the link until they have.
+        const std::uint64_t now = monotonicNs();
+        std::erase_if(parked_, [&](const Parked& p) {
+            const bool old = now - p.sinceNs > std::uint64_t(cfg_.openTimeoutMs) * 1000000ull;
+            if (old) p.session->finish();
+            return old;
+        });
+        parked_.push_back(Parked{s, std::move(rec), now});
+        return;
+    }
+    if (it == groups_.end() || it->second.state != State::Negotiating) return refuseLink("no such group negotiating here");
+    Group& g = it->second;
+    NodeLink* n = nodeOf(g, from);
+    if (!n) return refuseLink("node " + hexOf(from.data(), 6) + " serves no rank of this group");
+    if (s->accepted()) {
+        if (n->session) return refuseLink("a second link for the same group and node");
+        attach(g, *n, s);
+    } else if (n->session != s) {
+        return refuseLink("record on a link the group did not open");
+    }
+    takeRecord(g, *n, rec);
+}
+
+void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const PeerVerdict& v) {
+    GroupId id;
+    std::memcpy(id.data(), v.groupId, 16);
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    NodeLink* n = nodeOf(g, s->remoteNode());
+    if (!n || n->session != s) return;
+    Errc code = Errc::PeerLost;
+    errcFromWire(v.errc, code);
+    std::string reason;
+    getText(v.reason, reason);
+    const std::string from = "node " + hexOf(n->node.data(), 6) + " (" + s->endpointText() + ")";
+    if (opcode == kPeerReady) {
+        if (g.state != State::Negotiating) return;
+        if (v.errc) return failNegotiation(g, code, from + " refused the group: " + reason);
+        n->remoteReady = true;
+        return maybeOpen(g);
+    }
+    if (g.state == State::Negotiating) return failNegotiation(g, code, from + ": " + reason);
+    if (g.state == State::Open || code == Errc::Aborted)
+        breakGroup(g, code, v.missingRank, from + ": " + reason, false);
+}
+
+void GroupTable::peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) {
+    std::erase_if(parked_, [&](const Parked& p) { return p.session == s; });
+    if (why.code == Errc::AuthFailed && s->accepted()) refusals_[s->remoteNode()] = Refusal{why, monotonicNs()};
+    std::vector<GroupId> hit;
+    for (auto& [id, g] : groups_)
+        for (auto& n : g.nodes)
+            if (n.session == s || (!n.session && !n.weConnect && n.node == s->remoteNode() && why.code == Errc::AuthFailed &&
+                                   g.state == State::Negotiating))
+                hit.push_back(id);
+    for (const auto& id : hit) {
+        auto it = groups_.find(id);
+        if (it == groups_.end()) continue;
+        Group& g = it->second;
+        NodeLink* n = nodeOf(g, s->remoteNode());
+        const std::string what = "peer daemon " + s->endpointText() + ": " + why.describe();
+        if (g.state == State::Negotiating) {
+            failNegotiation(g, why.code == Errc::AuthFailed ? Errc::AuthFailed : Errc::PeerLost, what);
+        } else if (g.state == State::Open) {
+            std::uint32_t first = 0;
+            while (n && first < g.world && !(n->ranks >> first & 1u)) ++first;
+            breakGroup(g, Errc::PeerLost, first, what, false);
+        }
+    }
+}
+
+nlohmann::json GroupTable::peersStatus() const {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [id, g] : groups_)
+        for (const auto& n : g.nodes) {
+            nlohmann::json qps = nlohmann::json::array();
+            if (g.verbs)
+                for (const auto& l : g.verbs->links) {
+                    if (!l || !(n.ranks >> l->remoteRank & 1u)) continue;
+                    qps.push_back({{"local_rank", l->localRank},
+                                   {"remote_rank", l->remoteRank},
+                                   {"rail", l->rail},
+                                   {"hca", l->hca().name()},
+                                   {"qpn", l->qpn()},
+                                   {"remote_qpn", l->remote.qpn},
+                                   {"posts", l->posts.load(std::memory_order_relaxed)},
+                                   {"inflight_cap", l->gate.cap()},
+                                   {"inflight_high_water", l->gate.highWater()}});
+                }
+            out.push_back({{"group", hexOf(id.data(), id.size())},
+                           {"node_id", hexOf(n.node.data(), 16)},
+                           {"endpoint", endpointText(n.addr, n.port)},
+                           {"role", n.weConnect ? "connect" : "accept"},
+                           {"ranks", ranksText(n.ranks)},
+                           {"state", n.session ? n.session->state() : std::string(g.state == State::Negotiating ? "waiting" : "closed")},
+                           {"qps", qps},
+                           {"last_error", n.session && n.session->lastError().code != Errc::Ok ? n.session->lastError().describe()
+                                                                                              : std::string()}});
+        }
+    return out;
+}
+
+} // namespace tpf::daemon

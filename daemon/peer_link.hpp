@@ -1,0 +1,136 @@
+// Daemon <-> daemon links (DESIGN.md §3): one TCP connection per group and
+// remote node, on the Asio loop. The daemon with the smaller node id connects,
+// the other accepts. Both send PeerHello; with a cluster key both prove it
+// (PeerAuth, HMAC-SHA-256 with libsodium) before any other record; then the
+// records of proto/peer_msg.hpp: PeerGroup each way, PeerReady each way, and
+// PeerBroken when a group breaks. A closed or failed link is reported once.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/config.hpp"
+#include "proto/client_msg.hpp"
+#include "proto/peer_msg.hpp"
+
+namespace tpf::daemon {
+
+using NodeId = std::array<std::uint8_t, 16>;
+class PeerSession;
+
+/// What a link reports; implemented by the group table (control thread).
+class PeerHandler {
+public:
+    virtual ~PeerHandler() = default;
+    /// The remote's PeerGroup record arrived (first record after the handshake).
+    virtual void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) = 0;
+    /// PeerReady or PeerBroken for the session's group.
+    virtual void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) = 0;
+    /// The link failed or closed (once per session; not after close()).
+    virtual void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) = 0;
+};
+
+class PeerSession : public std::enable_shared_from_this<PeerSession> {
+public:
+    PeerSession(boost::asio::io_context& io, boost::asio::ip::tcp::socket socket, PeerHandler& handler,
+                const NodeId& self, const std::optional<std::vector<std::uint8_t>>& key, bool accepted);
+
+    /// Connecting side: connect to `endpoint` within `timeoutMs`, expecting
+    /// node `remote`, then handshake and send `first` as the first record.
+    void connect(const boost::asio::ip::tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs,
+                 Bytes first);
+    /// Accepting side: handshake, then wait for the remote's record.
+    void accept();
+    void send(Bytes message);
+    /// Close without reporting peerLost.
+    void close();
+    /// Close once everything queued is written (no peerLost either).
+    void finish();
+
+    bool accepted() const { return accepted_; }
+    const NodeId& remoteNode() const { return remote_; }
+    std::string endpointText() const { return endpoint_; }
+    /// connecting, handshake, negotiating, ready, closed, failed
+    const std::string& state() const { return state_; }
+    void setState(std::string s) { state_ = std::move(s); }
+    const Error& lastError() const { return lastError_; }
+
+private:
+    void handshake();
+    void readHeader(std::size_t want, std::uint16_t opcode);
+    void readNext();
+    void onMessage(const MsgHeader& h, ByteView payload);
+    void onHello(ByteView payload);
+    void onAuth(ByteView payload);
+    void established();
+    void fail(Error why);
+    void flush();
+    std::array<std::uint8_t, 32> mac(const peer_proto::PeerHello& first, const peer_proto::PeerHello& second) const;
+
+    boost::asio::io_context& io_;
+    boost::asio::ip::tcp::socket socket_;
+    boost::asio::steady_timer timer_;
+    PeerHandler& handler_;
+    NodeId self_;
+    NodeId remote_{};
+    bool expectRemote_ = false;
+    std::optional<std::vector<std::uint8_t>> key_;
+    bool accepted_;
+    std::string endpoint_;
+    std::string state_ = "connecting";
+    Error lastError_;
+    bool done_ = false; ///< closed or failed: no more reports
+    enum class Phase { Hello, Auth, Records } phase_ = Phase::Hello;
+    peer_proto::PeerHello ourHello_{};
+    peer_proto::PeerHello theirHello_{};
+    Bytes first_;
+    std::array<std::uint8_t, sizeof(MsgHeader)> header_{};
+    Bytes payload_;
+    std::deque<Bytes> out_;
+    bool writing_ = false;
+    bool finishing_ = false;
+    std::uint32_t seq_ = 0;
+};
+
+/// The TCP listener for peer daemons.
+class PeerService {
+public:
+    PeerService(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self, PeerHandler& handler);
+    /// Reads the cluster key (if configured) and listens. Errors name the key
+    /// or the address.
+    Status start();
+    void stop();
+    /// Open a link for one group to the node at `addr` (16-byte IPv4-mapped or
+    /// IPv6) : `port`, sending `first` (our PeerGroup) once the handshake is done.
+    std::shared_ptr<PeerSession> connect(const std::uint8_t (&addr)[16], std::uint16_t port, const NodeId& remote,
+                                         Bytes first);
+    bool enabled() const { return acceptor_.is_open(); }
+    bool keyed() const { return key_.has_value(); }
+
+private:
+    void acceptNext();
+
+    boost::asio::io_context& io_;
+    const DaemonConfig& cfg_;
+    NodeId self_;
+    PeerHandler& handler_;
+    boost::asio::ip::tcp::acceptor acceptor_;
+    std::optional<std::vector<std::uint8_t>> key_;
+    std::vector<std::weak_ptr<PeerSession>> sessions_;
+};
+
+/// The address to advertise for `listen` (the configured literal; for a
+/// wildcard, the first HCA's IP), 16 bytes IPv4-mapped or IPv6.
+std::array<std::uint8_t, 16> endpointBytes(const std::string& listen, const std::vector<client_proto::HcaCard>& hcas);
+std::string endpointText(const std::uint8_t (&addr)[16], std::uint16_t port);
+
+} // namespace tpf::daemon

@@ -1,0 +1,151 @@
+// RDMA resources of the verbs wire (DESIGN.md §3-§4), by stage: open an HCA
+// port (context, protection domain, CQ), register a host region, create and
+// connect an RC queue pair from exchanged records, post a stripe (payload
+// WRITE unsignaled, chained to an inline flag WRITE), poll completions.
+//
+// No libibverbs type leaks into this header, so the proxy and the group table
+// build without verbs; verbs_stub.cpp answers Unsupported there.
+//
+// Threads: open/register/create/connect run on the control thread; post and
+// poll only on the proxy thread. A QpLink and its HCA outlive every work
+// request posted on it (the proxy keeps a retiring group until its QPs drained).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/inflight.hpp"
+#include "proto/client_msg.hpp"
+#include "proto/error.hpp"
+#include "proto/layout.hpp"
+
+struct ibv_context;
+struct ibv_pd;
+struct ibv_cq;
+struct ibv_mr;
+struct ibv_qp;
+
+namespace tpf::daemon {
+
+/// One opened HCA port, shared by every group that uses it.
+class VerbsHca {
+public:
+    static Result<std::shared_ptr<VerbsHca>> open(const client_proto::HcaCard& card, std::uint32_t cqDepth);
+    ~VerbsHca();
+    VerbsHca(const VerbsHca&) = delete;
+    VerbsHca& operator=(const VerbsHca&) = delete;
+
+    const client_proto::HcaCard& card() const { return card_; }
+    std::string name() const;
+    ibv_pd* pd() const { return pd_; }
+    ibv_cq* cq() const { return cq_; }
+    std::uint32_t cqDepth() const { return cqDepth_; }
+
+    /// Signaled work requests posted on this CQ's QPs and not yet polled (proxy thread).
+    std::uint32_t outstanding = 0;
+
+private:
+    VerbsHca() = default;
+    client_proto::HcaCard card_{};
+    ibv_context* ctx_ = nullptr;
+    ibv_pd* pd_ = nullptr;
+    ibv_cq* cq_ = nullptr;
+    std::uint32_t cqDepth_ = 0;
+};
+
+/// A host region registered on one HCA (local write + remote write).
+class VerbsMr {
+public:
+    static Result<std::unique_ptr<VerbsMr>> reg(std::shared_ptr<VerbsHca> hca, void* addr, std::uint64_t bytes);
+    ~VerbsMr();
+    VerbsMr(const VerbsMr&) = delete;
+    VerbsMr& operator=(const VerbsMr&) = delete;
+
+    std::uint32_t lkey() const;
+    std::uint32_t rkey() const;
+    std::uint64_t addr() const { return addr_; }
+    std::uint64_t bytes() const { return bytes_; }
+
+private:
+    VerbsMr() = default;
+    std::shared_ptr<VerbsHca> hca_;
+    ibv_mr* mr_ = nullptr;
+    std::uint64_t addr_ = 0;
+    std::uint64_t bytes_ = 0;
+};
+
+/// What the remote end of a QP told us (peer_proto records).
+struct RemoteQp {
+    std::uint32_t qpn = 0;
+    std::uint32_t psn = 0;
+    std::uint8_t gid[16] = {};
+    std::uint16_t mtu = 1024;      ///< the remote port's active MTU, bytes
+    std::uint64_t regionAddr = 0;  ///< the remote rank's region, as registered on the remote HCA
+    std::uint32_t rkey = 0;
+};
+
+/// The RC queue pair between one local rank and one remote rank on one rail,
+/// with everything the proxy needs to post a stripe on it.
+class QpLink {
+public:
+    /// A QP in INIT on `hca`, with a fresh random PSN.
+    static Result<std::unique_ptr<QpLink>> create(std::shared_ptr<VerbsHca> hca, std::uint32_t maxSendWr,
+                                                  std::uint64_t inflightCap);
+    ~QpLink();
+    QpLink(const QpLink&) = delete;
+    QpLink& operator=(const QpLink&) = delete;
+
+    std::uint32_t qpn() const;
+    std::uint32_t psn() const { return psn_; }
+    /// INIT -> RTR -> RTS towards `remote`. Retry count 6: rxe treats 7 as
+    /// "retry forever", and a cut link must end in an error, not a stall.
+    Status connect(const RemoteQp& remote);
+
+    /// Post stripe `s` of the shard staged in the local slot (phase, src) and
+    /// the epoch flag of (phase, src, stripe) into the remote region: payload
+    /// WRITE unsignaled (skipped when empty), chained to a signaled inline
+    /// WRITE of the flag on this QP, so the flag cannot land first.
+    /// The caller checked gate.mustWait(2) first.
+    Status postStripe(const Layout& layout, std::uint32_t phase, std::uint32_t src, std::uint32_t stripe,
+                      const Stripe& s, std::uint64_t epoch);
+
+    /// A completion of this QP's signaled flag WRITE (proxy thread).
+    void retireOne();
+    /// Move the QP to the error state: every posted request flushes at once
+    /// (a dropped group's QPs must drain before they are destroyed).
+    void flush();
+
+    VerbsHca& hca() const { return *hca_; }
+    InflightGate gate;
+
+    // Set at connect time by the group table, read by the proxy.
+    std::uint32_t groupHandle = 0;
+    std::uint32_t localRank = 0;
+    std::uint32_t remoteRank = 0;
+    std::uint32_t rail = 0;
+    std::uint8_t* localBase = nullptr; ///< the local rank's region as the daemon maps it (registered as `lkey`)
+    std::uint32_t lkey = 0;
+    RemoteQp remote;
+    bool failed = false;               ///< a completion came back with an error (proxy thread)
+    std::atomic<std::uint64_t> posts{0};
+
+private:
+    QpLink() = default;
+    std::shared_ptr<VerbsHca> hca_;
+    ibv_qp* qp_ = nullptr;
+    std::uint32_t psn_ = 0;
+    std::vector<std::uint64_t> signaledBytes_; ///< ring of bytes per signaled post, in post order
+    std::uint32_t sigHead_ = 0, sigTail_ = 0;
+};
+
+/// Poll one HCA's CQ once (proxy thread). Successful completions retire
+/// their post; a failed one marks its link failed and is reported through
+/// `onError(link, status text)` once per link. Returns the completions seen.
+using QpErrorFn = void (*)(void* ctx, QpLink& link, const std::string& why);
+std::uint32_t pollCompletions(VerbsHca& hca, QpErrorFn onError, void* ctx);
+
+
+} // namespace tpf::daemon
