@@ -4,9 +4,11 @@
 // bootstrap, so every rank leaves with the same routes and the same verdict.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "client/gpu_check.hpp"
@@ -156,7 +158,12 @@ Status createOwnRegion(Group::Impl& g, GpuPath& p) {
     const CUmemAllocationProp prop = regionProp(p.device);
     std::size_t gran = 0;
     TPF_GPU_TRY(drv().granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    p.own.bytes = (g.layout.totalBytes() + gran - 1) / gran * gran;
+    // The LL area rides behind the flag path's layout (kernels/collectives.hpp);
+    // TPF_GPU_LL=0 leaves it out, and then no rank uses it (shareRegions votes).
+    const char* ll = std::getenv("TPF_GPU_LL");
+    p.llWanted = !(ll && std::string(ll) == "0");
+    const std::uint64_t need = p.llWanted ? kernels::regionBytesWithLl(g.layout) : g.layout.totalBytes();
+    p.own.bytes = (need + gran - 1) / gran * gran;
     TPF_GPU_TRY(drv().create(&p.own.handle, p.own.bytes, &prop, 0));
     if (auto s = mapAccess(p, p.own, gran); !s) return s;
     TPF_GPU_TRY(cudaMemset(reinterpret_cast<void*>(p.own.ptr), 0, p.own.bytes));
@@ -187,6 +194,7 @@ Status shareRegions(Group::Impl& g, GpuPath& p) {
         if (!pr) return pr.error();
         if (pr->rank >= g.world || g.routes[pr->rank] != kRouteShm || p.peers[pr->rank].ptr || pr->bytes < g.layout.totalBytes())
             return Error{Errc::BadMessage, "PeerRegion for rank " + std::to_string(pr->rank) + " not expected"};
+        if (pr->bytes < kernels::regionBytesWithLl(g.layout)) p.llWanted = false; // that peer has no LL area
         DeviceMapping& d = p.peers[pr->rank];
         d.bytes = pr->bytes;
         TPF_GPU_TRY(drv().importFd(&d.handle, reinterpret_cast<void*>(std::intptr_t(m->fds[0].get())),
@@ -243,6 +251,38 @@ Status probe(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
     return s;
 }
 
+// Where NCCL overtakes the fabric kernel, per op: shards above it go by NCCL
+// when the group has a communicator. Two H200s, W = 2, ipc over NVLink
+// (docs/perf.md, 2026-11-29): the LL path beats NCCL at every size up to its
+// limit (512 KiB at W = 2), the flag path above it is slower than NCCL, so
+// the crossover is the LL limit. W > 2 is not measured beside NCCL (two GPUs
+// only); the same rule stands there. Proxy groups keep every size within the cap.
+std::uint64_t ipcNcclAbove(std::uint32_t world) { return kernels::llMaxBytes(world); }
+
+// The crossover every rank uses: the minimum of every rank's choice
+// (TPF_NCCL_ABOVE=<bytes> or "never" overrides the measured default).
+Status agreeCrossover(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
+    std::uint64_t mine[2] = {~0ull, ~0ull};
+    if (p.ipc) mine[0] = mine[1] = ipcNcclAbove(g.world);
+    Status parsed = okStatus(); // reported after the all-gather, which every rank must join
+    if (const char* env = std::getenv("TPF_NCCL_ABOVE"); env && *env) {
+        const std::string v = env;
+        char* end = nullptr;
+        const unsigned long long n = std::strtoull(env, &end, 0);
+        if (v == "never") mine[0] = mine[1] = ~0ull;
+        else if (end && *end == 0) mine[0] = mine[1] = n;
+        else parsed = Error{Errc::OutOfRange, "TPF_NCCL_ABOVE=" + v + ": want a byte count or \"never\""};
+    }
+    std::vector<std::uint64_t> all(2 * g.world);
+    if (auto s = boot.allGather(mine, all.data(), sizeof mine); !s) return s;
+    if (!parsed) return parsed;
+    for (std::uint32_t r = 0; r < g.world; ++r) {
+        p.ncclAboveGather = std::min(p.ncclAboveGather, all[2 * r]);
+        p.ncclAboveSum = std::min(p.ncclAboveSum, all[2 * r + 1]);
+    }
+    return okStatus();
+}
+
 } // namespace
 
 GpuPath::~GpuPath() {
@@ -286,7 +326,8 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
     if (s = vote(boot, s, "GPU attach", &ipc); !s) return s;
     if (want == GpuRoute::Ipc && !ipc) return Error{Errc::Unsupported, "ipc route requested but a rank has no device region"};
     if (ipc) {
-        if (s = vote(boot, shareRegions(g, p), "device region sharing"); !s) return s;
+        bool llAll = p.llWanted;
+        if (s = vote(boot, shareRegions(g, p), "device region sharing", &llAll); !s) return s;
         p.ipc = true;
         p.view.region = reinterpret_cast<std::uint8_t*>(p.own.ptr); // control stays in the host region: the daemon writes it
         for (std::uint32_t q = 0; q < g.world; ++q)
@@ -295,10 +336,15 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
                 p.view.routes[q] = kRouteIpc;
                 p.view.peerRegions[q] = reinterpret_cast<std::uint8_t*>(p.peers[q].ptr);
             }
+        if (llAll) kernels::enableLowLatency(p.view);
+        // TPF_GPU_LL_CHUNKS=1|2|4: chunks per thread of multi-block LL calls (a tuning knob; the bench compares them).
+        if (const char* c = std::getenv("TPF_GPU_LL_CHUNKS"); c && *c) p.view.llChunks = std::uint32_t(std::strtoul(c, nullptr, 10));
     }
     if (Errc e = kernels::validateView(p.view); e != Errc::Ok)
         s = Error{e, "device view of the group is invalid"};
     if (s = vote(boot, s, "device view"); !s) return s;
+    if (p.comm)
+        if (s = vote(boot, agreeCrossover(g, p, boot), "NCCL crossover"); !s) return s;
     if (!g.options.skipProbe)
         if (s = vote(boot, probe(g, p, boot), "load-time probe"); !s) return s;
     return okStatus();

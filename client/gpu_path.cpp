@@ -33,7 +33,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstrea
         return Error{Errc::Misaligned, "allGather: send, recv and bytes must be 16-byte aligned"};
     GpuPath& p = *g.gpu;
     if (bytes == 0) return okStatus();
-    if (g.nccl || !fits(bytes)) {
+    if (g.nccl || !fits(bytes) || bytes > p.ncclAboveGather) {
 #if TPF_HAVE_NCCL
         if (p.comm)
             return TPF_GPU(ncclAllGather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(p.comm), stream));
@@ -56,7 +56,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
         return Error{Errc::Misaligned, "allReduceSum: send, recv and bytes must be 16-byte aligned"};
     GpuPath& p = *g.gpu;
     if (count == 0) return okStatus();
-    if (g.nccl || !fits(bytes)) {
+    if (g.nccl || !fits(bytes) || bytes > p.ncclAboveSum) {
 #if TPF_HAVE_NCCL
         if (p.comm)
             return TPF_GPU(ncclAllReduce(send, recv, count, ncclTypeOf(type), ncclSum, static_cast<ncclComm_t>(p.comm), stream));

@@ -27,9 +27,14 @@ struct GpuPath {
     void* regionHost = nullptr; ///< the region memfd mapping, cudaHostRegister'ed (Mapped|Portable)
     void* ringHost = nullptr;   ///< the ring memfd mapping, likewise
     bool ipc = false;           ///< same-node peers over ipc (own device region + peers' mappings)
+    bool llWanted = false;      ///< own region carries the LL area (and, after sharing, every peer's did)
     DeviceMapping own;
     std::array<DeviceMapping, kMaxWorld> peers{};
     void* comm = nullptr;       ///< ncclComm_t of an NcclBootstrap: fallback and above-cap calls
+    /// With a communicator: shards above these go by NCCL although they fit
+    /// the cap (the measured crossover, docs/perf.md), agreed (min) at open.
+    std::uint64_t ncclAboveGather = ~0ull;
+    std::uint64_t ncclAboveSum = ~0ull;
 
     ~GpuPath();
 };

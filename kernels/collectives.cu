@@ -2,7 +2,10 @@
 // and the synchronous state/control-block accessors.
 #include "kernels/collectives.hpp"
 
+#include <algorithm>
+
 #include "kernels/collectives_kernel.cuh"
+#include "kernels/ll_kernel.cuh"
 
 namespace tpf::kernels {
 
@@ -33,14 +36,87 @@ std::uint32_t gridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     return std::uint32_t(want < 1 ? 1 : want > cap ? cap : want);
 }
 
+// The LL grid of a call (measured on two H200s, docs/perf.md): one block of
+// 256 threads while two chunks a thread cover the shard; at W = 2 (llChunks
+// 0) two chunks a thread over 256-thread blocks up to kLlOnePeerAbove and one
+// chunk a thread over 1,024-thread blocks above it; else llChunks per thread (more if the blocks would not fit
+// llMaxBlocks) over as many blocks as needed; per = 0: not an LL call.
+struct LlGrid {
+    std::uint32_t per = 0, blocks = 0, threads = 0;
+};
+LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
+    LlGrid g;
+    if (v.ll.world == 0 || bytes > llMaxBytes(v.world) || 2 * bytes > v.ll.slotBytes) return g;
+    for (std::uint32_t r = 0; r < v.world; ++r)
+        if (r != v.rank && v.routes[r] != client_proto::kRouteIpc) return g;
+    const std::uint64_t n16 = bytes / 16, T = kLlThreads;
+    const std::uint32_t maxPer = llChunksPerThread(v.world);
+    const std::uint32_t cap = std::min(llMaxBlocks(v.world), v.maxBlocks != 0 ? v.maxBlocks : kDefaultMaxBlocks);
+    const std::uint64_t T1 = kLlThreadsOnePeer;
+    if (v.world == 2 && v.llChunks == 0 && n16 > kLlOnePeerAbove / 16 && (n16 + T1 - 1) / T1 <= cap) {
+        g.per = 1; // large W = 2 calls: one chunk a thread, blocks of 1,024
+        g.blocks = std::uint32_t((n16 + T1 - 1) / T1);
+        g.threads = kLlThreadsOnePeer;
+        return g;
+    }
+    if (n16 <= 2 * T && maxPer >= 2) {
+        g.per = n16 <= T ? 1u : 2u;
+        g.blocks = 1;
+        g.threads = g.per == 1 ? std::uint32_t((n16 + 31) / 32 * 32) : kLlThreads;
+        return g;
+    }
+    std::uint32_t per = v.llChunks != 0 ? v.llChunks : v.world == 2 ? 2u : kLlChunksDefault;
+    per = per >= 4 ? 4u : per >= 2 ? 2u : 1u;
+    if (per > maxPer) per = maxPer;
+    while ((n16 + T * per - 1) / (T * per) > cap && per < maxPer) per *= 2;
+    const std::uint64_t blocks = (n16 + T * per - 1) / (T * per);
+    if (blocks > cap) return g;
+    g.per = per;
+    g.blocks = std::uint32_t(blocks);
+    g.threads = kLlThreads;
+    return g;
+}
+
+template <Op op, std::uint32_t kPer>
+cudaError_t launchLl(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t n16, std::uint32_t blocks,
+                     std::uint32_t threads, cudaStream_t stream) {
+    const auto* s = static_cast<const std::uint8_t*>(send);
+    auto* r = static_cast<std::uint8_t*>(recv);
+    if (v.world == 2) detail::llKernel<op, kPer, 1><<<blocks, threads, 0, stream>>>(v, s, r, n16);
+    else detail::llKernel<op, kPer, kLlHeld / kPer><<<blocks, threads, 0, stream>>>(v, s, r, n16);
+    return cudaGetLastError();
+}
+
+template <Op op>
+cudaError_t launchLlFor(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes, LlGrid g,
+                        cudaStream_t stream) {
+    switch (g.per) {
+    case 1: return launchLl<op, 1>(v, send, recv, bytes / 16, g.blocks, g.threads, stream);
+    case 2: return launchLl<op, 2>(v, send, recv, bytes / 16, g.blocks, g.threads, stream);
+    default: return launchLl<op, 4>(v, send, recv, bytes / 16, g.blocks, g.threads, stream);
+    }
+}
+
 template <Op op>
 cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes, cudaStream_t stream) {
+    if (const LlGrid g = llGridFor(v, bytes); g.per != 0) return launchLlFor<op>(v, send, recv, bytes, g, stream);
     detail::collectiveKernel<op><<<gridFor(v, bytes), kThreadsPerBlock, 0, stream>>>(
         v, static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16);
     return cudaGetLastError();
 }
 
 } // namespace
+
+Layout llLayoutOf(const Layout& l) {
+    const std::uint64_t bytes = l.slotBytes < llMaxBytes(l.world) ? l.slotBytes : llMaxBytes(l.world);
+    auto ll = Layout::of(l.world, roundUp(2 * bytes, kSlotAlign), 1);
+    return ll ? *ll : Layout{};
+}
+
+void enableLowLatency(DeviceGroupView& v) {
+    v.ll = llLayoutOf(v.layout);
+    v.llOffset = v.ll.world ? llAreaOffset(v.layout) : 0;
+}
 
 Errc validateView(const DeviceGroupView& v) {
     if (v.world < 1 || v.world > kMaxWorld || v.rank >= v.world) return Errc::OutOfRange;
@@ -97,6 +173,14 @@ cudaError_t preloadKernels() {
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumF32>),
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumF16>),
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumBF16>),
+#define TPF_LL_KERNELS(per, peers)                                                                                     \
+    reinterpret_cast<const void*>(&detail::llKernel<Op::Gather, per, peers>),                                          \
+        reinterpret_cast<const void*>(&detail::llKernel<Op::SumF32, per, peers>),                                     \
+        reinterpret_cast<const void*>(&detail::llKernel<Op::SumF16, per, peers>),                                     \
+        reinterpret_cast<const void*>(&detail::llKernel<Op::SumBF16, per, peers>)
+        TPF_LL_KERNELS(1, 1), TPF_LL_KERNELS(2, 1), TPF_LL_KERNELS(4, 1),
+        TPF_LL_KERNELS(1, kLlHeld), TPF_LL_KERNELS(2, kLlHeld / 2), TPF_LL_KERNELS(4, kLlHeld / 4),
+#undef TPF_LL_KERNELS
     };
     for (const void* k : kernels) {
         cudaFuncAttributes a;
@@ -128,6 +212,7 @@ cudaError_t writeDeviceState(DeviceState* state, std::uint64_t epoch, std::uint3
     init.epoch = epoch;
     init.verdict = epoch; // no call of a later epoch has been decided yet
     init.ringHead = ringHead;
+    init.llMissing = kNoPeer;
     // A private stream, synchronised: a pageable cudaMemcpy may return before
     // the bytes land, and a kernel on a non-blocking stream would not wait.
     cudaStream_t s;

@@ -17,7 +17,9 @@
 //      block and write nothing to recv.
 //   4. the last block to finish advances DeviceState::epoch to e.
 // No host call and no host-side epoch: a captured CUDA graph of any number
-// of calls replays any number of times.
+// of calls replays any number of times. Calls of ipc-only groups up to
+// llMaxBytes(W) take the LL path instead (below): same epochs, phases,
+// failure rules and all-or-none output, data and epoch in every line.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,8 +54,12 @@ struct DeviceState {
     std::uint32_t ringHead;      ///< @24 doorbells published: device-held RingHeader::subHead (single producer)
     std::uint32_t putArrive;     ///< @28 blocks done with the put of the running call (wraps to 0)
     std::uint32_t doneArrive;    ///< @32 blocks done with the running call (wraps to 0)
-    std::uint32_t failures;      ///< @36 calls that failed (diagnostics; the kernel counts, host reads)
-    std::uint8_t reserved[88];
+    std::uint32_t failures;      ///< @36 calls that failed; non-zero makes every later LL call fail at once (sticky)
+    std::uint32_t llArrive[2];   ///< @40 LL calls of epoch e use [e & 1]: blocks arrived (low 16 bits), failed ones (high 16);
+                                 ///<     every call (both kernels) zeroes [(e + 1) & 1] for the next one at its start
+    std::uint32_t llCode;        ///< @48 LL calls: largest failure code a block saw (the last block to arrive resets it)
+    std::uint32_t llMissing;     ///< @52 LL calls: lowest rank a block timed out on, kNoPeer if none (likewise)
+    std::uint8_t reserved[72];
 };
 static_assert(sizeof(DeviceState) == 128);
 static_assert(std::is_trivially_copyable_v<DeviceState>);
@@ -78,9 +84,55 @@ struct DeviceGroupView {
     DeviceState* state = nullptr;             ///< this rank's DeviceState (device memory)
     std::uint64_t timeoutNs = 0;              ///< bound of one call's wait, > 0
     std::uint32_t maxBlocks = 0;              ///< grid cap per call (0: kDefaultMaxBlocks); all must fit on the GPU at once
-    std::uint32_t reserved = 0;
+    std::uint32_t llChunks = 0;               ///< LL calls above one block: 256-thread blocks of this many chunks a thread (1, 2, 4); 0: the measured grid
+    Layout ll{};                              ///< LL area's layout (2 x 8 data bytes per 16-byte line); world 0: no LL path
+    std::uint64_t llOffset = 0;               ///< where the LL area starts in every ipc region (own and peers')
 };
 static_assert(std::is_trivially_copyable_v<DeviceGroupView>);
+
+/// The low-latency (LL) protocol, used for calls whose every peer is ipc and
+/// whose shard is at most llMaxBytes(world): each 8 bytes of payload travel
+/// with a 32-bit copy of the epoch in every 16-byte line ({d0, e, d1, e}, one
+/// volatile 16-byte store, NCCL's LL layout), into an area of the device
+/// regions after Layout::totalBytes(), so the receiver polls the data itself
+/// and no fence, release or separate flag is on the path. Each thread holds
+/// the peers' rows of its chunks in registers until every block has them
+/// (all-or-none output, as the flag path).
+inline constexpr std::uint32_t kLlThreads = 256;
+/// W = 2, one chunk a thread: the one-peer kernel needs about 40 registers,
+/// so its blocks can be 1,024 threads; used for W = 2 shards above
+/// kLlOnePeerAbove (faster there, slower below: fewer SMs move the lines).
+inline constexpr std::uint32_t kLlThreadsOnePeer = 1024;
+inline constexpr std::uint64_t kLlOnePeerAbove = 128 * 1024;
+inline constexpr std::uint32_t kLlHeld = 16; ///< 16-byte chunks of peers' rows one thread holds
+/// Blocks of one LL call, at most: W = 2 kernels hold one peer (few
+/// registers, many blocks fit); wider worlds hold up to kLlHeld chunks
+/// (about 240 registers, one block per SM), and every block of every rank
+/// sharing a GPU must be resident at once.
+constexpr std::uint32_t llMaxBlocks(std::uint32_t world) { return world <= 2 ? 32u : 8u; }
+/// Most 16-byte chunks per thread for world W: 4, 2 or 1, so that (W - 1) x chunks <= kLlHeld.
+constexpr std::uint32_t llChunksPerThread(std::uint32_t world) {
+    return world <= 1 ? 4u : (world - 1) * 4 <= kLlHeld ? 4u : (world - 1) * 2 <= kLlHeld ? 2u : 1u;
+}
+/// Largest shard the LL path takes at this world (W = 2: 512 KiB; 3..5: 128 KiB; 6..9: 64 KiB; 10..16: 32 KiB).
+constexpr std::uint64_t llMaxBytes(std::uint32_t world) {
+    return std::uint64_t(llMaxBlocks(world)) * kLlThreads * llChunksPerThread(world) * 16;
+}
+/// Chunks per thread of a multi-block LL call when DeviceGroupView::llChunks
+/// is 0 and W > 2 (W = 2: two chunks up to kLlOnePeerAbove, see llGridFor).
+inline constexpr std::uint32_t kLlChunksDefault = 1;
+/// Offset of the LL area in a device region of this layout.
+constexpr std::uint64_t llAreaOffset(const Layout& l) { return roundUp(l.totalBytes(), kSlotAlign); }
+/// The LL area's own layout (two phases x world slots of twice the LL bytes), or world 0 when none fits.
+Layout llLayoutOf(const Layout& l);
+/// Bytes a device region needs for the flag path and the LL area.
+inline std::uint64_t regionBytesWithLl(const Layout& l) {
+    const Layout ll = llLayoutOf(l);
+    return ll.world ? llAreaOffset(l) + ll.totalBytes() : l.totalBytes();
+}
+/// Turns the LL path on for an ipc view whose regions (own and peers') are
+/// regionBytesWithLl bytes, zeroed before first use.
+void enableLowLatency(DeviceGroupView& view);
 
 /// Checks a view once at set-up: world/rank/layout agree, routes are valid
 /// (self exactly at rank), every ipc peer has a region, a ring exists when a

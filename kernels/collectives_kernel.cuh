@@ -309,7 +309,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
             if (v.routes[q] == client_proto::kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
         }
         for (std::uint32_t r = 0; r < v.world; ++r) s.src[r] = r == v.rank ? send : v.region + v.layout.slotOffset(p, r);
-        if (b == 0) stRelaxedSys(&v.control->epoch, e);
+        if (b == 0) {
+            stRelaxedSys(&v.control->epoch, e);
+            st->llArrive[(e + 1) & 1] = 0; // the LL path's counter for the next call (ll_kernel.cuh)
+        }
     }
     __syncthreads();
     const std::uint64_t e = s.epoch;

@@ -4,6 +4,15 @@
 // --mode sizes: ipc (or proxy) gathers and bf16 sums, 100 calls captured in one
 //   graph, best of 5 replays, beside a graph of 100 copy kernels of the same
 //   bytes measured in the same run (the floor).
+// --mode nccl: one process per GPU (W GPUs), NCCL beside tpfabric in the same
+//   run, every side a graph of 100 calls, best of 5 replays, per size 4 KiB ..
+//   512 KiB: the copy floor; the fabric kernel (LL path where it applies: its
+//   default grid, and 256-thread blocks of 1, 2 and 4 chunks per thread
+//   (TPF_GPU_LL_CHUNKS), and the flag path with
+//   TPF_GPU_LL=0), all over the TCP bootstrap so that the
+//   fabric takes every size; ncclAllGather / ncclAllReduce (bf16, sum); and a
+//   group over an NcclBootstrap, which routes each size as an application's
+//   group would (fabric up to the crossover, NCCL above it).
 // --mode hop: proxy route 16 B gathers (doorbell -> daemon -> flag -> waiting
 //   kernel, per call) beside a raw host-mapped flag ping-pong (kernel <-> CPU
 //   thread) in the same run.
@@ -14,13 +23,20 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/gpu/bench_kernels.hpp"
+#include "tpf_config.h"
 #include <tpfabric/tpfabric.hpp>
+#if TPF_HAVE_NCCL
+#include "tests/gpu/nccl_comm.hpp"
+#include <tpfabric/nccl.hpp>
+#endif
 
 using namespace tpf;
 
@@ -29,6 +45,7 @@ namespace {
 struct Args {
     std::string socket, bootstrap, mode = "sizes", route = "ipc";
     std::uint32_t rank = 0, world = 2, calls = 100, reps = 5;
+    int device = -1; ///< -1: rank % visible devices
 };
 
 #define CK(call)                                                                                                       \
@@ -82,6 +99,84 @@ void row(const char* what, std::uint64_t bytes, double us) {
     if (a.rank == 0) std::printf("ROW %s W=%u %llu %.2f\n", what, a.world, (unsigned long long)bytes, us), std::fflush(stdout);
 }
 
+#if TPF_HAVE_NCCL
+// --mode nccl (see the top of the file).
+int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_t* recv, std::uint8_t* recv2,
+                std::uint64_t maxBytes) {
+    auto comm = gputest::ncclCommOver(tcp);
+    if (!comm) return std::fprintf(stderr, "rank %u: %s\n", a.rank, comm.error().describe().c_str()), 1;
+    Options o;
+    o.socketPath = a.socket;
+    o.buffers = tpf::Buffers::Device;
+    o.gpuRoute = GpuRoute::Ipc;
+    auto ll = Group::open(tcp, a.rank, a.world, maxBytes, o);
+    if (!ll) return std::fprintf(stderr, "rank %u: open: %s\n", a.rank, ll.error().describe().c_str()), 1;
+    ::setenv("TPF_GPU_LL", "0", 1); // the flag path alone, for comparison
+    auto flag = Group::open(tcp, a.rank, a.world, maxBytes, o);
+    ::unsetenv("TPF_GPU_LL");
+    if (!flag) return std::fprintf(stderr, "rank %u: open (flag path): %s\n", a.rank, flag.error().describe().c_str()), 1;
+    ::setenv("TPF_GPU_LL_CHUNKS", "1", 1); // LL grid variants: chunks per thread, 256-thread blocks
+    auto ll1 = Group::open(tcp, a.rank, a.world, maxBytes, o);
+    ::setenv("TPF_GPU_LL_CHUNKS", "2", 1);
+    auto ll2 = Group::open(tcp, a.rank, a.world, maxBytes, o);
+    ::setenv("TPF_GPU_LL_CHUNKS", "4", 1);
+    auto ll4 = Group::open(tcp, a.rank, a.world, maxBytes, o);
+    ::unsetenv("TPF_GPU_LL_CHUNKS");
+    if (!ll1 || !ll2 || !ll4) return std::fprintf(stderr, "rank %u: open (LL variants) failed\n", a.rank), 1;
+    auto nboot = NcclBootstrap::create(*comm);
+    if (!nboot) return std::fprintf(stderr, "rank %u: %s\n", a.rank, nboot.error().describe().c_str()), 1;
+    auto routed = Group::open(**nboot, a.rank, a.world, maxBytes, o);
+    if (!routed) return std::fprintf(stderr, "rank %u: open (routed): %s\n", a.rank, routed.error().describe().c_str()), 1;
+    if (a.rank == 0)
+        std::printf("INFO routed group path=%s cap=%llu\n", (*routed)->path().c_str(), (unsigned long long)(*routed)->agreedCap());
+    std::uint32_t sync = 0;
+    std::vector<std::uint32_t> all(a.world);
+    auto barrier = [&] { return bool(tcp.allGather(&sync, all.data(), 4)); };
+    const ncclComm_t c = *comm;
+    double us = 0;
+    for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
+        const std::uint64_t n = bytes / 2;
+        struct Side {
+            const char* name;
+            std::function<void()> call;
+            Group* g;
+        };
+        const Side sides[] = {
+            {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
+            {"ll-gather", [&] { (void)(*ll)->allGather(send, recv, bytes, st); }, ll->get()},
+            {"ll-sum-bf16", [&] { (void)(*ll)->allReduceSum(send, recv, n, DType::BF16, st); }, ll->get()},
+            {"ll1-gather", [&] { (void)(*ll1)->allGather(send, recv, bytes, st); }, ll1->get()},
+            {"ll1-sum-bf16", [&] { (void)(*ll1)->allReduceSum(send, recv, n, DType::BF16, st); }, ll1->get()},
+            {"ll2-gather", [&] { (void)(*ll2)->allGather(send, recv, bytes, st); }, ll2->get()},
+            {"ll2-sum-bf16", [&] { (void)(*ll2)->allReduceSum(send, recv, n, DType::BF16, st); }, ll2->get()},
+            {"ll4-gather", [&] { (void)(*ll4)->allGather(send, recv, bytes, st); }, ll4->get()},
+            {"ll4-sum-bf16", [&] { (void)(*ll4)->allReduceSum(send, recv, n, DType::BF16, st); }, ll4->get()},
+            {"flag-gather", [&] { (void)(*flag)->allGather(send, recv, bytes, st); }, flag->get()},
+            {"flag-sum-bf16", [&] { (void)(*flag)->allReduceSum(send, recv, n, DType::BF16, st); }, flag->get()},
+            {"nccl-gather", [&] { (void)ncclAllGather(send, recv, bytes, ncclUint8, c, st); }, nullptr},
+            {"nccl-sum-bf16", [&] { (void)ncclAllReduce(send, recv, n, ncclBfloat16, ncclSum, c, st); }, nullptr},
+            {"routed-gather", [&] { (void)(*routed)->allGather(send, recv, bytes, st); }, routed->get()},
+            {"routed-sum-bf16", [&] { (void)(*routed)->allReduceSum(send, recv, n, DType::BF16, st); }, routed->get()},
+        };
+        for (const Side& sd : sides) {
+            barrier();
+            if (timeGraph(st, sd.call, us, sd.g)) return 1;
+            row(sd.name, bytes, us);
+        }
+    }
+    barrier();
+    routed->reset();
+    ll4->reset();
+    ll2->reset();
+    ll1->reset();
+    flag->reset();
+    ll->reset();
+    nboot->reset();
+    ncclCommDestroy(c);
+    return 0;
+}
+#endif
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -93,10 +188,11 @@ int main(int argc, char** argv) {
     app.add_option("--rank", a.rank);
     app.add_option("--world", a.world);
     app.add_option("--calls", a.calls);
+    app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
     CLI11_PARSE(app, argc, argv);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return std::printf("SKIP: no CUDA device\n"), 77;
-    CK(cudaSetDevice(0));
+    CK(cudaSetDevice(a.device >= 0 ? a.device : int(a.rank % std::uint32_t(n))));
     CK(gpubench::preloadBenchKernels());
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -109,6 +205,13 @@ int main(int argc, char** argv) {
 
     auto boot = TcpBootstrap::create(a.rank, a.world, a.bootstrap);
     if (!boot) return std::fprintf(stderr, "bootstrap: %s\n", boot.error().describe().c_str()), 1;
+    if (a.mode == "nccl") {
+#if TPF_HAVE_NCCL
+        return benchBeside(**boot, st, send, recv, recv2, maxBytes);
+#else
+        return std::printf("SKIP: built without NCCL\n"), 77;
+#endif
+    }
     Options o;
     o.socketPath = a.socket;
     o.buffers = tpf::Buffers::Device;

@@ -13,6 +13,11 @@
 # single-process test, TPF_GPU_NO_BENCH=1 the benchmark.
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
+# Several GPUs (nvidia-smi -L lists N >= 2): first, with no MPS, one rank
+# process per GPU (rank r on GPU r % N): the scenarios at W = N, the NCCL
+# bootstrap and fallback scenarios, and the benchmark beside NCCL
+# (tpf-gpubench --mode nccl); then the MPS suite as on one GPU, on GPU 0
+# (CUDA_VISIBLE_DEVICES=0). TPF_GPU_NO_MPS=1 skips the MPS suite.
 # Exit: 0 all passed, 1 a test failed or the build failed, 77 no GPU here.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +53,7 @@ else
   bin=build-gpu-device
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
 
 # MPS: several processes on ONE GPU time-slice without it (a flag round trip
 # of 4.5 ms instead of 0.7 us, notes/device.md). The multi-process tests and
@@ -64,6 +70,7 @@ start_mps() {
 dpid=
 cleanup() {
   [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
+  [ -n "${xpid:-}" ] && kill "$xpid" 2>/dev/null && wait "$xpid" 2>/dev/null
   if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; fi
 }
 trap cleanup EXIT
@@ -85,18 +92,23 @@ echo "== tpf-gpurank nccl1 (world-1 NcclBootstrap; above-cap calls to NCCL)"
 timeout 60 "$bin/tpf-gpurank" --scenario nccl1 2>&1 | tee "$logdir/nccl1.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
-start_mps || { echo "MPS did not start"; exit 1; }
-sock=$mps_dir/tpfabricd.sock
-"$bin/tpfabricd" --socket "$sock" --foreground --log-level info >"$logdir/tpfabricd.log" 2>&1 &
-dpid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-[ -S "$sock" ] || { echo "tpfabricd did not start:"; cat "$logdir/tpfabricd.log"; exit 1; }
+# start_daemon SOCKET LOG [args]: the carried tpfabricd in the background (pid in $started).
+started=
+start_daemon() {
+  local s=$1 log=$2; shift 2
+  "$bin/tpfabricd" --socket "$s" --foreground --log-level info "$@" >"$log" 2>&1 &
+  started=$!
+  for _ in $(seq 100); do [ -S "$s" ] && return 0; sleep 0.1; done
+  echo "tpfabricd did not start:"; cat "$log"; return 1
+}
 
-# run_ranks PROGRAM WORLD ROUTE SCENARIO TIMEOUT_MS [extra args]: W rank
-# processes; each judges its own outcome (exit 0) and prints RESULT lines.
+# ranks PROGRAM WORLD ROUTE SCENARIO TIMEOUT_MS [extra args]: W rank
+# processes against the daemon on $sock (rank r on GPU r % N); each judges
+# its own outcome (exit 0) and prints RESULT lines. $tag names the log.
+tag=
 ranks() {
   local prog=$1 w=$2 route=$3 scen=$4 tmo=$5; shift 5
-  local port=$((20000 + RANDOM % 30000)) pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w.log"
+  local port=$((20000 + RANDOM % 30000)) pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log"
   : >"$log"
   for ((r = 0; r < w; r++)); do
     timeout 40 "$bin/$prog" --socket "$sock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" \
@@ -106,6 +118,75 @@ ranks() {
   for r in "${pids[@]}"; do wait "$r" || ok=0; done
   return $((1 - ok))
 }
+# show STATUS-LINE LOG: the verdict line, the RESULT lines, and on failure the rest.
+show() {
+  echo "$1"
+  grep -h RESULT "$2" | sort | sed 's/^/    /'
+  case $1 in FAIL*) grep -hv RESULT "$2" | head -20 | sed 's/^/    ! /' ;; esac
+}
+# One rank process per GPU, no MPS: the scenarios at W = N, NCCL bootstrap
+# and fallback, and the benchmark beside NCCL (needs N >= 2: NCCL refuses two
+# ranks on one GPU). NCCL_NVLS_ENABLE=0 stays exported (above).
+if [ "$ngpu" -ge 2 ]; then
+  t0=$SECONDS
+  xdir=$(mktemp -d)
+  sock=$xdir/tpfabricd.sock
+  start_daemon "$sock" "$logdir/tpfabricd-pergpu.log" || exit 1
+  dpid=$started
+  tag=-pergpu
+  w=$ngpu
+  for route in ipc proxy; do
+    for scen in data graph b2b kill stall; do
+      tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
+      if ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; then st=PASS; else st=FAIL; rc=1; fi
+      show "$st gpu-pergpu route=$route W=$w scenario=$scen" "$logdir/tpf-gpurank-$scen-$route-w$w$tag.log"
+    done
+  done
+  # nccl_case NAME SCENARIO SOCKET [env...]: W ranks over an NcclBootstrap.
+  nccl_case() {
+    local name=$1 scen=$2 s=$3; shift 3
+    tag=-$name
+    if (export "$@"; sock=$s; ranks tpf-gpurank $w auto $scen 5000 --scenario $scen --max-bytes 131072); then st=PASS; else st=FAIL; rc=1; fi
+    show "$st gpu-nccl W=$w $name ($scen${*:+, $*})" "$logdir/tpf-gpurank-$scen-auto-w$w$tag.log"
+  }
+  nccl_case fabric nccl-fabric "$sock" TPF_NCCL_ABOVE=65536
+  nccl_case no-socket nccl-fallback "$xdir/nothing-here.sock" TPF_FALLBACK=nccl
+  # a daemon that died: its socket file stays, connect() is refused
+  start_daemon "$xdir/stopped.sock" "$logdir/tpfabricd-stopped.log" && kill -9 "$started" && wait "$started" 2>/dev/null
+  nccl_case daemon-stopped nccl-fallback "$xdir/stopped.sock" TPF_FALLBACK=nccl
+  printf '[daemon]\nmax_groups = 1\n' >"$xdir/one-group.toml"
+  start_daemon "$xdir/one.sock" "$logdir/tpfabricd-onegroup.log" --config "$xdir/one-group.toml" && xpid=$started
+  nccl_case daemon-refuses nccl-refuse "$xdir/one.sock" TPF_FALLBACK=nccl
+  [ -n "${xpid:-}" ] && kill "$xpid" && wait "$xpid" 2>/dev/null; xpid=
+  nccl_case probe-fails nccl-fallback "$sock" TPF_PROBE_SABOTAGE=1
+  nccl_case probe-fails-error nccl-error "$sock" TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error
+  nccl_case daemon-stopped-error nccl-error "$xdir/stopped.sock" TPF_FALLBACK=error
+  tag=
+  echo "one-process-per-GPU tests took $((SECONDS - t0)) s"
+  if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
+    echo "== benchmark beside NCCL (bench/gpu, --mode nccl, one process per GPU): $(date -u +%FT%TZ)"
+    nvidia-smi topo -m 2>/dev/null | head -4
+    # TPF_GPU_BENCH_RUNS=N: N runs, one log each (bench/gpu/plot_nccl.py takes the median)
+    for i in $(seq "${TPF_GPU_BENCH_RUNS:-1}"); do
+      tag=-run$i
+      ranks tpf-gpubench $w ipc nccl 0 --mode nccl || { echo "bench beside NCCL failed"; rc=1; }
+      grep -h '^ROW\|^INFO' "$logdir/tpf-gpubench-nccl-ipc-w$w$tag.log"
+      grep -hv '^ROW\|^INFO' "$logdir/tpf-gpubench-nccl-ipc-w$w$tag.log" | grep -v '^NCCL\|NCCL INFO' | head -20 | sed 's/^/    ! /'
+    done
+    tag=
+  fi
+  kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; dpid=
+  rm -rf "$xdir"
+fi
+[ -n "${TPF_GPU_NO_MPS:-}" ] && exit $rc
+
+# The MPS suite shares ONE GPU among all ranks, also on a machine of several.
+[ "$ngpu" -ge 2 ] && export CUDA_VISIBLE_DEVICES=0 && echo "== MPS suite on GPU 0 only (CUDA_VISIBLE_DEVICES=0)"
+start_mps || { echo "MPS did not start"; exit 1; }
+sock=$mps_dir/tpfabricd.sock
+start_daemon "$sock" "$logdir/tpfabricd.log" || exit 1
+dpid=$started
+
 t0=$SECONDS
 for route in ipc proxy; do
   for w in 2 4 8; do

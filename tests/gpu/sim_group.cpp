@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "proto/client_msg.hpp"
@@ -78,8 +79,9 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
             std::memcpy(k.host + layout_.controlOffset(), &init, sizeof init);
             k.dev = registerMapped(k.host, total);
         } else {
-            TPF_CUDA_CHECK(cudaMalloc(&k.dev, total));
-            TPF_CUDA_CHECK(cudaMemset(k.dev, 0, total));
+            // Device regions carry the LL area too (kernels/collectives.hpp); ipc-only groups use it.
+            TPF_CUDA_CHECK(cudaMalloc(&k.dev, kernels::regionBytesWithLl(layout_)));
+            TPF_CUDA_CHECK(cudaMemset(k.dev, 0, kernels::regionBytesWithLl(layout_)));
             TPF_CUDA_CHECK(cudaMemcpy(k.dev + layout_.controlOffset(), &init, sizeof init, cudaMemcpyHostToDevice));
         }
         if (anyProxy) {
@@ -113,6 +115,7 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
         v.state = k.state;
         v.timeoutNs = o.timeoutNs;
         v.maxBlocks = o.maxBlocks;
+        if (o.wire == Wire::Ipc && !std::getenv("TPF_GPU_LL_OFF")) kernels::enableLowLatency(v);
         if (Errc e = kernels::validateView(v); e != Errc::Ok)
             throw std::runtime_error("validateView: " + std::string(errcName(e)));
     }

@@ -12,6 +12,14 @@
 //   stall      the last rank never posts call 3: the others get Timeout naming it
 //   probefail  TPF_PROBE_SABOTAGE on the last rank: open fails on every rank (TPF_FALLBACK=error)
 //   nccl1      world 1 over an NcclBootstrap: above-cap calls go to NCCL
+// Over an NcclBootstrap of W processes, one per GPU (run.sh on a machine of
+// several GPUs; --max-bytes sets the group's cap):
+//   nccl-fabric    the fabric path; calls above the cap go by NCCL; results exact and identical on every rank
+//   nccl-fallback  the fabric path is expected to be unavailable (daemon stopped, refusing, or the probe
+//                  sabotaged): every rank opens in NCCL mode; the same checks
+//   nccl-error     as nccl-fallback with TPF_FALLBACK=error: open fails with Unavailable on every rank
+//   nccl-refuse    holds the daemon's only group (daemon.max_groups = 1) over the TCP bootstrap, then
+//                  opens over NCCL: the daemon refuses, every rank falls back to NCCL
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +40,7 @@
 #include "tpf_config.h"
 #include <tpfabric/tpfabric.hpp>
 #if TPF_HAVE_NCCL
+#include "tests/gpu/nccl_comm.hpp"
 #include <tpfabric/nccl.hpp>
 #endif
 
@@ -42,6 +52,8 @@ namespace {
 struct Args {
     std::string socket, bootstrap, scenario = "data", route = "auto";
     std::uint32_t rank = 0, world = 2, timeoutMs = 5000;
+    std::uint64_t maxBytes = 512 * 1024;
+    int device = -1; ///< -1: rank % visible devices
 };
 
 Args a;
@@ -250,6 +262,103 @@ int scenarioNccl1(cudaStream_t st, Buffers2 b) {
     ncclCommDestroy(comm);
     return report(true, "nccl_bootstrap=ok copy=ok ncclAllGather=ok ncclAllReduce=ok path=" + std::string("fabric"));
 }
+
+// Gathers and sums on either side of the cap (fabric below, NCCL above, or
+// NCCL for all after a fallback): gathers byte-exact, sums equal on every
+// rank (hashes compared over the bootstrap) and, for W = 2 or f32 integers,
+// equal to the rank-order reference.
+int ncclChecks(Group& g, Bootstrap& boot, cudaStream_t st, Buffers2 b, const std::string& wantPath) {
+    const std::uint32_t W = g.world();
+    if (g.path() != wantPath) return report(false, "path is " + g.path() + ", wanted " + wantPath);
+    std::vector<std::uint8_t> h(2 * kMaxBytes), out(2 * kMaxBytes * W), want(2 * kMaxBytes);
+    std::uint64_t it = 900, hash = 1469598103934665603ull, fabricCalls = 0, ncclCalls = 0;
+    // Which calls the fabric takes: within the cap and the crossover (run.sh sets TPF_NCCL_ABOVE).
+    const char* above = std::getenv("TPF_NCCL_ABOVE");
+    const std::uint64_t crossover = above && *above >= '0' && *above <= '9' ? std::strtoull(above, nullptr, 0) : ~0ull;
+    auto viaFabric = [&](std::uint64_t size) { return g.path() == "fabric" && g.fits(size) && size <= crossover; };
+    auto fnv = [&](const std::uint8_t* p, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+    };
+    for (std::uint64_t size : {4096ull, 65536ull, 65536ull + 16, 262144ull, 1048576ull}) {
+        (viaFabric(size) ? fabricCalls : ncclCalls)++;
+        fillBytes(h.data(), size, ++it, g.rank());
+        CK(cudaMemcpyAsync(b.send, h.data(), size, cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(b.recv, 0xa5, size * W, st));
+        ST(g.allGather(b.send, b.recv, size, st));
+        CK(cudaMemcpyAsync(out.data(), b.recv, size * W, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        ST(g.check());
+        for (std::uint32_t q = 0; q < W; ++q) {
+            fillBytes(want.data(), size, it, q);
+            if (std::memcmp(out.data() + q * size, want.data(), size) != 0)
+                return report(false, "gather of " + std::to_string(size) + " bytes: row " + std::to_string(q) + " differs");
+        }
+        fnv(out.data(), size * W);
+    }
+    int refEqual = 0, sums = 0;
+    for (DType t : {DType::BF16, DType::F32})
+        for (std::uint64_t size : {4096ull, 65536ull, 65536ull + 16, 262144ull, 1048576ull}) {
+            (viaFabric(size) ? fabricCalls : ncclCalls)++;
+            const std::size_t count = size / dtypeSize(t);
+            fillValues(h.data(), count, t, ++it, g.rank());
+            CK(cudaMemcpyAsync(b.send, h.data(), size, cudaMemcpyHostToDevice, st));
+            CK(cudaMemsetAsync(b.recv, 0xa5, size, st));
+            ST(g.allReduceSum(b.send, b.recv, count, t, st));
+            CK(cudaMemcpyAsync(out.data(), b.recv, size, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            ST(g.check());
+            fnv(out.data(), size);
+            const auto ref = referenceSum(count, t, it, W);
+            const bool same = std::memcmp(out.data(), ref.data(), size) == 0;
+            refEqual += same;
+            ++sums;
+            if (!same && viaFabric(size))
+                return report(false, "fabric sum of " + std::to_string(size) + " bytes differs from the rank-order reference");
+        }
+    std::vector<std::uint64_t> hashes(W);
+    ST(boot.allGather(&hash, hashes.data(), sizeof hash));
+    for (std::uint32_t q = 0; q < W; ++q)
+        if (hashes[q] != hash) return report(false, "results differ between rank " + std::to_string(g.rank()) + " and rank " + std::to_string(q));
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "path=%s cap=%llu fabric_calls=%llu nccl_calls=%llu identical_on_all_ranks=yes sums_equal_to_reference=%d/%d",
+                  g.path().c_str(), (unsigned long long)g.agreedCap(), (unsigned long long)fabricCalls,
+                  (unsigned long long)ncclCalls, refEqual, sums);
+    return report(true, buf);
+}
+
+int scenarioNcclW(cudaStream_t st, Buffers2 b, Bootstrap& tcp) {
+    auto comm = gputest::ncclCommOver(tcp);
+    if (!comm) return report(false, comm.error().describe());
+    auto boot = NcclBootstrap::create(*comm);
+    if (!boot) return report(false, "NcclBootstrap: " + boot.error().describe());
+    Options o;
+    o.socketPath = a.socket;
+    o.buffers = tpf::Buffers::Device;
+    o.timeout = std::chrono::milliseconds(a.timeoutMs);
+    std::unique_ptr<Group> holder;
+    if (a.scenario == "nccl-refuse") { // take the daemon's only group first
+        Options ho;
+        ho.socketPath = a.socket;
+        auto hg = Group::open(tcp, a.rank, a.world, 4096, ho);
+        if (!hg) return report(false, "holder group did not open: " + hg.error().describe());
+        holder = std::move(*hg);
+    }
+    auto grp = Group::open(**boot, a.rank, a.world, a.maxBytes, o);
+    int rc = 0;
+    if (a.scenario == "nccl-error") {
+        rc = grp ? report(false, "open succeeded despite TPF_FALLBACK=error and an unavailable fabric")
+                 : report(grp.code() == Errc::Unavailable, "open refused: " + grp.error().describe());
+    } else if (!grp) {
+        rc = report(false, "open: " + grp.error().describe());
+    } else {
+        rc = ncclChecks(**grp, **boot, st, b, a.scenario == "nccl-fabric" ? "fabric" : "nccl");
+        grp->reset();
+    }
+    holder.reset();
+    boot->reset();
+    ncclCommDestroy(*comm);
+    return rc;
+}
 #endif
 
 } // namespace
@@ -263,6 +372,8 @@ int main(int argc, char** argv) {
     app.add_option("--rank", a.rank);
     app.add_option("--world", a.world);
     app.add_option("--timeout-ms", a.timeoutMs);
+    app.add_option("--max-bytes", a.maxBytes, "the group's cap (nccl-* scenarios)");
+    app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
     CLI11_PARSE(app, argc, argv);
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -270,7 +381,7 @@ int main(int argc, char** argv) {
         return 77;
     }
     if (a.scenario == "selftest") return report(true, "a GPU is present; run tests/gpu/run.sh");
-    CK(cudaSetDevice(0));
+    CK(cudaSetDevice(a.device >= 0 ? a.device : int(a.rank % std::uint32_t(devices))));
     CK(gputest::preloadRankKernels());
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -286,6 +397,13 @@ int main(int argc, char** argv) {
     }
     auto boot = TcpBootstrap::create(a.rank, a.world, a.bootstrap);
     if (!boot) return report(false, "bootstrap: " + boot.error().describe());
+    if (a.scenario.rfind("nccl-", 0) == 0) {
+#if TPF_HAVE_NCCL
+        return scenarioNcclW(st, b, **boot);
+#else
+        return report(true, "SKIP built without NCCL");
+#endif
+    }
     Options o;
     o.socketPath = a.socket;
     o.buffers = tpf::Buffers::Device;

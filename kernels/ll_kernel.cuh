@@ -1,0 +1,247 @@
+// The low-latency (LL) collective kernel: ipc-only groups, small shards.
+// Included by collectives.cu only; the contract is in collectives.hpp.
+//
+// Every 16-byte line a rank stores into a peer's LL slot is {d0, f, d1, f}
+// with f = the low 32 bits of the epoch, written by one st.volatile.v4: each
+// 8-byte half (data word + flag) lands whole, so a reader that sees f in both
+// halves has the line's data, with no fence, release store or separate flag
+// (NCCL's LL protocol). Stale lines carry f of epoch e - 2 (same phase), and
+// the area is zeroed at creation (epochs start at 1).
+//
+// Per thread: kPer 16-byte chunks of the shard; chunk c goes to lines 2c and
+// 2c + 1 of slot (p, rank) of every peer's LL area. The thread then waits for
+// the same chunks of every peer, keeps them in registers, and only once every
+// thread of every block has all of them writes the output: all-or-none, as
+// the flag path (block AND, then a count of the blocks per call that every
+// block waits on; the last to arrive advances the epoch).
+#pragma once
+
+#include "kernels/collectives_kernel.cuh"
+
+namespace tpf::kernels::detail {
+
+__device__ __forceinline__ void stLl(void* p, std::uint32_t a, std::uint32_t b, std::uint32_t f) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(f), "r"(b), "r"(f) : "memory");
+}
+__device__ __forceinline__ uint4 ldLl(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ std::uint32_t ldAcquireGpu(const std::uint32_t* p) {
+    std::uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ std::uint32_t ldRelaxedGpu(const std::uint32_t* p) {
+    std::uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/// Failure codes a block shares (shared memory), beyond the Errc values.
+constexpr std::uint32_t kLlKeep = 0xffffu; ///< fail without touching the control block (sticky, daemon-written)
+
+template <class V>
+__device__ __forceinline__ void accumulate(float* acc, uint4 x, bool first) {
+    float f[V::kLanes];
+    V::widen(x, f);
+#pragma unroll
+    for (int k = 0; k < V::kLanes; ++k) acc[k] = first ? f[k] : __fadd_rn(acc[k], f[k]);
+}
+
+/// Block size bound of a variant: 1,024 for one chunk of one peer (about 40
+/// registers), else 256.
+constexpr std::uint32_t llThreadsMax(std::uint32_t per, std::uint32_t peers) {
+    return per == 1 && peers == 1 ? kLlThreadsOnePeer : kLlThreads;
+}
+
+/// kPer: 16-byte chunks a thread; kPeers: peers one thread holds
+/// (world - 1 <= kPeers <= kLlHeld / kPer), 1 for W = 2 so that its loops
+/// carry no dead peers.
+template <Op op, std::uint32_t kPer, std::uint32_t kPeers>
+__global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const DeviceGroupView v, const std::uint8_t* send,
+                                                       std::uint8_t* recv, std::uint64_t n16) {
+    static_assert(kPer * kPeers <= kLlHeld);
+    __shared__ std::uint32_t sCode, sMissing;
+    DeviceState* st = v.state;
+    const std::uint32_t nb = gridDim.x, b = blockIdx.x, W = v.world, me = v.rank;
+    const std::uint64_t base = std::uint64_t(b) * kPer * blockDim.x + threadIdx.x;
+
+    // The own chunks load while the epoch does: neither waits for the other.
+    uint4 own[kPer];
+#pragma unroll
+    for (std::uint32_t k = 0; k < kPer; ++k) {
+        const std::uint64_t c = base + std::uint64_t(k) * blockDim.x;
+        if (c < n16) own[k] = ldSend16(send + c * 16);
+    }
+    const std::uint64_t e = ldRelaxedGpu(&st->epoch) + 1;
+    const std::uint32_t sticky = ldRelaxedGpu(&st->failures);
+    const std::uint32_t p = phaseOf(e), f = std::uint32_t(e);
+    const std::uint64_t t0 = globalTimerNs();
+    if (threadIdx.x == 0) {
+        sCode = sticky != 0 ? kLlKeep : 0;
+        sMissing = kNoPeer; // ControlBlock.epoch (host memory) is written on failure only
+        if (b == 0) st->llArrive[(e + 1) & 1] = 0; // the next call's counter (this call uses [e & 1])
+    }
+
+    // 1. put: every chunk into every peer's slot (p, me), peerAt order.
+    for (std::uint32_t i = 0; i + 1 < W; ++i) {
+        const std::uint32_t q = peerAt(me, i, W);
+        std::uint8_t* dst = v.peerRegions[q] + v.llOffset + v.ll.slotOffset(p, me);
+#pragma unroll
+        for (std::uint32_t k = 0; k < kPer; ++k) {
+            const std::uint64_t c = base + std::uint64_t(k) * blockDim.x;
+            if (c < n16) {
+                stLl(dst + c * 32, own[k].x, own[k].y, f);
+                stLl(dst + c * 32 + 16, own[k].z, own[k].w, f);
+            }
+        }
+    }
+    __syncthreads(); // sCode / sMissing initialised
+
+    // 2. wait for the same chunks of every peer (rank order, self skipped).
+    // Each pass loads every line still missing before it looks at any, so
+    // a pass costs one memory round trip whatever kPer and W are.
+    volatile std::uint32_t& code = sCode;
+    bool ok = code == 0;
+    uint4 held[kPer][kPeers];
+    std::uint32_t pending = 0; // bit k * kPeers + j: chunk k of peer j not yet seen
+#pragma unroll
+    for (std::uint32_t k = 0; k < kPer; ++k)
+#pragma unroll
+        for (std::uint32_t j = 0; j < kPeers; ++j)
+            if (base + std::uint64_t(k) * blockDim.x < n16 && j + 1 < W) pending |= 1u << (k * kPeers + j);
+    const std::uint8_t* ll = v.region + v.llOffset;
+    for (std::uint32_t spins = 1; ok && pending != 0; ++spins) {
+        uint4 a[kPer][kPeers], z[kPer][kPeers];
+#pragma unroll
+        for (std::uint32_t k = 0; k < kPer; ++k)
+#pragma unroll
+            for (std::uint32_t j = 0; j < kPeers; ++j)
+                if (pending >> (k * kPeers + j) & 1u) {
+                    const std::uint8_t* line =
+                        ll + v.ll.slotOffset(p, j < me ? j : j + 1) + (base + std::uint64_t(k) * blockDim.x) * 32;
+                    a[k][j] = ldLl(line);
+                    z[k][j] = ldLl(line + 16);
+                }
+#pragma unroll
+        for (std::uint32_t k = 0; k < kPer; ++k)
+#pragma unroll
+            for (std::uint32_t j = 0; j < kPeers; ++j) {
+                const std::uint32_t bit = 1u << (k * kPeers + j);
+                if ((pending & bit) && a[k][j].y == f && a[k][j].w == f && z[k][j].y == f && z[k][j].w == f) {
+                    held[k][j] = make_uint4(a[k][j].x, a[k][j].z, z[k][j].x, z[k][j].z);
+                    pending &= ~bit;
+                }
+            }
+        if (pending == 0 || (spins & 63u) != 0) continue;
+        if (code != 0) {
+            ok = false;
+            break;
+        }
+        if ((spins & 1023u) == 0) { // the daemon's words live in host memory: read them rarely
+            const std::uint32_t err = ldRelaxedSys(&v.control->error), ab = ldRelaxedSys(&v.control->abort);
+            if (err != 0 || ab != 0) {
+                atomicCAS(&sCode, 0u, err != 0 ? kLlKeep : std::uint32_t(Errc::Aborted));
+                ok = false;
+                break;
+            }
+        }
+        if (globalTimerNs() - t0 > v.timeoutNs) {
+            std::uint32_t low = kNoPeer; // lowest rank still missing here
+#pragma unroll
+            for (std::uint32_t k = 0; k < kPer; ++k)
+#pragma unroll
+                for (std::uint32_t j = 0; j < kPeers; ++j)
+                    if ((pending >> (k * kPeers + j) & 1u) && (j < me ? j : j + 1) < low) low = j < me ? j : j + 1;
+            atomicMin(&sMissing, low);
+            atomicCAS(&sCode, 0u, std::uint32_t(Errc::Timeout));
+            ok = false;
+        }
+    }
+
+    // 3. verdict: the block's AND, then across blocks: every block adds
+    // itself to this call's counter (failed blocks also in the high half)
+    // and waits until all have; the last to arrive records a failure and
+    // advances the epoch (every block read it already).
+    bool good = __syncthreads_and(ok) != 0;
+    if (threadIdx.x == 0) {
+        const std::uint32_t mine = good ? 0u : (code != 0 ? code : std::uint32_t(Errc::Timeout));
+        std::uint32_t failCode = mine, missing = sMissing;
+        bool last = true;
+        if (nb > 1) {
+            if (mine != 0) {
+                atomicMax(&st->llCode, mine);
+                atomicMin(&st->llMissing, missing);
+                __threadfence(); // llCode / llMissing before the arrival
+            }
+            std::uint32_t* count = &st->llArrive[e & 1];
+            const std::uint32_t add = mine != 0 ? 0x10001u : 1u;
+            const std::uint32_t old = atomicAdd(count, add);
+            last = (old & 0xffffu) == nb - 1;
+            std::uint32_t word = old + add;
+            while ((word & 0xffffu) != nb) {
+                if (globalTimerNs() - t0 > 2 * v.timeoutNs + 1000000000ull) { // a block never ran
+                    word = 0x10000u;
+                    stRelaxedSys(&v.control->missingPeer, kNoPeer);
+                    stReleaseSys(&v.control->error, std::uint32_t(Errc::Timeout));
+                    break;
+                }
+                word = ldAcquireGpu(count);
+            }
+            good = (word >> 16) == 0;
+            failCode = 0;
+            if (last && !good) {
+                __threadfence();
+                failCode = atomicExch(&st->llCode, 0u);
+                missing = atomicExch(&st->llMissing, kNoPeer);
+                if (failCode == 0) failCode = std::uint32_t(Errc::Timeout);
+            }
+        }
+        if (last) {
+            if (failCode != 0) {
+                stRelaxedSys(&v.control->epoch, e);
+                if (failCode != kLlKeep) {
+                    stRelaxedSys(&v.control->missingPeer, failCode == std::uint32_t(Errc::Timeout) ? missing : kNoPeer);
+                    stReleaseSys(&v.control->error, failCode);
+                }
+                atomicAdd(&st->failures, 1u);
+            }
+            st->epoch = e;
+        }
+        sCode = good ? 0u : 1u;
+    }
+    __syncthreads();
+
+    // 4. the result, only when every block of this rank has every row.
+    if (sCode == 0) {
+#pragma unroll
+        for (std::uint32_t k = 0; k < kPer; ++k) {
+            const std::uint64_t c = base + std::uint64_t(k) * blockDim.x;
+            if (c >= n16) continue;
+            if constexpr (op == Op::Gather) {
+                st16(recv + (std::uint64_t(me) * n16 + c) * 16, own[k]);
+#pragma unroll
+                for (std::uint32_t j = 0; j < kPeers; ++j)
+                    if (j + 1 < W) st16(recv + (std::uint64_t(j < me ? j : j + 1) * n16 + c) * 16, held[k][j]);
+            } else {
+                using V = Vec<op>;
+                float acc[V::kLanes];
+                bool first = true;
+#pragma unroll
+                for (std::uint32_t j = 0; j < kPeers; ++j) {
+                    if (j + 1 >= W) break;
+                    if (j == me) accumulate<V>(acc, own[k], first), first = false; // rank order: own row at its rank
+                    accumulate<V>(acc, held[k][j], first);
+                    first = false;
+                }
+                if (me == W - 1) accumulate<V>(acc, own[k], first);
+                st16(recv + c * 16, V::narrow(acc));
+            }
+        }
+    }
+
+}
+
+} // namespace tpf::kernels::detail
