@@ -5,7 +5,8 @@
 #   2. SOAK_CYCLES (10,000) open/close cycles of a W=2 group (tpf-soak-openclose).
 # Prints the daemon's RSS, open fds and region/group counts fresh, after a
 # warm-up, and after each part; after the warm-up they must stay flat.
-# Builds its own build dir (build-soak). Exit 0 when every part passed and
+# Builds its own build dir (build-soak), or takes prebuilt binaries from
+# SOAK_BIN (with their .so files in SOAK_BIN/lib). Exit 0 when every part passed and
 # fds, regions and groups came back to their warm-up values.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,14 +17,22 @@ size=${SOAK_SIZE:-64}
 world=${SOAK_WORLD:-8}
 bd=${SOAK_BUILD:-build-soak}
 
-[ -f "$bd/build.ninja" ] || meson setup "$bd" -Dcuda=disabled -Dbuildtype=release >/dev/null || exit 1
-meson compile -C "$bd" daemon/tpfabricd tests/integration/tpf-testrank ctl/tpfabricctl client/tpfabric >/dev/null || exit 1
-c++ -std=c++20 -O2 -I"$top" -I"$top/client/include" -I"$bd" tests/soak/open_close.cpp -o "$bd/tpf-soak-openclose" \
-  -L"$bd/client" -ltpfabric -Wl,-rpath,"$top/$bd/client" "$bd/common/libtpf_common.a" -pthread || exit 1
+if [ -n "${SOAK_BIN:-}" ]; then
+  # Prebuilt (another machine): tpfabricd, tpf-testrank, tpfabricctl,
+  # tpf-soak-openclose in SOAK_BIN, the .so files they need in SOAK_BIN/lib.
+  daemon=$SOAK_BIN/tpfabricd rank=$SOAK_BIN/tpf-testrank ctl=$SOAK_BIN/tpfabricctl openclose=$SOAK_BIN/tpf-soak-openclose
+  export LD_LIBRARY_PATH="$SOAK_BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  [ -f "$bd/build.ninja" ] || meson setup "$bd" -Dcuda=disabled -Dbuildtype=release >/dev/null || exit 1
+  meson compile -C "$bd" daemon/tpfabricd tests/integration/tpf-testrank ctl/tpfabricctl client/tpfabric >/dev/null || exit 1
+  c++ -std=c++20 -O2 -I"$top" -I"$top/client/include" -I"$bd" tests/soak/open_close.cpp -o "$bd/tpf-soak-openclose" \
+    -L"$bd/client" -ltpfabric -Wl,-rpath,"$top/$bd/client" "$bd/common/libtpf_common.a" -pthread || exit 1
+  daemon=$bd/daemon/tpfabricd rank=$bd/tests/integration/tpf-testrank ctl=$bd/ctl/tpfabricctl openclose=$bd/tpf-soak-openclose
+fi
 
 work=$(mktemp -d /tmp/tpf-soak-XXXXXX)
 sock="$work/tpfabricd.sock"
-"$bd/daemon/tpfabricd" --socket "$sock" --foreground --log-level warn 2>"$work/daemon.log" &
+"$daemon" --socket "$sock" --foreground --log-level warn 2>"$work/daemon.log" &
 dpid=$!
 cleanup() { kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
@@ -37,7 +46,7 @@ snapshot() {
   local rss fds st
   rss=$(awk '/^VmRSS/{print $2}' /proc/$dpid/status)
   fds=$(ls /proc/$dpid/fd | wc -l)
-  st=$("$bd/ctl/tpfabricctl" status --socket "$sock" --json | python3 -c \
+  st=$("$ctl" status --socket "$sock" --json | python3 -c \
     'import json,sys; d=json.load(sys.stdin); print(d["regions"]["count"], len(d["groups"]))')
   read -r regions groups <<<"$st"
   snap[$1]="$rss $fds $regions $groups"
@@ -50,7 +59,7 @@ calls_part() {
   port=$(free_port)
   t0=$(date +%s.%N)
   for ((r = 0; r < world; r++)); do
-    "$bd/tests/integration/tpf-testrank" --socket "$sock" --bootstrap "127.0.0.1:$port" --rank $r --world "$world" \
+    "$rank" --socket "$sock" --bootstrap "127.0.0.1:$port" --rank $r --world "$world" \
       --max-bytes 4096 --sizes "$size" --mode gather --iters "$iters" --timeout-ms 30000 >"$work/rank$r.out" &
     pids+=($!)
   done
@@ -61,7 +70,7 @@ calls_part() {
 }
 
 openclose_part() {
-  "$bd/tpf-soak-openclose" --socket "$sock" --cycles "$1" --port "$(free_port)"
+  "$openclose" --socket "$sock" --cycles "$1" --port "$(free_port)"
 }
 
 echo "soak: $(date -u +%FT%TZ) $(nproc) CPUs, W=$world, $size B shards, $calls calls, $cycles open/close cycles"

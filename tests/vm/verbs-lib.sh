@@ -59,13 +59,14 @@ stop_daemons() { stop_daemon a; stop_daemon b; }
 # i-th node (a or b), all bootstrapped over loopback TCP; waits for every
 # rank. EXTRA_<rank> adds arguments for that rank only. With DURING set, once every rank printed a PROGRESS line, DURING is
 # eval'ed (a fault to inject mid-run). While they run, the last status of daemon a that shows peer QPs is
-# kept, compacted, in NAME.status.json. Sets GROUP_RCS (exit codes in rank order).
+# kept, compacted, in NAME.status.json, and the daemons' registered MRs
+# (rdma resource show mr) in NAME.mrs. Sets GROUP_RCS (exit codes in rank order).
 # Status 0 iff every rank exited 0.
 run_group() {
   local name=$1 layout=$2; shift 2
   local w r=0 n pids=() port=$((_bport++)) ok=0 pid
   w=$(wc -w <<<"$layout")
-  rm -f "$name".r*.log "$name.status.json"
+  rm -f "$name".r*.log "$name.status.json" "$name.mrs"
   stamp "group $name ($layout) starts"
   for n in $layout; do
     tpf-testrank --socket "$(sock_of "${n,,}")" --bootstrap "127.0.0.1:$port" --rank "$r" --world "$w" \
@@ -78,6 +79,8 @@ run_group() {
       # compacted (tpfabricctl pretty-prints): one line, no blanks, for grep
       tpfabricctl status --json --socket "$(sock_of a)" 2>/dev/null | tr -d ' \n' >"$name.status.tmp" &&
         grep -q '"qps":\[{' "$name.status.tmp" && mv "$name.status.tmp" "$name.status.json"
+      n=$(rdma resource show mr 2>/dev/null | grep -c 'comm tpfabricd')
+      [ "$n" -gt 0 ] && echo "$n" >"$name.mrs"
       sleep 1
     done ) &
   local poller=$!
@@ -121,3 +124,6 @@ result_of() {
 
 # json_ints FILE KEY: every integer value of "KEY": in a compact JSON file, one per line.
 json_ints() { grep -o "\"$2\":[0-9]*" "$1" | sed 's/.*://'; }
+
+# tpf_rdma_resources KIND: how many MRs / QPs (`rdma resource show KIND`) tpfabricd processes hold.
+tpf_rdma_resources() { rdma resource show "$1" 2>/dev/null | grep -c 'comm tpfabricd'; }

@@ -5,7 +5,8 @@
 # and sums of every size class checked byte- and bit-exact by each rank; the
 # rxe counters show both rails carried data; the world-4 group never had more
 # than the in-flight cap plus one stripe outstanding on any QP; tpfabricctl
-# status lists the peer link and its QPs. Timing means nothing under TCG.
+# status lists the peer link and its QPs; once the groups closed the daemons
+# hold no MR or QP. Timing means nothing under TCG.
 # vm-timeout: 1500
 # shellcheck source=../guest-lib.sh
 . "$TPF_GUEST_LIB"
@@ -53,5 +54,16 @@ for layout in "A B" "A A B" "A B A B"; do
     fi
   fi
 done
+# Every group closed: the daemons hold no MR and no QP any more (the W=4
+# group had them registered while it ran).
+_released() { [ "$(tpf_rdma_resources mr)" = 0 ] && [ "$(tpf_rdma_resources qp)" = 0 ]; }
+wait_until 30 _released
+mrs=$(tpf_rdma_resources mr) qps=$(tpf_rdma_resources qp)
+if [ "$(cat w4.mrs 2>/dev/null || echo 0)" -gt 0 ] && [ "$mrs" = 0 ] && [ "$qps" = 0 ]; then
+  tap_ok "groups closed: MRs deregistered and QPs destroyed ($(cat w4.mrs) MRs while W=4 ran, 0 now)"
+else
+  tap_fail "groups closed: MRs deregistered and QPs destroyed" "MRs while W=4 ran: $(cat w4.mrs 2>/dev/null), now: $mrs MRs, $qps QPs"
+  rdma resource show mr >&2; rdma resource show qp >&2
+fi
 stop_daemons
 tap_done
