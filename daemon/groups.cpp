@@ -198,7 +198,7 @@ void GroupTable::openTimedOut(const GroupId& id) {
             if (!n.selfReady || !n.remoteReady)
                 slow += (slow.empty() ? "" : ", ") + endpointText(n.addr, n.port) + " (" +
                         (n.session ? n.session->state() : std::string("not connected")) + ")";
-        return failNegotiation(g, Errc::Timeout, "peer daemon(s) " + slow + " did not complete negotiation within the open timeout");
+        return failNegotiation(g, Errc::Timeout, "peer daemon(s) " + slow + " did not complete negotiation in time (daemon.open_timeout_ms, or verbs.qp_timeout_ms once our QPs were up)");
     }
     if (g.state != State::Pending) return;
     std::uint32_t missing = 0;

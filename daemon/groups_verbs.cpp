@@ -187,6 +187,14 @@ void GroupTable::takeRecord(Group& g, NodeLink& n, const PeerGroup& rec) {
     v.missingRank = kNoPeer;
     n.session->send(peer_proto::encode(kPeerReady, 0, v));
     n.selfReady = true;
+    // Our QPs are up towards every node: the others' must follow within verbs.qp_timeout_ms.
+    if (std::all_of(g.nodes.begin(), g.nodes.end(), [](const NodeLink& x) { return x.selfReady; })) {
+        const GroupId id = g.id;
+        g.openTimer->expires_after(std::chrono::milliseconds(cfg_.qpTimeoutMs));
+        g.openTimer->async_wait([this, id](const boost::system::error_code& ec) {
+            if (!ec) openTimedOut(id);
+        });
+    }
     maybeOpen(g);
 }
 

@@ -107,7 +107,8 @@ void Proxy::deliverVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase,
     for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
         QpLink* link = g.verbs->link(pr.rank, peer, k);
         if (!link) return;
-        while (!link->failed && (link->gate.mustWait(2) || link->hca().outstanding + 2 >= link->hca().cqDepth())) {
+        // Half the CQ for signaled flags: a QP in error also completes its payloads.
+        while (!link->failed && (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth())) {
             pollCqs();
             if (g.broken.load(std::memory_order_acquire) || !running_.load(std::memory_order_relaxed)) return;
             cpuRelax();

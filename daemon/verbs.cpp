@@ -41,7 +41,10 @@ ibv_mtu mtuEnum(std::uint16_t bytes) {
     }
 }
 
-constexpr std::uint8_t kAckTimeout = 14; // 4.096 us * 2^14 = 67 ms per try
+// 4.096 us * 2^18 = 1.07 s per try: a host (or a QEMU guest) starved for a
+// few hundred ms must not exhaust the retries; a dead link still errors
+// within about 7 s (NCCL's default is 2^20).
+constexpr std::uint8_t kAckTimeout = 18;
 constexpr std::uint8_t kRetryCount = 6;  // 7 means "forever" on rxe
 constexpr std::uint8_t kRnrRetry = 6;
 constexpr std::uint32_t kMaxInline = 16;
@@ -177,6 +180,9 @@ Status QpLink::postStripe(const Layout& layout, std::uint32_t phase, std::uint32
     ibv_sge flag{reinterpret_cast<std::uintptr_t>(&flagValue), sizeof flagValue, lkey};
 
     ibv_send_wr wr[2]{};
+    // The payload is unsignaled: only an error completes it, tagged (low bit)
+    // so that the error names this link and retires nothing.
+    wr[0].wr_id = reinterpret_cast<std::uintptr_t>(this) | 1u;
     wr[0].sg_list = &payload;
     wr[0].num_sge = 1;
     wr[0].opcode = IBV_WR_RDMA_WRITE;
@@ -215,13 +221,15 @@ std::uint32_t pollCompletions(VerbsHca& hca, QpErrorFn onError, void* ctx) {
     const int n = ibv_poll_cq(hca.cq(), 16, wc);
     if (n <= 0) return 0;
     for (int i = 0; i < n; ++i) {
-        auto* link = reinterpret_cast<QpLink*>(wc[i].wr_id);
+        const bool payload = wc[i].wr_id & 1u;
+        auto* link = reinterpret_cast<QpLink*>(wc[i].wr_id & ~std::uint64_t(1));
         if (!link) continue;
-        link->retireOne();
+        if (!payload) link->retireOne();
         if (wc[i].status != IBV_WC_SUCCESS && !link->failed) {
             link->failed = true;
             onError(ctx, *link,
-                    std::string(ibv_wc_status_str(wc[i].status)) + " (vendor error " + std::to_string(wc[i].vendor_err) + ")");
+                    std::string(ibv_wc_status_str(wc[i].status)) + " on a " + (payload ? "payload" : "flag") +
+                        " WRITE (vendor error " + std::to_string(wc[i].vendor_err) + ")");
         }
     }
     return std::uint32_t(n);

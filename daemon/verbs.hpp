@@ -142,7 +142,8 @@ private:
 };
 
 /// Poll one HCA's CQ once (proxy thread). Successful completions retire
-/// their post; a failed one marks its link failed and is reported through
+/// their post; a failed one (flag or, tagged in its wr_id, the unsignaled
+/// payload) marks its link failed and is reported through
 /// `onError(link, status text)` once per link. Returns the completions seen.
 using QpErrorFn = void (*)(void* ctx, QpLink& link, const std::string& why);
 std::uint32_t pollCompletions(VerbsHca& hca, QpErrorFn onError, void* ctx);
