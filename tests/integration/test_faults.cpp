@@ -59,7 +59,13 @@ TEST_CASE("abort from each rank ends every rank's waits with Aborted") {
         for (std::uint32_t r = 0; r < world; ++r) {
             const std::string line = run.line(r);
             INFO("aborter " << aborter << ", rank " << r << ": " << line);
-            CHECK(line.find("error=Aborted calls=200 ") != std::string::npos);
+            CHECK(line.find("error=Aborted ") != std::string::npos);
+            // The abort is not queued behind the aborter's own doorbells: it
+            // may overtake the aborter's shard of call 199 on its way to a
+            // peer, which then ends call 199 Aborted instead of call 200.
+            const double calls = field(line, "calls");
+            if (r == aborter) CHECK(calls == 200);
+            else CHECK((calls == 199 || calls == 200));
             CHECK(exitCode(run.ranks[r]) == 1); // 3: a failed call wrote into its output
             CHECK(field(line, "elapsed_ms") <= timeoutMs + 1000);
         }

@@ -140,7 +140,9 @@ public:
     Status check() const;
     /// "fabric" or "nccl": which path this group's calls take.
     std::string path() const;
-    /// End every rank's waits with Aborted (and break the group).
+    /// End every rank's waits with Aborted (and break the group). Not queued
+    /// behind this rank's posted calls: a peer still waiting for this rank's
+    /// last shard may end that call Aborted too.
     Status abort();
     /// Leave the group (also done by the destructor).
     void close();
