@@ -50,7 +50,7 @@ Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp,
 // Connect, introduce ourselves, and fill our roster entry from the node card.
 Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry) {
     const std::string path = socketPathOf(g.options);
-    auto fd = connectUnix(path);
+    auto fd = connectUnix(path, int(g.options.openTimeout.count()));
     if (!fd) return fd.error();
     g.socket = std::move(*fd);
     const int t = int(g.options.openTimeout.count());

@@ -1,8 +1,10 @@
 #include "common/unix_socket.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -12,6 +14,35 @@
 namespace tpf {
 
 namespace {
+
+// Control-message buffer for up to kMaxFdsPerMessage fds.
+struct FdControl {
+    alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+};
+
+// Point `msg` at `ctl` carrying `fds` as SCM_RIGHTS; no fds, no control data.
+void attachFds(msghdr& msg, FdControl& ctl, std::span<const int> fds) {
+    if (fds.empty()) return;
+    msg.msg_control = ctl.bytes;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+}
+
+// Move every SCM_RIGHTS fd of a received `msg` into `out`; false on MSG_CTRUNC.
+bool takeFds(const msghdr& msg, std::vector<UniqueFd>& out) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+                int fd;
+                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                out.emplace_back(fd);
+            }
+    return !(msg.msg_flags & MSG_CTRUNC);
+}
 
 Error sysError(Errc code, const std::string& what) { return {code, what + ": " + std::strerror(errno)}; }
 
@@ -32,16 +63,9 @@ bool waitFor(int fd, short events, std::uint64_t deadlineNs) {
 Status readExact(int fd, std::uint8_t* dst, std::size_t len, std::vector<UniqueFd>& fds, std::uint64_t deadlineNs) {
     std::size_t got = 0;
     while (got < len) {
-        iovec iov{dst + got, len - got};
-        FdControl control;
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.bytes;
-        msg.msg_controllen = sizeof control.bytes;
-        const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        const auto [n, fdsCut] = receiveWithFds(fd, {dst + got, len - got}, fds);
         if (n > 0) {
-            if (!takeFds(msg, fds)) return {Errc::BadMessage, "more file descriptors than a message may carry"};
+            if (fdsCut) return {Errc::BadMessage, "more file descriptors than a message may carry"};
             got += std::size_t(n);
             continue;
         }
@@ -55,38 +79,54 @@ Status readExact(int fd, std::uint8_t* dst, std::size_t len, std::vector<UniqueF
 
 } // namespace
 
-void attachFds(msghdr& msg, FdControl& ctl, std::span<const int> fds) {
-    if (fds.empty()) return;
-    msg.msg_control = ctl.bytes;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+ssize_t sendWithFds(int fd, ByteView bytes, std::span<const int> fds) {
+    iovec iov{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
+    FdControl control;
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    attachFds(msg, control, fds);
+    return ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-bool takeFds(const msghdr& msg, std::vector<UniqueFd>& out) {
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-            for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
-                int fd;
-                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-                out.emplace_back(fd);
-            }
-    return !(msg.msg_flags & MSG_CTRUNC);
+Received receiveWithFds(int fd, std::span<std::uint8_t> dst, std::vector<UniqueFd>& fds) {
+    iovec iov{dst.data(), dst.size()};
+    FdControl control;
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.bytes;
+    msg.msg_controllen = sizeof control.bytes;
+    Received r;
+    r.n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r.n > 0) r.fdsCut = !takeFds(msg, fds);
+    return r;
 }
 
-Result<UniqueFd> connectUnix(const std::string& path) {
+Result<UniqueFd> connectUnix(const std::string& path, int timeoutMs) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof addr.sun_path)
         return Error{Errc::DaemonUnreachable, "socket path too long: " + path};
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    // Non-blocking: a Unix listener with a full backlog answers EAGAIN at
+    // once (a blocking connect would wait for as long as it stays full).
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) return sysError(Errc::SystemError, "socket");
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-        return sysError(Errc::DaemonUnreachable, "connect to " + path);
+    const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeoutMs > 0 ? timeoutMs : 0) * 1000000ull;
+    while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN || monotonicNs() >= deadline) {
+            if (errno == EAGAIN)
+                return Error{Errc::DaemonUnreachable, "connect to " + path + ": the daemon accepted no connection within " +
+                                                          std::to_string(timeoutMs) + " ms (its backlog is full)"};
+            return sysError(Errc::DaemonUnreachable, "connect to " + path);
+        }
+        ::usleep(10000);
+    }
+    // Every user of the socket waits with poll and MSG_DONTWAIT; keep it blocking as before.
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) return sysError(Errc::SystemError, "fcntl");
     return fd;
 }
 
@@ -95,16 +135,8 @@ Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeout
     std::size_t sent = 0;
     bool fdsSent = fds.empty();
     while (sent < bytes.size()) {
-        iovec iov{const_cast<std::uint8_t*>(bytes.data()) + sent, bytes.size() - sent};
-        FdControl control;
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        if (!fdsSent) {
-            if (fds.size() > kMaxFdsPerMessage) return {Errc::OutOfRange, "too many fds for one message"};
-            attachFds(msg, control, fds);
-        }
-        const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (!fdsSent && fds.size() > kMaxFdsPerMessage) return {Errc::OutOfRange, "too many fds for one message"};
+        const ssize_t n = sendWithFds(fd, bytes.subspan(sent), fdsSent ? std::span<const int>() : fds);
         if (n > 0) {
             sent += std::size_t(n);
             fdsSent = true;

@@ -18,18 +18,20 @@ namespace tpf {
 
 inline constexpr std::size_t kMaxFdsPerMessage = 8;
 
-/// Control-message buffer for up to kMaxFdsPerMessage fds.
-struct FdControl {
-    alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+/// One non-blocking sendmsg (MSG_NOSIGNAL | MSG_DONTWAIT) of `bytes` with `fds`
+/// as SCM_RIGHTS; no fds, no control data. At most kMaxFdsPerMessage fds
+/// (checked by the caller). Returns sendmsg's value; errno is set when it is -1.
+ssize_t sendWithFds(int fd, ByteView bytes, std::span<const int> fds);
+
+/// What one receiveWithFds got.
+struct Received {
+    ssize_t n = 0;       ///< recvmsg's value: bytes read, 0 at end of stream, -1 with errno set
+    bool fdsCut = false; ///< MSG_CTRUNC: the kernel cut off fds beyond what a message may carry
 };
 
-/// Point `msg` at `ctl` carrying `fds` as SCM_RIGHTS; no fds, no control data.
-/// At most kMaxFdsPerMessage (checked by the caller).
-void attachFds(msghdr& msg, FdControl& ctl, std::span<const int> fds);
-
-/// Move every SCM_RIGHTS fd of a received `msg` into `out`. False when the
-/// kernel cut some off (MSG_CTRUNC: more than a message may carry).
-bool takeFds(const msghdr& msg, std::vector<UniqueFd>& out);
+/// One non-blocking recvmsg (MSG_DONTWAIT | MSG_CMSG_CLOEXEC) into `dst`; when
+/// it reads bytes, every SCM_RIGHTS fd that came with them is moved into `fds`.
+Received receiveWithFds(int fd, std::span<std::uint8_t> dst, std::vector<UniqueFd>& fds);
 
 /// One received message: checked header, payload, and the fds that came with it.
 struct Message {
@@ -39,7 +41,9 @@ struct Message {
 };
 
 /// Connect to a Unix stream socket; DaemonUnreachable names the path and errno.
-Result<UniqueFd> connectUnix(const std::string& path);
+/// A listener whose backlog is full (a daemon that stopped accepting) is
+/// retried until `timeoutMs` has passed, then reported as such.
+Result<UniqueFd> connectUnix(const std::string& path, int timeoutMs = 5000);
 
 /// Send all bytes (blocking, up to timeoutMs), `fds` attached to the first byte.
 Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeoutMs);

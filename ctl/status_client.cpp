@@ -155,7 +155,7 @@ std::string defaultSocketPath() {
 }
 
 Result<nlohmann::ordered_json> fetchStatus(const std::string& socketPath, int timeoutMs) {
-    auto fd = connectUnix(socketPath);
+    auto fd = connectUnix(socketPath, timeoutMs);
     if (!fd) return unreachable(socketPath, fd.error());
     const Deadline deadline(timeoutMs);
 

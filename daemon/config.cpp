@@ -21,6 +21,7 @@
 
 #include <toml++/toml.h>
 
+#include "common/quoted.hpp"
 #include "ctl/byte_size.hpp"
 
 namespace tpf::daemon {
@@ -29,28 +30,6 @@ namespace {
 constexpr std::uint64_t KiB = 1024, MiB = KiB << 10, GiB = MiB << 10, TiB = GiB << 10;
 
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-
-// Messages stay on one line whatever the file holds: control characters are escaped.
-std::string quoted(std::string_view s) {
-    std::string out = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') {
-            out += '\\';
-            out += char(c);
-        } else if (c == '\n') {
-            out += "\\n";
-        } else if (c == '\t') {
-            out += "\\t";
-        } else if (c < 0x20 || c == 0x7f) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\x%02x", c);
-            out += buf;
-        } else {
-            out += char(c);
-        }
-    }
-    return out + '"';
-}
 
 std::string keyName(std::string_view k) {
     const bool bare = !k.empty() && k.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
@@ -175,6 +154,7 @@ const KeySpec kDaemonKeys[] = {
      }},
     {"open_timeout_ms", [](const Value& v, DaemonConfig& c) { c.openTimeoutMs = integer(v, 100, 600000); }},
     {"max_clients", [](const Value& v, DaemonConfig& c) { c.maxClients = integer(v, 1, 65536); }},
+    {"message_timeout_ms", [](const Value& v, DaemonConfig& c) { c.messageTimeoutMs = integer(v, 100, 600000); }},
     {"max_groups", [](const Value& v, DaemonConfig& c) { c.maxGroups = integer(v, 1, 4096); }},
     {"max_region_bytes", [](const Value& v, DaemonConfig& c) { c.maxRegionBytes = byteSize(v, MiB, TiB); }},
 };

@@ -5,11 +5,11 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <set>
 #include <tuple>
 
+#include "common/quoted.hpp"
 #include "daemon/hca.hpp"
 #include "proto/layout.hpp"
 
@@ -29,20 +29,6 @@ std::string ipText(const Gid& g) {
     return buf;
 }
 
-// Entries come from the environment too: control characters are escaped so a message stays one line.
-std::string quoted(std::string_view s) {
-    std::string out = "\"";
-    for (unsigned char c : s) {
-        if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\x%02x", c);
-            out += buf;
-        } else {
-            out += char(c);
-        }
-    }
-    return out + '"';
-}
 std::string portName(const CandidatePort& p) { return p.device + ":" + std::to_string(p.port); }
 
 // The addresses a port is chosen with when it is named or taken by default.

@@ -18,27 +18,12 @@
 
 #include "daemon/hca.hpp"
 #include "daemon/hca_select.hpp"
+#include "daemon/verbs_check.hpp"
 
 namespace tpf::daemon {
 namespace {
 
 using Gid = std::array<std::uint8_t, 16>;
-
-// Every verbs call of discovery goes through this: a failure is logged with
-// the call's text and its site and becomes a SystemError naming both.
-Status verbsFailure(int err, const char* call, const char* file, int line) {
-    std::string msg = std::string(call) + " at " + file + ":" + std::to_string(line) + ": " + std::strerror(err);
-    spdlog::debug("verbs: {}", msg);
-    return Error{Errc::SystemError, std::move(msg)};
-}
-// ibv_* calls that return 0 or an errno value (some return -1 and set errno).
-#define TPF_HCA_VERBS(call)                                                                                           \
-    [&]() -> Status {                                                                                                 \
-        errno = 0;                                                                                                    \
-        const int tpf_rc_ = (call);                                                                                   \
-        if (tpf_rc_ == 0) return okStatus();                                                                          \
-        return verbsFailure(tpf_rc_ > 0 ? tpf_rc_ : (errno ? errno : EIO), #call, __FILE__, __LINE__);                \
-    }()
 
 /// One address of an interface, as getifaddrs reports it.
 struct IfAddress {
@@ -128,7 +113,7 @@ std::vector<ibv_gid_entry> roceV2Gids(ibv_context* ctx, const std::string& dev, 
         all.clear();
         for (std::uint8_t p = 1; p <= ports; ++p) {
             ibv_port_attr pa{};
-            if (!TPF_HCA_VERBS(ibv_query_port(ctx, p, &pa))) continue;
+            if (!TPF_VERBS(Errc::SystemError, ibv_query_port(ctx, p, &pa))) continue;
             for (int i = 0; i < pa.gid_tbl_len; ++i) {
                 ibv_gid_entry e{};
                 if (ibv_query_gid_ex(ctx, p, std::uint32_t(i), &e, 0) == 0) all.push_back(e);
@@ -151,7 +136,7 @@ void devicePorts(ibv_device* device, const std::vector<IfAddress>& addrs, std::v
         return;
     }
     ibv_device_attr attr{};
-    if (auto s = TPF_HCA_VERBS(ibv_query_device(ctx.get(), &attr)); !s) {
+    if (auto s = TPF_VERBS(Errc::SystemError, ibv_query_device(ctx.get(), &attr)); !s) {
         spdlog::warn("HCA {}: skipped: {}", dev, s.error().describe());
         return;
     }
@@ -159,7 +144,7 @@ void devicePorts(ibv_device* device, const std::vector<IfAddress>& addrs, std::v
     std::size_t tableLen = 0;
     for (std::uint8_t p = 1; p <= attr.phys_port_cnt && p != 0; ++p) {
         ibv_port_attr pa{};
-        if (auto s = TPF_HCA_VERBS(ibv_query_port(ctx.get(), p, &pa)); !s) {
+        if (auto s = TPF_VERBS(Errc::SystemError, ibv_query_port(ctx.get(), p, &pa)); !s) {
             spdlog::warn("HCA {} port {}: skipped: {}", dev, p, s.error().describe());
             continue;
         }

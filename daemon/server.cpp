@@ -26,7 +26,7 @@ constexpr std::size_t kMaxQueuedOutput = 16 * 1024 * 1024; // a client that neve
 } // namespace
 
 Connection::Connection(Server& server, Local::socket socket, std::uint64_t id)
-    : server_(server), socket_(std::move(socket)), id_(id) {
+    : server_(server), socket_(std::move(socket)), id_(id), partial_(socket_.get_executor()) {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
@@ -56,17 +56,10 @@ void Connection::onReadable() {
     for (;;) {
         const std::size_t old = inbuf_.size();
         inbuf_.resize(old + kReadChunk);
-        iovec iov{inbuf_.data() + old, kReadChunk};
-        FdControl control;
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.bytes;
-        msg.msg_controllen = sizeof control.bytes;
-        const ssize_t n = ::recvmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        const auto [n, fdsCut] = receiveWithFds(socket_.native_handle(), {inbuf_.data() + old, kReadChunk}, infds_);
         inbuf_.resize(old + (n > 0 ? std::size_t(n) : 0));
         if (n > 0) {
-            if (!takeFds(msg, infds_)) return refuse(Errc::BadMessage, "too many file descriptors in one message");
+            if (fdsCut) return refuse(Errc::BadMessage, "too many file descriptors in one message");
             if (std::size_t(n) < kReadChunk) break;
             continue;
         }
@@ -87,7 +80,28 @@ void Connection::onReadable() {
         if (!handle(*h, payload, infds_.size())) return;
     }
     inbuf_.erase(inbuf_.begin(), inbuf_.begin() + std::ptrdiff_t(used));
+    watchPartial();
     waitReadable();
+}
+
+// Arm the timer when a message is left incomplete, once (bytes trickling in
+// do not extend it); disarm when the buffer empties.
+void Connection::watchPartial() {
+    if (inbuf_.empty()) {
+        if (partialSince_) partial_.cancel();
+        partialSince_ = 0;
+        return;
+    }
+    if (partialSince_ || closing_ || closed_) return;
+    partialSince_ = ++partialGen_;
+    const std::uint32_t ms = server_.cfg_.messageTimeoutMs;
+    partial_.expires_after(std::chrono::milliseconds(ms));
+    partial_.async_wait([self = shared_from_this(), gen = partialSince_, ms](const boost::system::error_code& ec) {
+        if (ec || self->partialSince_ != gen || self->closing_ || self->closed_) return;
+        self->refuse(Errc::Timeout, "a message stayed incomplete for " + std::to_string(ms) +
+                                        " ms (daemon.message_timeout_ms); " + std::to_string(self->inbuf_.size()) +
+                                        " byte(s) of it arrived");
+    });
 }
 
 bool Connection::handle(const MsgHeader& h, ByteView payload, std::size_t fdsWithIt) {
@@ -198,16 +212,10 @@ void Connection::send(Bytes bytes, const std::vector<int>& fds) {
 void Connection::flush() {
     while (!closed_ && !writing_ && !out_.empty()) {
         Outgoing& o = out_.front();
-        iovec iov{o.bytes.data() + o.sent, o.bytes.size() - o.sent};
-        FdControl control;
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
         std::vector<int> fds;
         if (o.sent == 0)
             for (const auto& fd : o.fds) fds.push_back(fd.get());
-        attachFds(msg, control, fds);
-        const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        const ssize_t n = sendWithFds(socket_.native_handle(), ByteView(o.bytes).subspan(o.sent), fds);
         if (n > 0) {
             o.sent += std::size_t(n);
             o.fds.clear();
@@ -232,6 +240,8 @@ void Connection::flush() {
 void Connection::close() {
     if (closed_) return;
     closed_ = true;
+    partialSince_ = 0;
+    partial_.cancel();
     if (inGroup_) server_.groups_.leave(*this);
     inGroup_ = false;
     boost::system::error_code ec;

@@ -6,6 +6,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
 #include <deque>
@@ -43,6 +44,7 @@ private:
     };
     void waitReadable();
     void onReadable();
+    void watchPartial();
     bool handle(const MsgHeader& h, ByteView payload, std::size_t fdsWithIt);
     void refuse(Errc code, const std::string& why); ///< ErrorReply, log, close after flush
     void send(Bytes bytes, const std::vector<int>& fds = {});
@@ -63,6 +65,11 @@ private:
     Bytes inbuf_;
     std::vector<UniqueFd> infds_;
     std::deque<Outgoing> out_;
+    /// Runs while inbuf_ holds part of a message: a message left incomplete
+    /// for daemon.message_timeout_ms refuses the client (Timeout).
+    boost::asio::steady_timer partial_;
+    std::uint64_t partialSince_ = 0; ///< generation of the armed timer, 0: not armed
+    std::uint64_t partialGen_ = 0;
 };
 
 /// Accepts connections and routes their requests to the group table.

@@ -1,5 +1,5 @@
 // RDMA resources with libibverbs (see verbs.hpp). Every verbs call goes
-// through TPF_VERBS_CHECK, which names the call and the site in the error.
+// through daemon/verbs_check.hpp, which names the call and the site in the error.
 #include "daemon/verbs.hpp"
 
 #include <infiniband/verbs.h>
@@ -9,27 +9,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "daemon/verbs_check.hpp"
+
 namespace tpf::daemon {
 
 namespace {
-
-Error verbsError(Errc code, const char* call, const char* file, int line, int err) {
-    return Error{code, std::string(call) + " failed: " + std::strerror(err) + " (" + file + ":" + std::to_string(line) + ")"};
-}
-
-// Calls returning 0 on success and an errno value (or -1 with errno) otherwise.
-#define TPF_VERBS_CHECK(code, call)                                                                           \
-    do {                                                                                                      \
-        const int rc_ = (call);                                                                               \
-        if (rc_ != 0) return verbsError(code, #call, __FILE__, __LINE__, rc_ > 0 ? rc_ : errno);             \
-    } while (0)
-// Calls returning a pointer, nullptr with errno on failure.
-#define TPF_VERBS_PTR(code, lhs, call)                                                                        \
-    do {                                                                                                      \
-        errno = 0;                                                                                            \
-        lhs = (call);                                                                                         \
-        if (!(lhs)) return verbsError(code, #call, __FILE__, __LINE__, errno ? errno : EIO);                  \
-    } while (0)
 
 ibv_mtu mtuEnum(std::uint16_t bytes) {
     switch (bytes) {
@@ -128,8 +112,10 @@ Result<std::unique_ptr<QpLink>> QpLink::create(std::shared_ptr<VerbsHca> hca, st
     a.pkey_index = 0;
     a.port_num = l->hca_->card().port;
     a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-    TPF_VERBS_CHECK(Errc::QpError,
-                    ibv_modify_qp(l->qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    if (auto s = TPF_VERBS(Errc::QpError,
+                           ibv_modify_qp(l->qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+        !s)
+        return s.error();
     return l;
 }
 
@@ -154,9 +140,11 @@ Status QpLink::connect(const RemoteQp& r) {
     a.ah_attr.grh.sgid_index = std::uint8_t(card.gidIndex);
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = card.port;
-    TPF_VERBS_CHECK(Errc::QpError, ibv_modify_qp(qp_, &a,
-                                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+    if (auto s = TPF_VERBS(Errc::QpError, ibv_modify_qp(qp_, &a,
+                                                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+        !s)
+        return s;
     a = {};
     a.qp_state = IBV_QPS_RTS;
     a.timeout = kAckTimeout;
@@ -164,10 +152,9 @@ Status QpLink::connect(const RemoteQp& r) {
     a.rnr_retry = kRnrRetry;
     a.sq_psn = psn_;
     a.max_rd_atomic = 1;
-    TPF_VERBS_CHECK(Errc::QpError, ibv_modify_qp(qp_, &a,
-                                                 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                                     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
-    return okStatus();
+    return TPF_VERBS(Errc::QpError, ibv_modify_qp(qp_, &a,
+                                                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
 }
 
 // ---- post and poll (proxy thread) -----------------------------------------------

@@ -1,6 +1,7 @@
 // Hostile clients (random bytes, wrong version, length 2^32-1, fds where none
-// belong, truncation, requests out of order) are refused and logged while a
-// live group keeps working and the daemon keeps serving.
+// belong, truncation, requests out of order, a message left incomplete) are
+// refused and logged while a live group keeps working and the daemon keeps
+// serving.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -133,6 +134,35 @@ TEST_CASE("hostile clients are refused by name while a live group keeps working"
     CHECK(log.find("refused: TooLarge") != std::string::npos);
     CHECK(log.find("refused: BadMessage: 1 file descriptor(s) sent where none belong") != std::string::npos);
     CHECK(d.stop() == 0);
+}
+
+TEST_CASE("a client that leaves a message incomplete is dropped after daemon.message_timeout_ms") {
+    char dir[] = "/tmp/tpf-partial-XXXXXX";
+    REQUIRE(::mkdtemp(dir));
+    const std::string cfgPath = std::string(dir) + "/d.toml";
+    {
+        FILE* c = std::fopen(cfgPath.c_str(), "w");
+        std::fputs("[daemon]\nmessage_timeout_ms = 300\n", c);
+        std::fclose(c);
+    }
+    Daemon d({"--config", cfgPath});
+    auto run = startRanks(d, 2, {"--iters", "2000", "--sizes", "64,4096", "--mode", "mixed"});
+    // Part of a header, then part of a message (whole header, half its
+    // payload), each left hanging with the connection open.
+    Bytes b = hello();
+    CHECK(attack(d.socket(), Bytes(b.begin(), b.begin() + 5)) == "Timeout");
+    CHECK(attack(d.socket(), Bytes(b.begin(), b.end() - 3)) == "Timeout");
+    // A whole message is served as ever.
+    CHECK(statusJson(d.socket()).find("\"status_version\":1") != std::string::npos);
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    REQUIRE(waitAll(all, 300000));
+    CHECK(run.line(0) == "RESULT rank=0 ok calls=2000");
+    CHECK(run.line(1) == "RESULT rank=1 ok calls=2000");
+    CHECK(d.log().find("refused: Timeout: a message stayed incomplete for 300 ms") != std::string::npos);
+    CHECK(d.stop() == 0);
+    std::remove(cfgPath.c_str());
+    ::rmdir(dir);
 }
 
 // The peer port (daemon <-> daemon TCP) is as exposed as the client socket:
