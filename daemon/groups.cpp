@@ -40,6 +40,7 @@ void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
 
 void GroupTable::refuseAll(Group& g, Errc code, const std::string& why) {
     spdlog::warn("group {}: unavailable: {}: {}", shortId(g.id), errcName(code), why);
+    if (g.state == State::Pending) tellRefused(g.id, g.roster, code, why);
     for (auto& [rank, m] : g.members) refuse(*m.link, code, why);
     g.members.clear();
 }
@@ -54,9 +55,12 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
                                                      "'s roster entry names another node than this daemon");
     auto it = groups_.find(id);
     if (it == groups_.end()) {
-        if (groups_.size() >= cfg_.maxGroups)
-            return refuse(link, Errc::Unavailable, "daemon serves its maximum of " + std::to_string(cfg_.maxGroups) +
-                                                       " groups (daemon.max_groups)");
+        if (groups_.size() >= cfg_.maxGroups) {
+            const std::string why = "daemon serves its maximum of " + std::to_string(cfg_.maxGroups) +
+                                    " groups (daemon.max_groups)";
+            tellRefused(id, m.roster, Errc::Unavailable, why);
+            return refuse(link, Errc::Unavailable, why);
+        }
         Group g;
         g.id = id;
         g.handle = nextHandle_++;

@@ -146,6 +146,9 @@ private:
     void takeRecord(Group& g, NodeLink& n, const peer_proto::PeerGroup& rec);
     Status connectQps(Group& g, NodeLink& n, const peer_proto::PeerGroup& rec);
     void failNegotiation(Group& g, Errc code, const std::string& why);
+    void tellRefused(const GroupId& id, const std::vector<client_proto::RosterEntry>& roster, Errc code,
+                     const std::string& why);
+    const Error* refusedGroup(const GroupId& id, bool ours);
     void maybeOpen(Group& g);
     void closePeers(Group& g);
     NodeLink* nodeOf(Group& g, const NodeId& node);
@@ -170,6 +173,18 @@ private:
     /// The last failed handshake of a node that connects to us (wrong key):
     /// a group waiting for that node is refused at once, not at the open timeout.
     std::map<NodeId, Refusal> refusals_;
+    /// Groups refused before negotiation, for an open timeout: by this node
+    /// (ours: told to every other node of the roster, and to links that come
+    /// for it later), or by another node (its PeerReady came before our
+    /// ranks joined). Either way the group is refused at once, not at the
+    /// open timeout.
+    struct GroupRefusal {
+        Error why;
+        std::uint64_t atNs;
+        bool ours;
+    };
+    std::map<GroupId, GroupRefusal> refusedGroups_;
+    static constexpr std::size_t kMaxRefusedGroups = 1024;
 };
 
 } // namespace tpf::daemon

@@ -46,6 +46,7 @@ GroupTable::NodeLink* GroupTable::nodeOf(Group& g, const NodeId& node) {
 
 Status GroupTable::startNegotiation(Group& g) {
     g.state = State::Negotiating;
+    if (const Error* e = refusedGroup(g.id, false)) return *e;
     for (std::uint32_t r = 0; r < g.world; ++r) {
         if (g.localMask >> r & 1u) continue;
         const auto& e = g.roster[r];
@@ -275,6 +276,56 @@ void GroupTable::failNegotiation(Group& g, Errc code, const std::string& why) {
     eraseIfEmpty(id);
 }
 
+const Error* GroupTable::refusedGroup(const GroupId& id, bool ours) {
+    auto it = refusedGroups_.find(id);
+    if (it == refusedGroups_.end() || it->second.ours != ours) return nullptr;
+    if (monotonicNs() - it->second.atNs > std::uint64_t(cfg_.openTimeoutMs) * 1000000ull) {
+        refusedGroups_.erase(it);
+        return nullptr;
+    }
+    return &it->second.why;
+}
+
+// A group this node refused before negotiating (a local check, a roster
+// mismatch, the open timeout): every other node of its roster is told with a
+// PeerReady carrying the reason, on a link opened for that alone (or on the
+// link it already parked here), so that its ranks are refused at once rather
+// than at their open timeout.
+void GroupTable::tellRefused(const GroupId& id, const std::vector<client_proto::RosterEntry>& roster, Errc code,
+                             const std::string& why) {
+    if (!peers_ || !peers_->enabled()) return;
+    const bool told = refusedGroup(id, true) != nullptr;
+    const std::uint64_t now = monotonicNs();
+    std::erase_if(refusedGroups_, [&](const auto& kv) {
+        return now - kv.second.atNs > std::uint64_t(cfg_.openTimeoutMs) * 1000000ull;
+    });
+    if (refusedGroups_.size() >= kMaxRefusedGroups) refusedGroups_.erase(refusedGroups_.begin());
+    refusedGroups_[id] = GroupRefusal{Error{code, why}, now, true};
+    if (told) return;
+    PeerVerdict v{};
+    std::memcpy(v.groupId, id.data(), 16);
+    v.errc = std::uint16_t(code);
+    v.missingRank = kNoPeer;
+    setText(v.reason, why.substr(0, sizeof v.reason - 1));
+    std::vector<NodeId> done{nodeId_};
+    std::erase_if(parked_, [&](const Parked& p) {
+        if (std::memcmp(p.record.fixed.groupId, id.data(), 16) != 0) return false;
+        p.session->send(peer_proto::encode(kPeerReady, 0, v));
+        p.session->finish();
+        done.push_back(p.session->remoteNode());
+        return true;
+    });
+    for (const auto& e : roster) {
+        NodeId node;
+        std::memcpy(node.data(), e.nodeId, 16);
+        if (e.endpointPort == 0 || std::find(done.begin(), done.end(), node) != done.end()) continue;
+        done.push_back(node);
+        spdlog::info("group {}: telling node {} ({}) that it was refused here", shortId(id), shortHex(e.nodeId),
+                     endpointText(e.endpointAddr, e.endpointPort));
+        peers_->connect(e.endpointAddr, e.endpointPort, node, peer_proto::encode(kPeerReady, 0, v), true);
+    }
+}
+
 void GroupTable::closePeers(Group& g) {
     for (auto& n : g.nodes)
         if (n.session) std::exchange(n.session, nullptr)->finish();
@@ -300,6 +351,16 @@ void GroupTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec
     };
     if (from != s->remoteNode()) return refuseLink("record of node " + hexOf(from.data(), 6) + " on the link of another node");
     refusals_.erase(from);
+    if (const Error* e = refusedGroup(id, true)) {
+        spdlog::info("peer link {}: group {} was refused here: {}", s->endpointText(), shortId(id), e->detail);
+        PeerVerdict v{};
+        std::memcpy(v.groupId, id.data(), 16);
+        v.errc = std::uint16_t(e->code);
+        v.missingRank = kNoPeer;
+        setText(v.reason, e->detail.substr(0, sizeof v.reason - 1));
+        s->send(peer_proto::encode(kPeerReady, 0, v));
+        return s->finish();
+    }
     auto it = groups_.find(id);
     if (s->accepted() && (it == groups_.end() || it->second.state == State::Pending)) {
         // Our ranks have not all joined yet: hold the link until they have.
@@ -329,6 +390,31 @@ void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_
     GroupId id;
     std::memcpy(id.data(), v.groupId, 16);
     auto it = groups_.find(id);
+    if (opcode == kPeerReady && v.errc && s->accepted() &&
+        (it == groups_.end() || it->second.state == State::Pending || nodeOf(it->second, s->remoteNode()) == nullptr ||
+         nodeOf(it->second, s->remoteNode())->session != s)) {
+        // A refusal on a link opened for it alone (tellRefused on that node).
+        Errc code = Errc::Unavailable;
+        errcFromWire(v.errc, code);
+        std::string reason;
+        getText(v.reason, reason);
+        const std::string why = "node " + hexOf(s->remoteNode().data(), 6) + " (" + s->endpointText() +
+                                ") refused the group: " + reason;
+        s->finish();
+        if (it != groups_.end() && it->second.state == State::Negotiating) {
+            if (nodeOf(it->second, s->remoteNode())) failNegotiation(it->second, code, why);
+            return;
+        }
+        if (it != groups_.end() && it->second.state != State::Pending) return;
+        if (it != groups_.end() && std::none_of(it->second.roster.begin(), it->second.roster.end(), [&](const auto& e) {
+                return std::memcmp(e.nodeId, s->remoteNode().data(), 16) == 0;
+            }))
+            return;
+        spdlog::info("group {}: {}", shortId(id), why);
+        if (refusedGroups_.size() >= kMaxRefusedGroups) refusedGroups_.erase(refusedGroups_.begin());
+        refusedGroups_[id] = GroupRefusal{Error{code, why}, monotonicNs(), false};
+        return;
+    }
     if (it == groups_.end()) return;
     Group& g = it->second;
     NodeLink* n = nodeOf(g, s->remoteNode());

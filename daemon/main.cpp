@@ -37,17 +37,16 @@ void notify(const char* state) {
 #endif
 }
 
-// Stable per (machine, socket): two daemons on one machine (tests, the VM)
-// are two nodes.
+// Stable per (machine, boot, socket): two daemons on one machine (tests, the
+// VM) are two nodes, and so are machines cloned from one image (same
+// machine-id, but each boot has its own boot_id and, usually, host name).
 GroupId makeNodeId(const std::string& socketPath) {
-    std::string machine;
+    std::string machine, boot;
     std::ifstream("/etc/machine-id") >> machine;
-    if (machine.empty()) {
-        char host[256] = {};
-        ::gethostname(host, sizeof host - 1);
-        machine = host;
-    }
-    const std::string seed = machine + "|" + socketPath;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string seed = machine + "|" + boot + "|" + host + "|" + socketPath;
     GroupId id{};
     crypto_generichash(id.data(), id.size(), reinterpret_cast<const unsigned char*>(seed.data()), seed.size(),
                        nullptr, 0);

@@ -71,9 +71,11 @@ PeerSession::PeerSession(boost::asio::io_context& io, tcp::socket socket, PeerHa
     }
 }
 
-void PeerSession::connect(const tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs, Bytes first) {
+void PeerSession::connect(const tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs, Bytes first,
+                          bool only) {
     remote_ = remote;
     expectRemote_ = true;
+    onlyFirst_ = only;
     first_ = std::move(first);
     endpoint_ = endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
     auto self = shared_from_this();
@@ -195,6 +197,7 @@ void PeerSession::established() {
     state_ = "negotiating";
     spdlog::info("peer link {} to node {} established{}", endpoint_, hex6(remote_), key_ ? " (cluster key proven)" : "");
     if (!first_.empty()) send(std::move(first_));
+    if (onlyFirst_) return finish();
     readNext();
 }
 
@@ -324,11 +327,11 @@ void PeerService::acceptNext() {
 }
 
 std::shared_ptr<PeerSession> PeerService::connect(const std::uint8_t (&addr)[16], std::uint16_t port, const NodeId& remote,
-                                                  Bytes first) {
+                                                  Bytes first, bool only) {
     auto s = std::make_shared<PeerSession>(io_, tcp::socket(io_), handler_, self_, key_, false);
     std::erase_if(sessions_, [](const std::weak_ptr<PeerSession>& w) { return w.expired(); });
     sessions_.push_back(s);
-    s->connect(toEndpoint(addr, port), remote, cfg_.peerConnectTimeoutMs, std::move(first));
+    s->connect(toEndpoint(addr, port), remote, cfg_.peerConnectTimeoutMs, std::move(first), only);
     return s;
 }
 

@@ -45,9 +45,10 @@ public:
                 const NodeId& self, const std::optional<std::vector<std::uint8_t>>& key, bool accepted);
 
     /// Connecting side: connect to `endpoint` within `timeoutMs`, expecting
-    /// node `remote`, then handshake and send `first` as the first record.
+    /// node `remote`, then handshake and send `first` as the first record;
+    /// with `only`, close once `first` is written (a refusal's verdict).
     void connect(const boost::asio::ip::tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs,
-                 Bytes first);
+                 Bytes first, bool only = false);
     /// Accepting side: handshake, then wait for the remote's record.
     void accept();
     void send(Bytes message);
@@ -83,6 +84,7 @@ private:
     NodeId self_;
     NodeId remote_{};
     bool expectRemote_ = false;
+    bool onlyFirst_ = false; ///< close once first_ is written
     std::optional<std::vector<std::uint8_t>> key_;
     bool accepted_;
     std::string endpoint_;
@@ -110,9 +112,10 @@ public:
     Status start();
     void stop();
     /// Open a link for one group to the node at `addr` (16-byte IPv4-mapped or
-    /// IPv6) : `port`, sending `first` (our PeerGroup) once the handshake is done.
+    /// IPv6) : `port`, sending `first` (our PeerGroup) once the handshake is
+    /// done; with `only`, close after it (a PeerReady refusing a group).
     std::shared_ptr<PeerSession> connect(const std::uint8_t (&addr)[16], std::uint16_t port, const NodeId& remote,
-                                         Bytes first);
+                                         Bytes first, bool only = false);
     bool enabled() const { return acceptor_.is_open(); }
     bool keyed() const { return key_.has_value(); }
 

@@ -17,7 +17,7 @@ sock_of() { echo "/run/tpf-$1.sock"; }
 stamp() { note "[$(date +%T)] $*"; }
 
 # start_daemon NAME NODE: config NAME.toml, log NAME.log, socket /run/tpf-NAME.sock.
-# Overrides: HCAS (TOML array), KEY_FILE, LISTEN_IP.
+# Overrides: HCAS (TOML array), KEY_FILE, LISTEN_IP, MAX_BYTES (daemon.max_bytes).
 start_daemon() {
   local name=$1 nd=$2 devs ip
   node "$nd"
@@ -26,7 +26,7 @@ start_daemon() {
   cat >"$name.toml" <<TOML
 [daemon]
 socket = "$(sock_of "$name")"
-max_bytes = $VERBS_CAP
+max_bytes = ${MAX_BYTES:-$VERBS_CAP}
 open_timeout_ms = 60000
 [peer]
 listen = "$ip"

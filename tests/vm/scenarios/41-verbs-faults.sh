@@ -5,7 +5,9 @@
 # PeerLost on both nodes; a rank of node B aborts: Aborted on both nodes.
 # Rail 1 cut mid-run: an
 # error (Timeout or PeerLost) within the timeout. Daemons with different
-# cluster keys: the group is refused (AuthFailed), both daemons log it. Two
+# cluster keys: the group is refused (AuthFailed), both daemons log it. A
+# group refused by one daemon before negotiation: refused on both nodes at
+# once, not at the open timeout. Two
 # HCAs of node A in one subnet: both nodes refuse with NonOneToOnePairing and
 # every rank is told.
 # vm-timeout: 1200
@@ -74,6 +76,30 @@ KEY_FILE=$PWD/key.a start_daemon a A && KEY_FILE=$PWD/key.a start_daemon b B || 
 if run_group samekey "A B" --iters 200 --mode mixed; then tap_ok "same cluster key on both: the group opens and runs"
 else tap_fail "same cluster key on both: the group opens and runs"; show_group samekey; fi
 stop_daemons
+
+# -- a group refused on one node before negotiation --------------------------------
+# That daemon's max_bytes is below the ranks' ask: it refuses its rank at once
+# and tells the other daemon (on a link opened for that, or on the link that
+# came for the group), whose rank is refused at once too, not at its open
+# timeout (client 30 s, daemon 60 s). Each daemon refuses once, so that the
+# refuser is the connecting side of the node pair once and the accepting once.
+for refuser in b a; do
+  : >a.log; : >b.log
+  if [ $refuser = b ]; then start_daemon a A && MAX_BYTES=4096 start_daemon b B || tap_done
+  else MAX_BYTES=4096 start_daemon a A && start_daemon b B || tap_done; fi
+  t0=$(date +%s)
+  run_group "refused$refuser" "A B" --iters 10
+  t=$(($(date +%s) - t0))
+  r0=$(result_of "refused$refuser" 0) r1=$(result_of "refused$refuser" 1)
+  what="daemon $refuser refuses a group (max_bytes): both ranks are refused within 20 s"
+  case "$r0/$r1" in
+    ok/* | */ok | none/* | */none | Timeout/* | */Timeout) ok=0 ;;
+    *) ok=1 ;;
+  esac
+  if [ $ok = 1 ] && [ "$t" -lt 20 ]; then tap_ok "$what ($r0, $r1 after ${t} s)"
+  else tap_fail "$what" "ranks: $r0, $r1 after ${t} s"; show_group "refused$refuser"; fi
+  stop_daemons
+done
 
 # -- pairing refusal -----------------------------------------------------------------
 # Node A's rail-1 device also gets an address in rail 0's subnet; daemon A owns
