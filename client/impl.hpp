@@ -61,6 +61,11 @@ struct Group::Impl {
     void record(std::uint64_t startNs, std::size_t bytes, bool ok);
 };
 
+/// What in-tree benchmarks and tests may read of an open group (not installed).
+struct GroupAccess {
+    static const Group::Impl& of(const Group& g) { return *g.impl_; }
+};
+
 /// GPU hooks of Group::open (client/gpu_open.cpp; client/gpu_stub.cpp without CUDA).
 /// The NCCL communicator of an NcclBootstrap, else nullptr.
 void* ncclCommOf(Bootstrap& boot);

@@ -166,6 +166,15 @@ cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void*
     return cudaErrorInvalidValue;
 }
 
+cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, std::uint64_t* laps,
+                               cudaStream_t stream) {
+    bool proxy = false;
+    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == client_proto::kRouteShm || v.routes[r] == client_proto::kRouteVerbs;
+    if (!viewUsable(v) || !proxy || v.ring == nullptr || v.layout.slotBytes < 16) return cudaErrorInvalidValue;
+    detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps);
+    return cudaGetLastError();
+}
+
 cudaError_t preloadKernels() {
     // cudaFuncGetAttributes loads the function (the documented way to defeat lazy loading).
     const void* const kernels[] = {
@@ -173,6 +182,7 @@ cudaError_t preloadKernels() {
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumF32>),
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumF16>),
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumBF16>),
+        reinterpret_cast<const void*>(&detail::hopLoopKernel),
 #define TPF_LL_KERNELS(per, peers)                                                                                     \
     reinterpret_cast<const void*>(&detail::llKernel<Op::Gather, per, peers>),                                          \
         reinterpret_cast<const void*>(&detail::llKernel<Op::SumF32, per, peers>),                                     \
@@ -212,6 +222,7 @@ cudaError_t writeDeviceState(DeviceState* state, std::uint64_t epoch, std::uint3
     init.epoch = epoch;
     init.verdict = epoch; // no call of a later epoch has been decided yet
     init.ringHead = ringHead;
+    init.ringTail = ringHead - (1u << 31); // looks full: the first doorbell reads the real tail
     init.llMissing = kNoPeer;
     // A private stream, synchronised: a pageable cudaMemcpy may return before
     // the bytes land, and a kernel on a non-blocking stream would not wait.

@@ -59,7 +59,9 @@ struct DeviceState {
                                  ///<     every call (both kernels) zeroes [(e + 1) & 1] for the next one at its start
     std::uint32_t llCode;        ///< @48 LL calls: largest failure code a block saw (the last block to arrive resets it)
     std::uint32_t llMissing;     ///< @52 LL calls: lowest rank a block timed out on, kNoPeer if none (likewise)
-    std::uint8_t reserved[72];
+    std::uint32_t ringTail;      ///< @56 RingHeader::subTail as last read: the ring is re-read (a PCIe round trip)
+                                 ///<     only when it looks full from here
+    std::uint8_t reserved[68];
 };
 static_assert(sizeof(DeviceState) == 128);
 static_assert(std::is_trivially_copyable_v<DeviceState>);
@@ -163,6 +165,16 @@ cudaError_t launchAllGather(const DeviceGroupView& view, const void* send, void*
 /// nearest even once. Same contract as launchAllGather otherwise.
 cudaError_t launchAllReduceSum(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t count,
                                DType dtype, cudaStream_t stream);
+
+/// Benchmark of the proxy hop alone (bench/gpu --mode hop): `iters` calls of
+/// a 16-byte shard by one warp of one launch, no output and no launch per
+/// call: stage, doorbell, wait for every peer's flags. With `laps` (device
+/// memory, iters entries) lap i is the ns from the doorbell to the last
+/// peer flag seen. Needs a view with a proxy (shm or verbs) peer, the same
+/// on every rank; every rank runs it with the same iters, between calls.
+/// Returns cudaErrorInvalidValue, launching nothing, for an ipc-only view.
+cudaError_t launchProxyHopLoop(const DeviceGroupView& view, std::uint64_t iters, std::uint64_t* laps,
+                               cudaStream_t stream);
 
 /// Loads every collective kernel variant now. CUDA loads a kernel lazily at
 /// its first launch (CUDA_MODULE_LOADING=LAZY, the default), and that load

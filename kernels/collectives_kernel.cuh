@@ -78,17 +78,23 @@ __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t
     DeviceState* st = v.state;
     auto* h = reinterpret_cast<RingHeader*>(v.ring);
     const std::uint32_t head = st->ringHead;
-    // The daemon busy-polls while GPU groups exist; a full ring means it is
-    // stuck or gone: wait at most the timeout, then report instead of overwriting.
-    if (head - ldAcquireSys(&h->subTail) >= v.ringLayout.entries) {
+    // Room is checked against the tail last read (device memory); only when
+    // the ring looks full is the daemon's subTail read again, over PCIe. The
+    // daemon busy-polls while GPU groups exist; a ring really full means it
+    // is stuck or gone: wait at most the timeout, then report instead of
+    // overwriting.
+    if (head - st->ringTail >= v.ringLayout.entries) {
+        std::uint32_t tail = ldAcquireSys(&h->subTail);
         const std::uint64_t t0 = globalTimerNs();
-        while (head - ldAcquireSys(&h->subTail) >= v.ringLayout.entries) {
+        while (head - tail >= v.ringLayout.entries) {
             if (globalTimerNs() - t0 > v.timeoutNs) {
                 stReleaseGpu(&st->ringFullEpoch, e);
                 return;
             }
             __nanosleep(1000);
+            tail = ldAcquireSys(&h->subTail);
         }
+        st->ringTail = tail;
     }
     uint4 d;
     d.x = std::uint32_t(e);
@@ -96,7 +102,9 @@ __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t
     d.z = std::uint32_t(bytes);
     d.w = v.groupHandle;
     st16(v.ring + v.ringLayout.submissionOffset(head), d); // Doorbell{epoch, bytes, group}, one 16-byte store
-    __threadfence_system();
+    // The release orders the entry and the staged shard (this thread's
+    // stores, and the block's through the caller's barrier and fence) before
+    // the new head, as for the ipc flags above: no separate fence.
     stReleaseSys(&h->subHead, head + 1);
     st->ringHead = head + 1;
 }
@@ -356,6 +364,39 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     // 4. the last block out advances the epoch for the next call.
     if (threadIdx.x == 0) {
         if (nb == 1 || atomicInc(&st->doneArrive, nb - 1) == nb - 1) st->epoch = e;
+    }
+}
+
+/// The proxy hop alone (launchProxyHopLoop): one warp, `iters` calls of a
+/// 16-byte shard with no output. Each call stages the shard in the own slot,
+/// publishes the doorbell (publish: fence, ring entry, release of subHead)
+/// and waits for every peer's flags (waitPeers); lap i, %globaltimer from
+/// just before the doorbell to the last flag seen, goes to laps[i] when laps
+/// is set. Stops after the first failed call (recorded as a call's). The
+/// epoch advances per call as the collective kernel's does.
+__global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, std::uint64_t iters,
+                                                        std::uint64_t* laps) {
+    DeviceState* st = v.state;
+    const std::uint32_t lane = threadIdx.x;
+    for (std::uint64_t i = 0; i < iters; ++i) {
+        const std::uint64_t e = ldRelaxedGpu(&st->epoch) + 1;
+        const std::uint32_t p = phaseOf(e);
+        if (lane == 0) {
+            stRelaxedSys(&v.control->epoch, e);
+            st->llArrive[(e + 1) & 1] = 0;
+            st16(v.region + v.layout.slotOffset(p, v.rank), make_uint4(std::uint32_t(e), std::uint32_t(i), 0, 0));
+        }
+        __syncwarp();
+        const std::uint64_t t0 = globalTimerNs();
+        publish(v, e, p, 16, true);
+        const std::uint32_t code = waitPeers(v, e, p);
+        const std::uint64_t lap = globalTimerNs() - t0;
+        if (lane == 0) {
+            if (laps) laps[i] = lap;
+            st->epoch = e;
+        }
+        __syncwarp();
+        if (code != 0) return;
     }
 }
 

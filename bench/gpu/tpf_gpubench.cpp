@@ -13,9 +13,10 @@
 //   fabric takes every size; ncclAllGather / ncclAllReduce (bf16, sum); and a
 //   group over an NcclBootstrap, which routes each size as an application's
 //   group would (fabric up to the crossover, NCCL above it).
-// --mode hop: proxy route 16 B gathers (doorbell -> daemon -> flag -> waiting
-//   kernel, per call) beside a raw host-mapped flag ping-pong (kernel <-> CPU
-//   thread) in the same run.
+// --mode hop: proxy route 16 B gathers (a graph of 100, per call), then the
+//   hop alone (doorbell -> daemon -> flag -> waiting kernel; proxyHop below),
+//   beside a raw host-mapped flag ping-pong (kernel <-> CPU thread) in the
+//   same run.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +32,9 @@
 #include <vector>
 
 #include "bench/gpu/bench_kernels.hpp"
+#include "client/gpu_path.hpp"
+#include "client/impl.hpp"
+#include "kernels/collectives.hpp"
 #include "tpf_config.h"
 #include <tpfabric/tpfabric.hpp>
 #if TPF_HAVE_NCCL
@@ -97,6 +101,36 @@ int timeGraph(cudaStream_t st, F&& enqueue, double& best, Group* g) {
 
 void row(const char* what, std::uint64_t bytes, double us) {
     if (a.rank == 0) std::printf("ROW %s W=%u %llu %.2f\n", what, a.world, (unsigned long long)bytes, us), std::fflush(stdout);
+}
+
+// --mode hop, the hop alone: every rank runs one launch of kHopCalls 16-byte
+// calls (kernels::launchProxyHopLoop: stage, doorbell, wait for the peer's
+// flag; no launch and no output per call), after a warm-up launch. Rows: the
+// mean per call (host clock over the launch / calls) and the laps' p50/p99
+// (%globaltimer, doorbell store to the last flag seen).
+template <class Barrier>
+int proxyHop(Group& g, cudaStream_t st, Barrier& barrier) {
+    constexpr std::uint64_t kHopCalls = 20000, kWarmup = 1000;
+    const kernels::DeviceGroupView& view = GroupAccess::of(g).gpu->view;
+    std::uint64_t* laps = nullptr;
+    CK(cudaMalloc(&laps, kHopCalls * sizeof(std::uint64_t)));
+    barrier();
+    CK(kernels::launchProxyHopLoop(view, kWarmup, nullptr, st));
+    CK(cudaStreamSynchronize(st));
+    barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    CK(kernels::launchProxyHopLoop(view, kHopCalls, laps, st));
+    CK(cudaStreamSynchronize(st));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (auto c = g.check(); !c) return std::fprintf(stderr, "rank %u: hop: %s\n", a.rank, c.error().describe().c_str()), 1;
+    std::vector<std::uint64_t> lap(kHopCalls);
+    CK(cudaMemcpy(lap.data(), laps, kHopCalls * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+    cudaFree(laps);
+    std::sort(lap.begin(), lap.end());
+    row("proxy-hop-mean", 16, s * 1e6 / double(kHopCalls));
+    row("proxy-hop-p50", 16, double(lap[kHopCalls / 2]) / 1e3);
+    row("proxy-hop-p99", 16, double(lap[kHopCalls * 99 / 100]) / 1e3);
+    return 0;
 }
 
 #if TPF_HAVE_NCCL
@@ -243,6 +277,8 @@ int main(int argc, char** argv) {
         barrier();
         if (timeGraph(st, [&] { (void)g.allGather(send, recv, 16, st); }, us, &g)) return 1;
         row("proxy-gather", 16, us);
+        barrier();
+        if (proxyHop(g, st, barrier)) return 1;
         barrier();
         if (a.rank == 0) { // raw ping-pong: GPU kernel <-> CPU thread through host-mapped memory
             std::uint64_t* flags = nullptr;

@@ -10,7 +10,9 @@
 # tpf-gpubench in $TPF_GPU_BIN, with libtpfabric.so.0 and the .so files the
 # GPU machine lacks (libsodium.so.23, libtomlplusplus.so.3, libspdlog.so.1.10,
 # libfmt.so.9) under lib/ (docs/gpu.md). TPF_GPU_SKIP_SINGLE=1 skips the
-# single-process test, TPF_GPU_NO_BENCH=1 the benchmark.
+# single-process test, TPF_GPU_NO_BENCH=1 the benchmark; TPF_GPU_BENCH_ONLY=1
+# runs only the one-GPU benchmark (under MPS, with the daemon), TPF_GPU_BENCH_W
+# its ipc widths (default "2 4 8").
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
 # Several GPUs (nvidia-smi -L lists N >= 2): first, with no MPS, one rank
@@ -84,13 +86,16 @@ run_one() {
   echo "== $name: exit $r"
   [ "$r" = 0 ] || [ "$r" = 77 ] || rc=1
 }
+[ -n "${TPF_GPU_BENCH_ONLY:-}" ] && TPF_GPU_SKIP_SINGLE=1
 if [ -z "${TPF_GPU_SKIP_SINGLE:-}" ]; then
   for t in "${single_process[@]}"; do run_one "$t" "$@"; done
 fi
 [ -x "$bin/tpf-gpurank" ] || { echo "no $bin/tpf-gpurank: multi-process tests not run"; exit $rc; }
-echo "== tpf-gpurank nccl1 (world-1 NcclBootstrap; above-cap calls to NCCL)"
-timeout 60 "$bin/tpf-gpurank" --scenario nccl1 2>&1 | tee "$logdir/nccl1.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
+  echo "== tpf-gpurank nccl1 (world-1 NcclBootstrap; above-cap calls to NCCL)"
+  timeout 60 "$bin/tpf-gpurank" --scenario nccl1 2>&1 | tee "$logdir/nccl1.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 
 # start_daemon SOCKET LOG [args]: the carried tpfabricd in the background (pid in $started).
 started=
@@ -127,7 +132,7 @@ show() {
 # One rank process per GPU, no MPS: the scenarios at W = N, NCCL bootstrap
 # and fallback, and the benchmark beside NCCL (needs N >= 2: NCCL refuses two
 # ranks on one GPU). NCCL_NVLS_ENABLE=0 stays exported (above).
-if [ "$ngpu" -ge 2 ]; then
+if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   t0=$SECONDS
   xdir=$(mktemp -d)
   sock=$xdir/tpfabricd.sock
@@ -189,6 +194,7 @@ dpid=$started
 
 t0=$SECONDS
 for route in ipc proxy; do
+  [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && break
   for w in 2 4 8; do
     for scen in data graph b2b kill stall; do
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
@@ -199,14 +205,16 @@ for route in ipc proxy; do
     done
   done
 done
-if (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); then st=PASS; else st=FAIL; rc=1; fi
-echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
-grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
-echo "multi-process tests took $((SECONDS - t0)) s"
+if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
+  if (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); then st=PASS; else st=FAIL; rc=1; fi
+  echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
+  grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
+  echo "multi-process tests took $((SECONDS - t0)) s"
+fi
 
 if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
   echo "== benchmark (bench/gpu): $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-  for w in 2 4 8; do
+  for w in ${TPF_GPU_BENCH_W:-2 4 8}; do
     ranks tpf-gpubench $w ipc sizes 0 --mode sizes || { echo "bench ipc W=$w failed"; rc=1; }
     grep -h '^ROW' "$logdir/tpf-gpubench-sizes-ipc-w$w.log"
   done

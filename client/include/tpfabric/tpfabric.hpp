@@ -156,6 +156,8 @@ public:
     std::string route(std::uint32_t peer) const;
 
     struct Impl;
+    /// In-tree benchmarks and tests read an open group through this (client/impl.hpp).
+    friend struct GroupAccess;
 
 private:
     explicit Group(std::unique_ptr<Impl> impl);
