@@ -77,13 +77,26 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
                                             std::to_string(ring.lastEpoch));
     ring.lastEpoch = d.epoch;
     if (g.broken.load(std::memory_order_acquire)) return;
+    ring.delivering = CommandRing::Delivery{d, 0, 0};
+    resume(pr);
+}
 
+// Peers in peerAt order: shm peers get the copy and the flag at once; verbs
+// peers stripe by stripe while their queue pairs are under the cap. A stripe
+// at the cap leaves the rest for a later pass (the caller serves the other
+// rings meanwhile), so one stalled queue pair holds up only this ring.
+bool Proxy::resume(ProxyRank& pr) {
+    ProxyGroup& g = *pr.group;
+    CommandRing& ring = *pr.ring;
+    CommandRing::Delivery& cur = *ring.delivering;
+    const Doorbell& d = cur.doorbell;
+    if (g.broken.load(std::memory_order_acquire)) return ring.delivering.reset(), true;
     const std::uint32_t phase = phaseOf(d.epoch);
     const HostRegion& src = *g.regions[pr.rank];
-    for (std::uint32_t i = 0; i + 1 < g.world; ++i) {
-        const std::uint32_t q = peerAt(pr.rank, i, g.world);
+    for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
+        const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
         if (g.routes[q] == client_proto::kRouteVerbs) {
-            deliverVerbs(pr, q, phase, d);
+            if (!resumeVerbs(pr, q, phase, cur)) return false;
             continue;
         }
         if (g.routes[q] != client_proto::kRouteShm) continue;
@@ -95,30 +108,50 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
         }
         dst.wakeIfWaiting();
     }
+    ring.delivering.reset();
     doorbells_.fetch_add(1, std::memory_order_relaxed);
+    return true;
 }
 
-// Each stripe: wait (polling completions) until its QP is under the in-flight
-// cap, then post payload + flag. A failed link breaks the group; the doorbell
-// is not carried further (the group's ranks end with PeerLost).
-void Proxy::deliverVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, const Doorbell& d) {
+// Each stripe: if its QP is at the in-flight cap (or its CQ half full), stop
+// here and come back later; else post payload + flag. A failed link breaks
+// the group; the doorbell is not carried further to that peer (the group's
+// ranks end with PeerLost).
+bool Proxy::resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur) {
     ProxyGroup& g = *pr.group;
-    if (!g.verbs) return;
-    for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
+    if (!g.verbs) return true;
+    for (; cur.stripe < g.layout.stripes; ++cur.stripe) {
+        const std::uint32_t k = cur.stripe;
         QpLink* link = g.verbs->link(pr.rank, peer, k);
-        if (!link) return;
+        if (!link || link->failed) return true;
         // Half the CQ for signaled flags: a QP in error also completes its payloads.
-        while (!link->failed && (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth())) {
+        if (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth()) {
             pollCqs();
-            if (g.broken.load(std::memory_order_acquire) || !running_.load(std::memory_order_relaxed)) return;
-            cpuRelax();
+            if (link->failed) return true;
+            if (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth()) return false;
         }
-        if (link->failed) return;
-        const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
-        if (auto st = link->postStripe(g.layout, phase, pr.rank, k, s, d.epoch); !st) {
+        const Stripe s = stripeOf(cur.doorbell.bytes, g.layout.stripes, k);
+        if (auto st = link->postStripe(g.layout, phase, pr.rank, k, s, cur.doorbell.epoch); !st) {
             link->failed = true;
-            return linkFailed(*link, st.error().describe());
+            linkFailed(*link, st.error().describe());
+            return true;
         }
+    }
+    return true;
+}
+
+void Proxy::finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next) {
+    for (auto& pr : old) {
+        bool stays = false;
+        for (const auto& n : next) stays |= n.ring == pr.ring;
+        if (stays) continue;
+        do {
+            while (pr.ring->delivering && !resume(pr)) {
+                if (!running_.load(std::memory_order_relaxed)) return pr.ring->delivering.reset();
+                pollCqs();
+                cpuRelax();
+            }
+        } while (popOne(pr));
     }
 }
 
@@ -181,22 +214,31 @@ void Proxy::retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRan
 std::size_t Proxy::pollOnce(std::vector<ProxyRank>& table) {
     std::size_t work = 0;
     for (auto& pr : table) {
-        Doorbell d;
-        for (;;) {
-            const auto r = pr.ring->view.pop(pr.ring->tail, d);
-            if (r == RingView::Pop::Empty) break;
-            if (r == RingView::Pop::Corrupt) {
-                if (events_.badDoorbell)
-                    events_.badDoorbell(pr.group->handle, pr.rank,
-                                        Error{Errc::BadMessage, "command ring head corrupted by the client"});
-                pr.ring->tail = std::atomic_ref(pr.ring->view.header().subHead).load(std::memory_order_acquire);
-                break;
-            }
-            deliver(pr, d);
+        // A doorbell in progress goes first; while it waits, so do the ring's later ones.
+        if (pr.ring->delivering && !resume(pr)) {
             ++work;
+            continue;
+        }
+        while (popOne(pr)) {
+            ++work;
+            if (pr.ring->delivering) break; // at a cap: the other rings first
         }
     }
     return work;
+}
+
+bool Proxy::popOne(ProxyRank& pr) {
+    Doorbell d;
+    const auto r = pr.ring->view.pop(pr.ring->tail, d);
+    if (r == RingView::Pop::Empty) return false;
+    if (r == RingView::Pop::Corrupt) {
+        if (events_.badDoorbell)
+            events_.badDoorbell(pr.group->handle, pr.rank, Error{Errc::BadMessage, "command ring head corrupted by the client"});
+        pr.ring->tail = std::atomic_ref(pr.ring->view.header().subHead).load(std::memory_order_acquire);
+        return false;
+    }
+    deliver(pr, d);
+    return true;
 }
 
 // Announce sleep in every ring, then re-check (the producers' side of the
@@ -224,6 +266,7 @@ void Proxy::run() {
                 next = pending_;
                 version = pendingVersion_;
             }
+            finishLeaving(table, next);
             retire(table, next);
             table = std::move(next);
             mustSpin = false;

@@ -1,6 +1,8 @@
 // The proxy thread: polls the command rings of open groups and carries each
 // doorbell out on the wire of every peer (shm: copy + release store of the
-// epoch flag). Busy-polls while there is work, sleeps on an eventfd after
+// epoch flag; verbs: RDMA WRITEs under each queue pair's in-flight cap; a
+// doorbell whose queue pair is at the cap is resumed on a later pass, so it
+// holds up only its own ring). Busy-polls while there is work, sleeps on an eventfd after
 // proxy.spin_us without any (idle CPU about 0), and never sleeps while a group
 // with GPU doorbells is open (a kernel cannot write the eventfd).
 #pragma once
@@ -102,8 +104,19 @@ public:
 private:
     void run();
     std::size_t pollOnce(std::vector<ProxyRank>& table);
+    /// Pop one doorbell of the ring and start it; false when there is none.
+    bool popOne(ProxyRank& pr);
+    /// Check a popped doorbell and start carrying it out (resume()).
     void deliver(ProxyRank& pr, const Doorbell& d);
-    void deliverVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, const Doorbell& d);
+    /// Carry out the ring's doorbell in progress as far as the in-flight caps
+    /// allow; true once it is done (or dropped: group broken, link failed).
+    bool resume(ProxyRank& pr);
+    /// Post the stripes of one verbs peer from cur.stripe on; false when a
+    /// queue pair is at its cap (cur.stripe says where to go on).
+    bool resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur);
+    /// Finish the deliveries of rings leaving the table, waiting on the caps
+    /// (so that drained() still means every doorbell was carried out).
+    void finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);
     bool goIdle(std::vector<ProxyRank>& table);
     /// Poll every HCA CQ with requests outstanding; true if any is still busy.
     bool pollCqs();

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/fd.hpp"
@@ -44,6 +45,16 @@ struct CommandRing {
     std::uint32_t tail = 0;    ///< the proxy's private consumer index
     std::uint32_t cplHead = 0; ///< the proxy's private completion index
     std::uint64_t lastEpoch = 0; ///< the proxy's record of the last doorbell carried out
+    /// The proxy's doorbell in progress: a verbs stripe found its queue pair
+    /// at the in-flight cap, so the delivery resumes at (peer index in peerAt
+    /// order, stripe) on a later pass, and this ring's later doorbells wait
+    /// behind it, while every other ring is served meanwhile.
+    struct Delivery {
+        Doorbell doorbell{};
+        std::uint32_t peer = 0;
+        std::uint32_t stripe = 0;
+    };
+    std::optional<Delivery> delivering;
 
     static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint32_t groupHandle,
                                                        const std::string& name);
