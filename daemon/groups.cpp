@@ -294,13 +294,9 @@ void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::
     if (g.state == State::Broken && code != Errc::Aborted) return;
     if (g.state != State::Broken) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
     if (tellPeers && g.state != State::Broken) {
-        peer_proto::PeerVerdict v{};
-        std::memcpy(v.groupId, g.id.data(), 16);
-        v.errc = std::uint16_t(code);
-        v.missingRank = rank;
-        setText(v.reason, why.substr(0, sizeof v.reason - 1));
+        const Bytes v = verdictMessage(peer_proto::kPeerBroken, g.id, code, rank, why);
         for (auto& n : g.nodes)
-            if (n.session) n.session->send(peer_proto::encode(peer_proto::kPeerBroken, 0, v));
+            if (n.session) n.session->send(v);
     }
     g.state = State::Broken;
     g.lastError = Error{code, why};

@@ -153,6 +153,9 @@ private:
     void closePeers(Group& g);
     NodeLink* nodeOf(Group& g, const NodeId& node);
     std::uint64_t publishProxyTable();
+    /// A PeerReady (ok when code is Ok) or PeerBroken record about group `id`, encoded.
+    static Bytes verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::uint32_t missingRank,
+                                const std::string& why);
     void eraseIfEmpty(const GroupId& id);
 
     boost::asio::io_context& io_;

@@ -183,10 +183,7 @@ void GroupTable::takeRecord(Group& g, NodeLink& n, const PeerGroup& rec) {
     if (auto s = connectQps(g, n, rec); !s)
         return failNegotiation(g, s.code(), "with node " + hexOf(n.node.data(), 6) + " (" + n.session->endpointText() +
                                                 "): " + s.error().detail);
-    PeerVerdict v{};
-    std::memcpy(v.groupId, g.id.data(), 16);
-    v.missingRank = kNoPeer;
-    n.session->send(peer_proto::encode(kPeerReady, 0, v));
+    n.session->send(verdictMessage(kPeerReady, g.id, Errc::Ok, kNoPeer, ""));
     n.selfReady = true;
     // Our QPs are up towards every node: the others' must follow within verbs.qp_timeout_ms.
     if (std::all_of(g.nodes.begin(), g.nodes.end(), [](const NodeLink& x) { return x.selfReady; })) {
@@ -263,17 +260,23 @@ void GroupTable::maybeOpen(Group& g) {
 
 // Tell every node why, refuse every local rank, drop the group.
 void GroupTable::failNegotiation(Group& g, Errc code, const std::string& why) {
-    PeerVerdict v{};
-    std::memcpy(v.groupId, g.id.data(), 16);
-    v.errc = std::uint16_t(code);
-    v.missingRank = kNoPeer;
-    setText(v.reason, why.substr(0, sizeof v.reason - 1));
+    const Bytes v = verdictMessage(kPeerReady, g.id, code, kNoPeer, why);
     for (auto& n : g.nodes)
-        if (n.session) n.session->send(peer_proto::encode(kPeerReady, 0, v));
+        if (n.session) n.session->send(v);
     const GroupId id = g.id;
     g.state = State::Broken;
     refuseAll(g, code, why);
     eraseIfEmpty(id);
+}
+
+Bytes GroupTable::verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::uint32_t missingRank,
+                                 const std::string& why) {
+    PeerVerdict v{};
+    std::memcpy(v.groupId, id.data(), 16);
+    v.errc = std::uint16_t(code);
+    v.missingRank = missingRank;
+    setText(v.reason, why.substr(0, sizeof v.reason - 1));
+    return peer_proto::encode(opcode, 0, v);
 }
 
 const Error* GroupTable::refusedGroup(const GroupId& id, bool ours) {
@@ -302,15 +305,11 @@ void GroupTable::tellRefused(const GroupId& id, const std::vector<client_proto::
     if (refusedGroups_.size() >= kMaxRefusedGroups) refusedGroups_.erase(refusedGroups_.begin());
     refusedGroups_[id] = GroupRefusal{Error{code, why}, now, true};
     if (told) return;
-    PeerVerdict v{};
-    std::memcpy(v.groupId, id.data(), 16);
-    v.errc = std::uint16_t(code);
-    v.missingRank = kNoPeer;
-    setText(v.reason, why.substr(0, sizeof v.reason - 1));
+    const Bytes v = verdictMessage(kPeerReady, id, code, kNoPeer, why);
     std::vector<NodeId> done{nodeId_};
     std::erase_if(parked_, [&](const Parked& p) {
         if (std::memcmp(p.record.fixed.groupId, id.data(), 16) != 0) return false;
-        p.session->send(peer_proto::encode(kPeerReady, 0, v));
+        p.session->send(v);
         p.session->finish();
         done.push_back(p.session->remoteNode());
         return true;
@@ -322,7 +321,7 @@ void GroupTable::tellRefused(const GroupId& id, const std::vector<client_proto::
         done.push_back(node);
         spdlog::info("group {}: telling node {} ({}) that it was refused here", shortId(id), shortHex(e.nodeId),
                      endpointText(e.endpointAddr, e.endpointPort));
-        peers_->connect(e.endpointAddr, e.endpointPort, node, peer_proto::encode(kPeerReady, 0, v), true);
+        peers_->connect(e.endpointAddr, e.endpointPort, node, v, true);
     }
 }
 
@@ -341,24 +340,14 @@ void GroupTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec
     std::memcpy(from.data(), rec.fixed.nodeId, 16);
     auto refuseLink = [&](const std::string& why) {
         spdlog::warn("peer link {}: group {}: {}", s->endpointText(), shortId(id), why);
-        PeerVerdict v{};
-        std::memcpy(v.groupId, id.data(), 16);
-        v.errc = std::uint16_t(Errc::GroupMismatch);
-        v.missingRank = kNoPeer;
-        setText(v.reason, why.substr(0, sizeof v.reason - 1));
-        s->send(peer_proto::encode(kPeerReady, 0, v));
+        s->send(verdictMessage(kPeerReady, id, Errc::GroupMismatch, kNoPeer, why));
         s->finish();
     };
     if (from != s->remoteNode()) return refuseLink("record of node " + hexOf(from.data(), 6) + " on the link of another node");
     refusals_.erase(from);
     if (const Error* e = refusedGroup(id, true)) {
         spdlog::info("peer link {}: group {} was refused here: {}", s->endpointText(), shortId(id), e->detail);
-        PeerVerdict v{};
-        std::memcpy(v.groupId, id.data(), 16);
-        v.errc = std::uint16_t(e->code);
-        v.missingRank = kNoPeer;
-        setText(v.reason, e->detail.substr(0, sizeof v.reason - 1));
-        s->send(peer_proto::encode(kPeerReady, 0, v));
+        s->send(verdictMessage(kPeerReady, id, e->code, kNoPeer, e->detail));
         return s->finish();
     }
     auto it = groups_.find(id);
