@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "bench/bench.hpp"
-#include "ctl/byte_size.hpp"
+#include "common/byte_size.hpp"
 
 namespace tpf::bench {
 

@@ -12,7 +12,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/launch.hpp"
-#include "ctl/byte_size.hpp"
+#include "common/byte_size.hpp"
 #include "tpf_config.h"
 
 using namespace tpf;

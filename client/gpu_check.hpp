@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <string>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 #include "tpf_config.h"
 #if TPF_HAVE_NCCL
 #include <nccl.h>

@@ -1,6 +1,6 @@
 // Device groups at open: host regions registered for the proxy route, device
 // regions exported, brokered by the daemon and imported for the ipc route,
-// then the load-time probe (DESIGN §3.8). Each stage ends in a vote over the
+// then the load-time probe (docs/gpu.md, Open). Each stage ends in a vote over the
 // bootstrap, so every rank leaves with the same routes and the same verdict.
 #include <unistd.h>
 
@@ -69,13 +69,9 @@ Result<const Driver*> driver() {
 
 const Driver& drv() { return **driver(); } // only after driver() succeeded
 
-GpuRoute gpuRouteOf(const Options& o) {
-    if (o.gpuRoute) return *o.gpuRoute;
-    const char* env = std::getenv("TPF_GPU_ROUTE");
-    const std::string v = env ? env : "";
-    if (v == "ipc") return GpuRoute::Ipc;
-    if (v == "proxy") return GpuRoute::Proxy;
-    return GpuRoute::Auto;
+GpuRoute gpuRouteOf(const Group::Impl& g) {
+    if (g.options.gpuRoute) return *g.options.gpuRoute;
+    return g.env.gpuRoute.value_or(GpuRoute::Auto);
 }
 
 // All-or-none over the bootstrap: the first failing rank's code, else Ok.
@@ -160,8 +156,7 @@ Status createOwnRegion(Group::Impl& g, GpuPath& p) {
     TPF_GPU_TRY(drv().granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     // The LL area rides behind the flag path's layout (kernels/collectives.hpp);
     // TPF_GPU_LL=0 leaves it out, and then no rank uses it (shareRegions votes).
-    const char* ll = std::getenv("TPF_GPU_LL");
-    p.llWanted = !(ll && std::string(ll) == "0");
+    p.llWanted = g.env.lowLatency;
     const std::uint64_t need = p.llWanted ? kernels::regionBytesWithLl(g.layout) : g.layout.totalBytes();
     p.own.bytes = (need + gran - 1) / gran * gran;
     TPF_GPU_TRY(drv().create(&p.own.handle, p.own.bytes, &prop, 0));
@@ -240,8 +235,8 @@ Status probe(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
     if (s) s = TPF_GPU(kernels::readFailure(p.view, f));
     if (s && f.error != Errc::Ok)
         s = Error{Errc::ProbeFailed, "probe call failed: " + std::string(errcName(f.error)) + " (rank " + std::to_string(f.missingPeer) + ")"};
-    // Test hook: TPF_PROBE_SABOTAGE=<rank> makes that rank's probe disagree.
-    if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); s && sab && std::strtoul(sab, nullptr, 10) == g.rank) fabric[5] ^= 1;
+    // Test hook (testing::setProbeSabotage, not exported): that rank's probe disagrees.
+    if (s && testing::probeSabotage() == int(g.rank)) fabric[5] ^= 1;
     if (s && std::memcmp(fabric.data(), gathered.data(), fabric.size()) != 0)
         s = Error{Errc::ProbeFailed, "4 KiB all-gather differs from the bootstrap's"};
     if (s && std::memcmp(sum.data(), ref.data(), kBytes) != 0)
@@ -264,18 +259,9 @@ std::uint64_t ipcNcclAbove(std::uint32_t world) { return kernels::llMaxBytes(wor
 Status agreeCrossover(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
     std::uint64_t mine[2] = {~0ull, ~0ull};
     if (p.ipc) mine[0] = mine[1] = ipcNcclAbove(g.world);
-    Status parsed = okStatus(); // reported after the all-gather, which every rank must join
-    if (const char* env = std::getenv("TPF_NCCL_ABOVE"); env && *env) {
-        const std::string v = env;
-        char* end = nullptr;
-        const unsigned long long n = std::strtoull(env, &end, 0);
-        if (v == "never") mine[0] = mine[1] = ~0ull;
-        else if (end && *end == 0) mine[0] = mine[1] = n;
-        else parsed = Error{Errc::OutOfRange, "TPF_NCCL_ABOVE=" + v + ": want a byte count or \"never\""};
-    }
+    if (g.env.ncclAbove) mine[0] = mine[1] = *g.env.ncclAbove;
     std::vector<std::uint64_t> all(2 * g.world);
     if (auto s = boot.allGather(mine, all.data(), sizeof mine); !s) return s;
-    if (!parsed) return parsed;
     for (std::uint32_t r = 0; r < g.world; ++r) {
         p.ncclAboveGather = std::min(p.ncclAboveGather, all[2 * r]);
         p.ncclAboveSum = std::min(p.ncclAboveSum, all[2 * r + 1]);
@@ -305,12 +291,12 @@ void GpuPathDeleter::operator()(GpuPath* p) const { delete p; }
 Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
     g.gpu.reset(new GpuPath);
     GpuPath& p = *g.gpu;
-    p.comm = ncclCommOf(boot);
+    p.comm = fallbackComm(g.options, boot);
     if (g.world == 1) {
         TPF_GPU_TRY(cudaGetDevice(&p.device));
         return okStatus();
     }
-    const GpuRoute want = gpuRouteOf(g.options);
+    const GpuRoute want = gpuRouteOf(g);
     bool sameNode = true;
     for (std::uint32_t q = 0; q < g.world; ++q) sameNode = sameNode && (q == g.rank || g.routes[q] == kRouteShm);
 
@@ -338,7 +324,7 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
             }
         if (llAll) kernels::enableLowLatency(p.view);
         // TPF_GPU_LL_CHUNKS=1|2|4: chunks per thread of multi-block LL calls (a tuning knob; the bench compares them).
-        if (const char* c = std::getenv("TPF_GPU_LL_CHUNKS"); c && *c) p.view.llChunks = std::uint32_t(std::strtoul(c, nullptr, 10));
+        if (g.env.llChunks) p.view.llChunks = g.env.llChunks;
     }
     if (Errc e = kernels::validateView(p.view); e != Errc::Ok)
         s = Error{e, "device view of the group is invalid"};

@@ -1,5 +1,5 @@
-// Group::open: node card, roster over the bootstrap, the daemon's verdict,
-// all-or-none agreement; close and abort.
+// Group::open: intents, node card, roster over the bootstrap, the daemon's
+// verdict, all-or-none agreement; close and abort.
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -17,16 +17,42 @@ using namespace bootstrap_proto;
 
 namespace {
 
-std::string socketPathOf(const Options& o) {
-    if (!o.socketPath.empty()) return o.socketPath;
-    if (const char* env = std::getenv("TPF_SOCKET"); env && *env) return env;
+std::string socketPathOf(const Group::Impl& g) {
+    if (!g.options.socketPath.empty()) return g.options.socketPath;
+    if (!g.env.socket.empty()) return g.env.socket;
     return "/run/tpfabric/tpfabricd.sock";
 }
 
-Fallback fallbackOf(const Options& o) {
-    if (o.fallback) return *o.fallback;
-    const char* env = std::getenv("TPF_FALLBACK");
-    return env && std::string(env) == "error" ? Fallback::Error : Fallback::Nccl;
+Fallback fallbackOf(const Group::Impl& g) {
+    if (g.options.fallback) return *g.options.fallback;
+    return g.env.fallback.value_or(Fallback::Nccl);
+}
+
+// Round 0's verdict: a caller's mistake or a bad environment on any rank
+// fails the open on every rank (no fallback: it is not the fabric's fault).
+Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, const Error& envError) {
+    for (std::uint32_t r = 0; r < g.world; ++r) {
+        const OpenIntent& i = all[r];
+        const std::string who = "bootstrap rank " + std::to_string(r);
+        if (i.magic != kIntentMagic || i.version != kIntentVersion)
+            return Error{Errc::GroupMismatch, who + " sent no tpfabric open record (is another program using this bootstrap?)"};
+        if (i.world != g.world)
+            return Error{Errc::GroupMismatch, who + " opens with world " + std::to_string(i.world) + ", rank " +
+                                                  std::to_string(g.rank) + " with world " + std::to_string(g.world)};
+        if (i.rank != r)
+            return Error{Errc::GroupMismatch, who + " opens as rank " + std::to_string(i.rank) +
+                                                  " (every rank must pass its bootstrap rank)"};
+        if ((i.flags & kIntentDevice) != (all[g.rank].flags & kIntentDevice))
+            return Error{Errc::GroupMismatch, who + " opens with " + ((i.flags & kIntentDevice) ? "device" : "host") +
+                                                  " buffers, rank " + std::to_string(g.rank) + " with " +
+                                                  ((all[g.rank].flags & kIntentDevice) ? "device" : "host") + " buffers"};
+    }
+    for (std::uint32_t r = 0; r < g.world; ++r)
+        if (all[r].envErrc) {
+            if (r == g.rank) return envError;
+            return Error{Errc::ConfigError, "rank " + std::to_string(r) + " has an invalid TPF_* variable (its error names it)"};
+        }
+    return okStatus();
 }
 
 // One request, one reply of the expected opcode (an ErrorReply becomes its error).
@@ -49,7 +75,7 @@ Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp,
 
 // Connect, introduce ourselves, and fill our roster entry from the node card.
 Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry) {
-    const std::string path = socketPathOf(g.options);
+    const std::string path = socketPathOf(g);
     auto fd = connectUnix(path, int(g.options.openTimeout.count()));
     if (!fd) return fd.error();
     g.socket = std::move(*fd);
@@ -129,12 +155,58 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     impl->options = options;
     impl->agreedCap = maxBytes;
     const bool device = options.buffers == Buffers::Device;
-    void* const comm = device ? ncclCommOf(boot) : nullptr;
+    void* const comm = device ? fallbackComm(options, boot) : nullptr;
+    auto env = readClientEnv(); // a bad variable is reported in round 0, so that every rank fails with it
+    if (env) impl->env = *env;
     if (world == 1) { // a plain copy, no daemon
+        if (!env) return env.error();
         if (device)
             if (auto s = gpuAttach(*impl, boot); !s) return s.error();
         return std::unique_ptr<Group>(new Group(std::move(impl)));
     }
+
+    // Round 0: intents. Nobody has contacted a daemon yet.
+    OpenIntent intent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, 0, 0};
+    if (!env) intent.envErrc = std::uint16_t(Errc::ConfigError);
+    if (impl->env.disable) intent.flags |= kIntentDisabled;
+    if (fallbackOf(*impl) == Fallback::Error) intent.flags |= kIntentFallbackError;
+    if (comm) intent.flags |= kIntentHasComm;
+    if (device) intent.flags |= kIntentDevice;
+    std::vector<OpenIntent> intents(world);
+    if (auto s = boot.allGather(&intent, intents.data(), sizeof intent); !s) return s.error();
+    if (auto s = checkIntents(*impl, intents, env ? Error{} : env.error()); !s) return s.error();
+    // The group's fallback, decided alike on every rank: NCCL where every rank
+    // has a communicator and none asked for errors instead (TPF_DISABLE: where
+    // every rank has a communicator, whatever the policy).
+    bool allComm = device, anyFallbackError = false;
+    std::uint32_t disabledBy = kNoPeer;
+    for (std::uint32_t r = 0; r < world; ++r) {
+        allComm = allComm && (intents[r].flags & kIntentHasComm);
+        anyFallbackError = anyFallbackError || (intents[r].flags & kIntentFallbackError);
+        if ((intents[r].flags & kIntentDisabled) && disabledBy == kNoPeer) disabledBy = r;
+    }
+    const bool ncclFallback = disabledBy != kNoPeer ? allComm : allComm && !anyFallbackError;
+    const auto fallBack = [&](const Error& why) -> Result<std::unique_ptr<Group>> {
+        impl->gpu.reset();
+        impl->socket.reset(); // leaves the daemon's group, if joined
+        impl->ring = RingView();
+        impl->ringMap = Mapping();
+        impl->region = Mapping();
+        if (ncclFallback) {
+            std::fprintf(stderr, "tpfabric: rank %u: fabric path unavailable (%s); NCCL takes this group's calls\n", rank,
+                         why.describe().c_str());
+            if (auto s = gpuFallback(*impl, comm); !s) return s.error();
+            return std::unique_ptr<Group>(new Group(std::move(impl)));
+        }
+        const char* because = disabledBy == kNoPeer && anyFallbackError ? " (TPF_FALLBACK=error)"
+                              : device && !allComm ? " (no NCCL communicator to fall back to on every rank)"
+                                                   : "";
+        return Error{Errc::Unavailable, why.describe() + because};
+    };
+    // TPF_DISABLE on any rank: NCCL (or Unavailable for host buffers) on every
+    // rank, whatever the fallback policy, without a daemon or a probe.
+    if (disabledBy != kNoPeer)
+        return fallBack(Error{Errc::Unavailable, "TPF_DISABLE=1 on rank " + std::to_string(disabledBy)});
 
     // Round 1: cards. Everyone learns rank 0's group id and whether every rank has a daemon.
     OpenCard mine{};
@@ -174,24 +246,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     // probe passed, on every rank (gpuAttach votes inside), or none.
     if (verdict.code == Errc::Ok && device)
         if (auto s = gpuAttach(*impl, boot); !s) verdict = s.error();
-    if (verdict.code != Errc::Ok) {
-        impl->gpu.reset();
-        impl->socket.reset(); // leaves the daemon's group, if joined
-        const Fallback policy = fallbackOf(options);
-        if (device && comm && policy == Fallback::Nccl) { // the same decision on every rank
-            std::fprintf(stderr, "tpfabric: rank %u: fabric path unavailable (%s); NCCL takes this group's calls\n", rank,
-                         verdict.describe().c_str());
-            impl->ring = RingView();
-            impl->ringMap = Mapping();
-            impl->region = Mapping();
-            if (auto s = gpuFallback(*impl, comm); !s) return s.error();
-            return std::unique_ptr<Group>(new Group(std::move(impl)));
-        }
-        return Error{Errc::Unavailable, verdict.describe() +
-                                            (policy == Fallback::Error ? " (TPF_FALLBACK=error)"
-                                             : device                 ? " (no NCCL communicator to fall back to)"
-                                                                      : "")};
-    }
+    if (verdict.code != Errc::Ok) return fallBack(verdict);
     return std::unique_ptr<Group>(new Group(std::move(impl)));
 }
 
@@ -212,11 +267,19 @@ void Group::close() {
 }
 
 Status Group::abort() {
-    if (impl_->world == 1 || !impl_->socket) return okStatus();
+    Impl& g = *impl_;
+    if (g.closed) return Error{Errc::Closed, "abort on a closed group"};
+    if (g.nccl) {
+        (void)g.fail(Error{Errc::Aborted, "this rank aborted the group"});
+        return Error{Errc::Unsupported, "the group runs on NCCL, which has no abort: only this rank's group is broken"};
+    }
     // Broken here even when the daemon cannot be told (it is gone: the others see DaemonLost).
-    const Status told = sendMessage(impl_->socket.get(), encode(kAbort, impl_->seq++, Abort{}), {}, 1000);
-    const Status s = impl_->fail(Error{Errc::Aborted, "this rank aborted the group"});
-    return told ? s : told;
+    const Status told = g.world == 1 || !g.socket
+                            ? okStatus()
+                            : sendMessage(g.socket.get(), encode(kAbort, g.seq++, Abort{}), {}, 1000);
+    (void)g.fail(Error{Errc::Aborted, "this rank aborted the group"});
+    if (!told) return Error{Errc::DaemonLost, "the daemon could not be told of the abort: " + told.error().describe()};
+    return okStatus();
 }
 
 Status Group::check() const {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "client/env.hpp"
 #include "common/fd.hpp"
 #include "common/shm.hpp"
 #include "proto/client_msg.hpp"
@@ -21,11 +22,12 @@ struct GpuPathDeleter {
     void operator()(GpuPath* p) const;
 };
 
-struct Group::Impl {
+struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint32_t rank = 0;
     std::uint32_t world = 1;
     std::uint64_t agreedCap = 0;
     Options options;
+    ClientEnv env; ///< TPF_* variables as read at open
     std::array<std::uint8_t, kMaxWorld> routes{};
 
     // Fabric path (world >= 2): the daemon connection and shared memory.
@@ -66,9 +68,19 @@ struct GroupAccess {
     static const Group::Impl& of(const Group& g) { return *g.impl_; }
 };
 
+namespace testing {
+/// Test hook of the load-time probe: the probe of `rank` disagrees with the
+/// reference (-1: none). Internal: not exported from libtpfabric.so, so an
+/// installed library cannot be made to fail its probe.
+void setProbeSabotage(int rank);
+int probeSabotage();
+} // namespace testing
+
 /// GPU hooks of Group::open (client/gpu_open.cpp; client/gpu_stub.cpp without CUDA).
 /// The NCCL communicator of an NcclBootstrap, else nullptr.
 void* ncclCommOf(Bootstrap& boot);
+/// The communicator a Device group falls back to: Options::ncclComm, else the bootstrap's.
+inline void* fallbackComm(const Options& o, Bootstrap& boot) { return o.ncclComm ? o.ncclComm : ncclCommOf(boot); }
 /// After the all-or-none fabric vote: register the host regions, build the
 /// device view, set up ipc peers and run the load-time probe. Collective:
 /// every rank calls it and every rank gets the same verdict.

@@ -6,6 +6,7 @@
 namespace tpf {
 
 std::size_t dtypeSize(DType t) { return t == DType::F32 ? 4 : 2; }
+const char* version() { return TPF_VERSION_STRING; }
 
 float bf16ToFloat(std::uint16_t v) {
     const std::uint32_t bits = std::uint32_t(v) << 16;

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "common/fd.hpp"
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 namespace tpf {
 

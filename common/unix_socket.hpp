@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/fd.hpp"
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 #include "proto/wire.hpp"
 
 namespace tpf {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 namespace tpf::ctl {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ctl/byte_size.hpp"
+#include "common/byte_size.hpp"
 
 namespace tpf::ctl {
 

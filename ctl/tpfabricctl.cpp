@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "ctl/byte_size.hpp"
+#include "common/byte_size.hpp"
 #include "ctl/status_client.hpp"
 #include "ctl/status_print.hpp"
 #include "proto/layout.hpp"
@@ -107,8 +107,11 @@ int main(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        // --help and --version exit 0; every usage error exits 2, as the layout checks do.
-        return app.exit(e) == 0 ? 0 : 2;
+        // --help and --version exit 0; every usage error exits 2, named, as the layout checks do.
+        if (e.get_exit_code() == 0) return app.exit(e);
+        std::fprintf(stderr, "tpfabricctl: %s\n", e.what());
+        std::fprintf(stderr, "Run 'tpfabricctl --help' for the commands and options.\n");
+        return 2;
     }
     if (*layout) return runLayout(world, maxBytes, stripes, json);
     if (*status) return runStatus(socketPath, timeoutMs, statusJson);

@@ -22,7 +22,7 @@
 #include <toml++/toml.h>
 
 #include "common/quoted.hpp"
-#include "ctl/byte_size.hpp"
+#include "common/byte_size.hpp"
 
 namespace tpf::daemon {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "proto/client_msg.hpp"
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 namespace tpf::daemon {
 

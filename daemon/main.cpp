@@ -199,13 +199,36 @@ int main(int argc, char** argv) {
     using namespace tpf::daemon;
     CLI::App app{"tpfabricd " TPF_VERSION " - tpfabric node daemon: regions, command rings, the proxy, HCAs"};
     app.set_version_flag("--version", TPF_VERSION);
-    std::string configPath, socket, logLevel;
+    std::string configPath, checkPath, socket, logLevel;
     bool foreground = false;
     app.add_option("--config", configPath, "TOML config file (see tpfabricd.conf.example); default: built-in defaults only");
+    app.add_option("--check-config", checkPath, "validate FILE (every key, type and range) and exit: 0 valid, 2 not")
+        ->option_text("FILE");
     app.add_option("--socket", socket, "control socket path (overrides daemon.socket)");
     app.add_flag("--foreground", foreground, "log to the terminal with timestamps (the daemon never forks)");
     app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical, off (overrides daemon.log_level)");
-    CLI11_PARSE(app, argc, argv);
+    app.footer("Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure (socket in "
+               "use, proxy thread); 2 bad usage or configuration (systemd does not restart: RestartPreventExitStatus=2).");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        // --help and --version exit 0; every usage error exits 2, named, as a bad config does.
+        if (e.get_exit_code() == 0) return app.exit(e);
+        std::fprintf(stderr, "tpfabricd: %s\n", e.what());
+        std::fprintf(stderr, "Run 'tpfabricd --help' for the options.\n");
+        return 2;
+    }
+
+    if (!checkPath.empty()) {
+        try {
+            (void)loadConfig(checkPath);
+        } catch (const ConfigError& e) {
+            std::fprintf(stderr, "tpfabricd: %s\n", e.what());
+            return 2;
+        }
+        std::printf("tpfabricd: %s: configuration is valid\n", checkPath.c_str());
+        return 0;
+    }
 
     DaemonConfig cfg;
     try {

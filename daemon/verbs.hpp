@@ -19,7 +19,7 @@
 
 #include "daemon/inflight.hpp"
 #include "proto/client_msg.hpp"
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
 
 struct ibv_context;

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 namespace tpf::daemon {
 

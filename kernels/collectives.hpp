@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
 #include "proto/ring.hpp"
 

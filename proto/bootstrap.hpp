@@ -24,6 +24,35 @@ enum Opcode : std::uint16_t {
     kGatherAll = 3,  ///< the root's answer: every part in rank order
 };
 
+/// Round 0, before any rank contacts its daemon: what each rank opens with.
+/// Every rank checks every record, so a caller's mistake (another world, a
+/// rank number twice, a bootstrap shared with something else) and a bad
+/// TPF_* variable fail the open on every rank at once, and TPF_DISABLE on
+/// one rank keeps the whole group on NCCL without any daemon. 32 bytes.
+inline constexpr std::uint32_t kIntentMagic = fourcc('T', 'P', 'I', 1);
+inline constexpr std::uint16_t kIntentVersion = 1;
+enum IntentFlags : std::uint16_t {
+    kIntentDisabled = 1,      ///< TPF_DISABLE=1 on this rank
+    kIntentFallbackError = 2, ///< this rank's fallback policy is error (TPF_FALLBACK=error or Options)
+    kIntentHasComm = 4,       ///< this rank has an NCCL communicator to fall back to
+    kIntentDevice = 8,        ///< Buffers::Device
+};
+struct OpenIntent {
+    std::uint32_t magic;    ///< kIntentMagic
+    std::uint16_t version;  ///< kIntentVersion
+    std::uint16_t flags;    ///< IntentFlags
+    std::uint32_t rank;     ///< the rank this process opens as
+    std::uint32_t world;    ///< the world it opens with
+    std::uint64_t maxBytes; ///< its maxBytes argument (ranks may differ: the group agrees the minimum)
+    std::uint16_t envErrc;  ///< 0, or ConfigError: a TPF_* variable of this rank is invalid
+    std::uint16_t reserved0;
+    std::uint32_t reserved1;
+};
+static_assert(sizeof(OpenIntent) == 32);
+static_assert(offsetof(OpenIntent, maxBytes) == 16);
+static_assert(offsetof(OpenIntent, envErrc) == 24);
+static_assert(std::is_trivially_copyable_v<OpenIntent>);
+
 /// Round 1: every rank's card. 72 bytes.
 struct OpenCard {
     std::uint8_t groupId[16];          ///< rank 0's draw; the others' are ignored

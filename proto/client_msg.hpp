@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
 #include "proto/wire.hpp"
 

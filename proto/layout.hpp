@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <string>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 #if defined(__CUDACC__)
 #define TPF_HD __host__ __device__

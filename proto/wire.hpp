@@ -20,7 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 namespace tpf {
 

@@ -3,11 +3,12 @@
 # build dir, each timed:
 #   build/       configure and build everything, run every Meson test (unit,
 #                integration, vm; GPU tests skip with 77 where there is no GPU)
-#   build-asan/  ASan+UBSan (gcc, CUDA off): the unit and integration suites,
-#                collectives scaled down with TPF_IT_SCALE=0.1
+#   build-asan/  ASan+UBSan (gcc, CUDA off, -O1): the unit and integration
+#                suites, collectives scaled down with TPF_IT_SCALE=0.1; only
+#                what those tests run is compiled (tests/targets_for.py)
 #   build-tsan/  TSan (gcc, CUDA off): the ring and inflight unit tests and the
 #                faults, fault_matrix and status integration tests (proxy thread
-#                against rank processes)
+#                against rank processes); likewise only what they run
 #   build-fuzz/  libFuzzer targets (clang++-14, -Dfuzz=true): regression
 #                inputs replayed, then $TPF_FUZZ_SECONDS (12) of fuzzing each
 # then one line "N passed, N failed, N skipped" over every stage's
@@ -60,8 +61,10 @@ for stage in $stages; do
     ;;
   asan)
     rm -f build-asan/meson-logs/testlog.json
-    if setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbuildtype=debugoptimized &&
-       meson compile -C build-asan; then
+    # -O1: most of this stage is compiling on two cores; ASan finds the same bugs.
+    if setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbuildtype=debug \
+         -Doptimization=1 &&
+       ninja -C build-asan $(python3 tests/targets_for.py build-asan --suite unit --suite integration); then
       TPF_IT_SCALE=${TPF_IT_SCALE:-0.1} meson test -C build-asan --no-rebuild --print-errorlogs --num-processes 2 \
         --timeout-multiplier 3 --suite unit --suite integration
       logs+=(build-asan/meson-logs/testlog.json)
@@ -70,9 +73,7 @@ for stage in $stages; do
   tsan)
     rm -f build-tsan/meson-logs/testlog.json
     if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized &&
-       meson compile -C build-tsan tests/unit/test_ring tests/unit/test_inflight tests/integration/test_it_faults \
-         tests/integration/test_it_fault_matrix tests/integration/test_it_status \
-         daemon/tpfabricd tests/integration/tpf-testrank ctl/tpfabricctl; then
+       ninja -C build-tsan $(python3 tests/targets_for.py build-tsan ring inflight faults fault_matrix status); then
       printf 'race:^Catch::\n' >"$tsan_supp"
       meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 ring inflight faults fault_matrix status
       logs+=(build-tsan/meson-logs/testlog.json)

@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/impl.hpp"
 #include "client/reduce.hpp"
 #include "tests/gpu/rank_kernels.hpp"
 #include "tests/integration/pattern.hpp"
@@ -273,8 +274,8 @@ int ncclChecks(Group& g, Bootstrap& boot, cudaStream_t st, Buffers2 b, const std
     std::vector<std::uint8_t> h(2 * kMaxBytes), out(2 * kMaxBytes * W), want(2 * kMaxBytes);
     std::uint64_t it = 900, hash = 1469598103934665603ull, fabricCalls = 0, ncclCalls = 0;
     // Which calls the fabric takes: within the cap and the crossover (run.sh sets TPF_NCCL_ABOVE).
-    const char* above = std::getenv("TPF_NCCL_ABOVE");
-    const std::uint64_t crossover = above && *above >= '0' && *above <= '9' ? std::strtoull(above, nullptr, 0) : ~0ull;
+    auto env = readClientEnv();
+    const std::uint64_t crossover = env && env->ncclAbove ? *env->ncclAbove : ~0ull;
     auto viaFabric = [&](std::uint64_t size) { return g.path() == "fabric" && g.fits(size) && size <= crossover; };
     auto fnv = [&](const std::uint8_t* p, std::size_t n) {
         for (std::size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
@@ -375,6 +376,8 @@ int main(int argc, char** argv) {
     app.add_option("--max-bytes", a.maxBytes, "the group's cap (nccl-* scenarios)");
     app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
     CLI11_PARSE(app, argc, argv);
+    // The probe's test hook is internal to libtpfabric (not in the installed library).
+    if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); sab && *sab) tpf::testing::setProbeSabotage(std::atoi(sab));
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         std::printf("SKIP: no CUDA device here; tpf-gpurank runs on the GPU machine (tests/gpu/run.sh)\n");

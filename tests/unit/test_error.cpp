@@ -1,15 +1,15 @@
-// Error vocabulary (proto/error.hpp): every code has a unique name and a message.
+// Error vocabulary (<tpfabric/error.hpp>): every code has a unique name and a message.
 #include <set>
 #include <string>
 
 #include "catch.hpp"
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 using namespace tpf;
 
 TEST_CASE("every error code has a unique name and an actionable message") {
     std::set<std::string> names;
-    for (std::uint32_t v = 0; v <= std::uint32_t(Errc::SystemError); ++v) {
+    for (std::uint32_t v = 0; v <= std::uint32_t(kLastErrc); ++v) {
         Errc e;
         REQUIRE(errcFromWire(v, e));
         auto name = std::string(errcName(e));
@@ -18,12 +18,20 @@ TEST_CASE("every error code has a unique name and an actionable message") {
         CHECK(errcMessage(e).size() > 5);
     }
     Errc e;
-    CHECK_FALSE(errcFromWire(std::uint32_t(Errc::SystemError) + 1, e));
+    CHECK_FALSE(errcFromWire(std::uint32_t(kLastErrc) + 1, e));
     CHECK_FALSE(errcFromWire(0xffff, e));
-    // The failures DESIGN.md §5 and the mission name.
+    // The failures docs/design.md (Faults) and the mission name.
     for (auto n : {"Unsupported", "Misaligned", "Timeout", "PeerLost", "DaemonLost", "Aborted", "CapMismatch",
                    "NonOneToOnePairing", "BadMessage"})
         CHECK(names.count(n) == 1);
+}
+
+TEST_CASE("the C status codes and tpf::Errc are one numbering") {
+    // Values that crossed the wire before the C ABI existed keep their meaning.
+    STATIC_REQUIRE(int(Errc::PeerLost) == TPF_PEER_LOST && TPF_PEER_LOST == 4);
+    STATIC_REQUIRE(int(Errc::SystemError) == TPF_SYSTEM_ERROR && TPF_SYSTEM_ERROR == 27);
+    STATIC_REQUIRE(int(kLastErrc) == TPF_INVALID_ARGUMENT);
+    CHECK(errcName(Errc::InvalidArgument) == "InvalidArgument");
 }
 
 TEST_CASE("Result carries a value or a named error") {

@@ -1,14 +1,15 @@
 #!/bin/sh
 # Verifies the shipped systemd files with systemd's own tools:
-#   systemd-analyze verify   on systemd/tpfabricd.service, its ExecStart pointed at $1
+#   systemd-analyze verify   on the generated tpfabricd.service, its ExecStart pointed at $1
 #   systemd-sysusers         on systemd/tpfabric.sysusers, into a scratch root
-#   systemd-tmpfiles         on systemd/tpfabric.tmpfiles, into that scratch root
-# Usage: test_systemd.sh PATH_TO_TPFABRICD   (any existing executable will do)
+#   systemd-tmpfiles         on the generated tpfabric.tmpfiles, into that scratch root
+# Usage: test_systemd.sh PATH_TO_TPFABRICD BUILD/systemd/tpfabricd.service
+# (any existing executable will do; tpfabric.tmpfiles is read beside the unit).
 # Exits 77 (skip) where systemd-analyze is missing.
 set -u
 
-if [ $# -ne 1 ]; then
-    echo "usage: $0 PATH_TO_TPFABRICD" >&2
+if [ $# -ne 2 ]; then
+    echo "usage: $0 PATH_TO_TPFABRICD BUILD/systemd/tpfabricd.service" >&2
     exit 2
 fi
 case $1 in
@@ -21,8 +22,9 @@ if [ ! -x "$exe" ] || [ -d "$exe" ]; then
 fi
 
 src=${TPF_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
-unit=$src/systemd/tpfabricd.service
-for f in "$unit" "$src/systemd/tpfabric.sysusers" "$src/systemd/tpfabric.tmpfiles"; do
+unit=$2
+tmpfiles=$(dirname "$unit")/tpfabric.tmpfiles
+for f in "$unit" "$src/systemd/tpfabric.sysusers" "$tmpfiles"; do
     if [ ! -f "$f" ]; then
         echo "FAIL: $f not found (set TPF_SOURCE_ROOT to the source tree)" >&2
         exit 1
@@ -37,12 +39,17 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tpf_systemd.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 
-# The copy differs from the shipped unit only in the executable it starts.
-grep -q '^ExecStart=/usr/sbin/tpfabricd ' "$unit" || {
-    echo "FAIL: $unit has no 'ExecStart=/usr/sbin/tpfabricd ' line" >&2
+# Meson filled in every path: nothing of the template is left.
+if grep -q '@sbindir@\|@sysconfdir@\|@docdir@' "$unit" "$tmpfiles"; then
+    echo "FAIL: $unit or $tmpfiles still holds a @...@ placeholder" >&2
+    exit 1
+fi
+# The copy differs from the generated unit only in the executable it starts.
+grep -q '^ExecStart=/[^ ]*/sbin/tpfabricd --config /[^ ]*/tpfabric/tpfabricd.conf$' "$unit" || {
+    echo "FAIL: $unit has no 'ExecStart=PREFIX/sbin/tpfabricd --config SYSCONFDIR/tpfabric/tpfabricd.conf' line" >&2
     exit 1
 }
-sed "s|^ExecStart=/usr/sbin/tpfabricd |ExecStart=$exe |" "$unit" >"$tmp/tpfabricd.service"
+sed "s|^ExecStart=[^ ]*/tpfabricd |ExecStart=$exe |" "$unit" >"$tmp/tpfabricd.service"
 
 status=0
 # --man=no: the Documentation= page is a file, not a man page.
@@ -69,9 +76,10 @@ if command -v systemd-sysusers >/dev/null 2>&1; then
         status=1
     fi
     if command -v systemd-tmpfiles >/dev/null 2>&1; then
-        if systemd-tmpfiles --root="$tmp/root" --create "$src/systemd/tpfabric.tmpfiles" >"$tmp/tmpfiles.out" 2>&1 &&
-            [ -d "$tmp/root/etc/tpfabric" ] && [ ! -s "$tmp/tmpfiles.out" ]; then
-            echo "ok: systemd-tmpfiles tpfabric.tmpfiles creates /etc/tpfabric"
+        confdir=$(awk '$1 == "d" {print $2}' "$tmpfiles")
+        if systemd-tmpfiles --root="$tmp/root" --create "$tmpfiles" >"$tmp/tmpfiles.out" 2>&1 &&
+            [ -n "$confdir" ] && [ -d "$tmp/root$confdir" ] && [ ! -s "$tmp/tmpfiles.out" ]; then
+            echo "ok: systemd-tmpfiles tpfabric.tmpfiles creates $confdir"
         else
             echo "FAIL: systemd-tmpfiles tpfabric.tmpfiles:"
             cat "$tmp/tmpfiles.out"

@@ -1,8 +1,10 @@
-// tpfabric — the one error vocabulary shared by daemon, client, tools and wire.
+// tpfabric — the one error vocabulary shared by the API, the daemon, the
+// tools and the wire (installed as <tpfabric/error.hpp>; part of the API).
 //
 // Every failure the system can report has a name here. The numeric values
-// cross sockets and shared memory (u16/u32 fields in proto/ records and the
-// control block), so a value, once assigned, never changes meaning.
+// come from <tpfabric/errc.h> (the C ABI's status codes) and cross sockets
+// and shared memory (u16/u32 fields in proto/ records and the control block),
+// so a value, once assigned, never changes meaning.
 #pragma once
 
 #include <cstdint>
@@ -11,39 +13,44 @@
 #include <utility>
 #include <variant>
 
+#include <tpfabric/errc.h>
+
 namespace tpf {
 
 /// Named failures. Wire encoding: the underlying u16; 0 is success.
 enum class Errc : std::uint16_t {
-    Ok = 0,
-    Unsupported = 1,        ///< feature or route not built in / not available here
-    Misaligned = 2,         ///< a buffer or size violates the alignment rule
-    Timeout = 3,            ///< a bounded wait ran out; missing_peer names who
-    PeerLost = 4,           ///< a member of the group died or its node went away
-    DaemonLost = 5,         ///< the local tpfabricd went away mid-call
-    Aborted = 6,            ///< some rank called Group::abort()
-    CapMismatch = 7,        ///< a size above the agreed cap, or caps that cannot agree
-    NonOneToOnePairing = 8, ///< HCAs of two nodes do not pair one to one by subnet
-    BadMessage = 9,         ///< malformed record: length, count, field out of range
-    VersionMismatch = 10,   ///< protocol version outside the accepted range
-    BadMagic = 11,          ///< wrong magic: not our protocol, or another record layout
-    Truncated = 12,         ///< fewer bytes than the header or a count promises
-    TooLarge = 13,          ///< a length above the protocol's maximum
-    OutOfRange = 14,        ///< rank, world, stripe or slot outside its bounds
-    Unavailable = 15,       ///< the fabric path is refused for this group (reason given)
-    AuthFailed = 16,        ///< a peer did not prove the cluster key
-    QpError = 17,           ///< a queue pair went to error or could not be brought up
-    RegistrationFailed = 18,///< memory registration (ibv_reg_mr, cudaHostRegister) failed
-    CudaError = 19,         ///< a CUDA call failed
-    NcclError = 20,         ///< an NCCL call failed
-    ConfigError = 21,       ///< bad configuration key or value
-    DaemonUnreachable = 22, ///< no daemon answers on the socket
-    GroupMismatch = 23,     ///< ranks of one group id disagree (world, duplicate rank)
-    PermissionDenied = 24,  ///< the caller may not do this (uid, group membership)
-    Closed = 25,            ///< the group or connection is closed
-    ProbeFailed = 26,       ///< the load-time probe disagreed with the reference
-    SystemError = 27,       ///< an OS call failed (errno in the detail)
+    Ok = TPF_OK,
+    Unsupported = TPF_UNSUPPORTED,                        ///< feature or route not built in / not available here
+    Misaligned = TPF_MISALIGNED,                          ///< a buffer address violates the alignment rule
+    Timeout = TPF_TIMEOUT,                                ///< a bounded wait ran out; missing_peer names who
+    PeerLost = TPF_PEER_LOST,                             ///< a member of the group died or its node went away
+    DaemonLost = TPF_DAEMON_LOST,                         ///< the local tpfabricd went away mid-call
+    Aborted = TPF_ABORTED,                                ///< some rank called Group::abort()
+    CapMismatch = TPF_CAP_MISMATCH,                       ///< a size above the agreed cap, or caps that cannot agree
+    NonOneToOnePairing = TPF_NON_ONE_TO_ONE_PAIRING,      ///< HCAs of two nodes do not pair one to one by subnet
+    BadMessage = TPF_BAD_MESSAGE,                         ///< malformed record: length, count, field out of range
+    VersionMismatch = TPF_VERSION_MISMATCH,               ///< protocol version outside the accepted range
+    BadMagic = TPF_BAD_MAGIC,                             ///< wrong magic: not our protocol, or another record layout
+    Truncated = TPF_TRUNCATED,                            ///< fewer bytes than the header or a count promises
+    TooLarge = TPF_TOO_LARGE,                             ///< a length above the protocol's maximum
+    OutOfRange = TPF_OUT_OF_RANGE,                        ///< rank, world, stripe or slot outside its bounds
+    Unavailable = TPF_UNAVAILABLE,                        ///< the fabric path is refused for this group (reason given)
+    AuthFailed = TPF_AUTH_FAILED,                         ///< a peer did not prove the cluster key
+    QpError = TPF_QP_ERROR,                               ///< a queue pair went to error or could not be brought up
+    RegistrationFailed = TPF_REGISTRATION_FAILED,         ///< memory registration (ibv_reg_mr, cudaHostRegister) failed
+    CudaError = TPF_CUDA_ERROR,                           ///< a CUDA call failed
+    NcclError = TPF_NCCL_ERROR,                           ///< an NCCL call failed
+    ConfigError = TPF_CONFIG_ERROR,                       ///< bad configuration: a config key or a TPF_* variable
+    DaemonUnreachable = TPF_DAEMON_UNREACHABLE,           ///< no daemon answers on the socket
+    GroupMismatch = TPF_GROUP_MISMATCH,                   ///< ranks of one group id disagree (world, duplicate rank)
+    PermissionDenied = TPF_PERMISSION_DENIED,             ///< the caller may not do this (uid, group membership)
+    Closed = TPF_CLOSED,                                  ///< the group or connection is closed
+    ProbeFailed = TPF_PROBE_FAILED,                       ///< the load-time probe disagreed with the reference
+    SystemError = TPF_SYSTEM_ERROR,                       ///< an OS call failed (errno in the detail)
+    InvalidArgument = TPF_INVALID_ARGUMENT,               ///< an API argument is null or not accepted
 };
+/// The largest value assigned; errcFromWire refuses anything above it.
+inline constexpr Errc kLastErrc = Errc::InvalidArgument;
 
 /// Stable identifier, as printed in logs and JSON ("PeerLost").
 constexpr std::string_view errcName(Errc e) noexcept {
@@ -76,6 +83,7 @@ constexpr std::string_view errcName(Errc e) noexcept {
     case Errc::Closed: return "Closed";
     case Errc::ProbeFailed: return "ProbeFailed";
     case Errc::SystemError: return "SystemError";
+    case Errc::InvalidArgument: return "InvalidArgument";
     }
     return "Unknown";
 }
@@ -104,20 +112,21 @@ constexpr std::string_view errcMessage(Errc e) noexcept {
     case Errc::RegistrationFailed: return "memory registration failed; check LimitMEMLOCK and free memory";
     case Errc::CudaError: return "a CUDA call failed; see the log line for the call and site";
     case Errc::NcclError: return "an NCCL call failed; see the log line for the call and site";
-    case Errc::ConfigError: return "bad configuration; see systemd/tpfabricd.conf.example for keys and allowed values";
+    case Errc::ConfigError: return "bad configuration (a tpfabricd.conf key or a TPF_* variable); the detail names it and its accepted values";
     case Errc::DaemonUnreachable: return "tpfabricd does not answer on its socket; start it (systemctl start tpfabricd) or fix the socket path";
     case Errc::GroupMismatch: return "ranks of one group disagree on world size or rank numbers; check the open calls";
     case Errc::PermissionDenied: return "not permitted; join the group first, or run as root for changing commands";
     case Errc::Closed: return "the group or connection is closed";
     case Errc::ProbeFailed: return "load-time probe disagreed with the NCCL reference; the fabric path is disabled";
     case Errc::SystemError: return "an operating-system call failed; see the detail for errno";
+    case Errc::InvalidArgument: return "an argument of the call is null or not accepted; see the detail for which";
     }
     return "unknown error";
 }
 
 /// Errc from its wire value, refusing values this release does not know.
 constexpr bool errcFromWire(std::uint32_t v, Errc& out) noexcept {
-    if (v > static_cast<std::uint32_t>(Errc::SystemError)) return false;
+    if (v > static_cast<std::uint32_t>(kLastErrc)) return false;
     out = static_cast<Errc>(v);
     return true;
 }

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
 
 namespace tpf {
 

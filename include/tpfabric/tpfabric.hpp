@@ -5,10 +5,12 @@
 //   group.value()->allGather(send, recv, bytes);   // recv: world * bytes
 //   group.value()->allReduceSum(send, recv, count, tpf::DType::BF16);
 //
-// Every call returns a Status naming its failure (tpf::Errc, proto/error.hpp).
+// Every call returns a Status naming its failure (tpf::Errc, <tpfabric/error.hpp>).
 // A failed call writes nothing into its output buffer. After any failure
-// except CapMismatch and Misaligned the group is broken: check() returns the
-// failure, every later call fails the same way, and the group must be reopened.
+// except CapMismatch, Misaligned and InvalidArgument the group is broken:
+// check() returns the failure, every later call fails the same way, and the
+// group must be reopened. docs/integration.md is the guide; the same API for
+// C, Zig and Rust is <tpfabric/tpfabric.h>.
 #pragma once
 
 #include <chrono>
@@ -18,7 +20,9 @@
 #include <optional>
 #include <string>
 
-#include "proto/error.hpp"
+#include <tpfabric/error.hpp>
+#include <tpfabric/export.h>
+#include <tpfabric/version.h>
 
 // cudaStream_t without the CUDA headers: the stream overloads below exist in
 // every build; without CUDA they return Unsupported.
@@ -28,11 +32,13 @@ namespace tpf {
 
 /// Element types of allReduceSum.
 enum class DType : std::uint8_t { F32, F16, BF16 };
-std::size_t dtypeSize(DType t);
+TPF_API std::size_t dtypeSize(DType t);
+/// The library's release ("0.1.0"); TPF_VERSION_STRING is the headers'.
+TPF_API const char* version();
 
 /// How ranks exchange small records while opening a group. Blocking; every
 /// rank calls allGather with the same size in the same order.
-class Bootstrap {
+class TPF_API Bootstrap {
 public:
     virtual ~Bootstrap() = default;
     virtual std::uint32_t rank() const = 0;
@@ -43,7 +49,7 @@ public:
 
 /// Loopback (or LAN) TCP bootstrap for CPU processes: rank 0 listens on
 /// host:port, the others connect (retrying until the timeout).
-class TcpBootstrap final : public Bootstrap {
+class TPF_API TcpBootstrap final : public Bootstrap {
 public:
     static Result<std::unique_ptr<TcpBootstrap>> create(std::uint32_t rank, std::uint32_t world,
                                                         const std::string& hostPort,
@@ -93,8 +99,12 @@ struct Options {
     /// Default: $TPF_FALLBACK ("nccl" or "error"), else Nccl.
     std::optional<Fallback> fallback;
     /// Host (default) or Device buffers. Device groups open with GPU doorbells
-    /// on the current CUDA device and run the load-time probe (DESIGN §3.8).
+    /// on the current CUDA device and run the load-time probe (docs/gpu.md).
     Buffers buffers = Buffers::Host;
+    /// Device groups: the ncclComm_t (of the same ranks, in rank order) that
+    /// takes the NCCL fallback and calls above the agreed cap. Default: the
+    /// NcclBootstrap's communicator when the group opens over one, else none.
+    void* ncclComm = nullptr;
     /// Device groups: route to same-node peers. Default: $TPF_GPU_ROUTE
     /// ("auto", "ipc", "proxy"), else Auto.
     std::optional<GpuRoute> gpuRoute;
@@ -105,7 +115,7 @@ struct Options {
 };
 
 /// One rank's membership of a group.
-class Group {
+class TPF_API Group {
 public:
     /// Open as `rank` of `world` (1..16) with shards of at most `maxBytes`.
     /// Every rank calls it with the same world; the group takes the fabric
@@ -140,11 +150,14 @@ public:
     Status check() const;
     /// "fabric" or "nccl": which path this group's calls take.
     std::string path() const;
-    /// End every rank's waits with Aborted (and break the group). Not queued
-    /// behind this rank's posted calls: a peer still waiting for this rank's
-    /// last shard may end that call Aborted too.
+    /// End every rank's waits with Aborted and break the group. Ok once this
+    /// rank's group is aborted (check() then returns Aborted); DaemonLost when
+    /// the daemon could not be told (the group is broken here all the same);
+    /// Closed on a closed group. Not queued behind this rank's posted calls: a
+    /// peer still waiting for this rank's last shard may end that call Aborted too.
     Status abort();
-    /// Leave the group (also done by the destructor).
+    /// Leave the group (also done by the destructor). Every call must have
+    /// finished (device groups: the stream synchronised).
     void close();
 
     std::uint32_t rank() const;

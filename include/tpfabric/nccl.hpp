@@ -24,7 +24,7 @@ namespace tpf {
 /// Bootstrap over a communicator: each allGather copies the record into a
 /// device scratch buffer, runs ncclAllGather on a private stream and waits
 /// for it. Not for the data path; for open-time records of a few KiB.
-class NcclBootstrap final : public Bootstrap {
+class TPF_API NcclBootstrap final : public Bootstrap {
 public:
     /// `comm` is not owned and must outlive every group opened over it. Uses
     /// the current CUDA device.

@@ -1,0 +1,183 @@
+/* libtpfabric — the C ABI, for C, Zig, Rust and Python (ctypes) engines.
+ *
+ * One implementation: these functions call the C++ API (tpfabric.hpp) of the
+ * same library. Handles are opaque; every function that can fail returns a
+ * tpf_status (enum tpf_status_code in <tpfabric/errc.h>, equal to tpf::Errc),
+ * and a failure leaves its text in tpf_last_error() of the calling thread.
+ *
+ *   tpf_group* g = NULL;
+ *   tpf_status s = tpf_group_open(rank, world, 512 * 1024, my_allgather, my_store, NULL, &g);
+ *   if (s != TPF_OK) fprintf(stderr, "open: %s\n", tpf_last_error());
+ *   s = tpf_all_gather(g, send, recv, bytes);                    // recv: world * bytes
+ *   s = tpf_all_reduce_sum(g, send, recv, count, TPF_DTYPE_BF16); // rank-order sum, bit-identical
+ *   tpf_group_close(g);
+ *
+ * Threads: a group is used by one thread at a time; different groups may be
+ * used from different threads. Link with -ltpfabric (pkg-config libtpfabric,
+ * or CMake find_package(tpfabric) and tpfabric::tpfabric).
+ * docs/integration.md is the guide. */
+#ifndef TPFABRIC_H
+#define TPFABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tpfabric/errc.h>
+#include <tpfabric/export.h>
+#include <tpfabric/version.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A status code: one of enum tpf_status_code (TPF_OK is 0). */
+typedef int32_t tpf_status;
+
+/** One rank's membership of a group. Opaque; from tpf_group_open, freed by tpf_group_close. */
+typedef struct tpf_group tpf_group;
+
+/** A TCP bootstrap (rank 0 listens, the others connect). Opaque. */
+typedef struct tpf_tcp_bootstrap tpf_tcp_bootstrap;
+
+/** Element types of tpf_all_reduce_sum. */
+enum tpf_dtype {
+    TPF_DTYPE_F32 = 0,
+    TPF_DTYPE_F16 = 1,
+    TPF_DTYPE_BF16 = 2
+};
+
+/** tpf_open_options.buffers: the memory a group's calls take. */
+enum tpf_buffers {
+    TPF_BUFFERS_HOST = 0,   /**< host buffers: tpf_all_gather, tpf_all_reduce_sum */
+    TPF_BUFFERS_DEVICE = 1  /**< CUDA device buffers on a stream: the *_async calls (needs a CUDA build) */
+};
+
+/** tpf_open_options.fallback: what happens when the fabric path is unavailable at open. */
+enum tpf_fallback {
+    TPF_FALLBACK_DEFAULT = 0, /**< $TPF_FALLBACK ("nccl" or "error"), else NCCL */
+    TPF_FALLBACK_NCCL = 1,    /**< NCCL takes the calls (device groups with nccl_comm), else TPF_UNAVAILABLE */
+    TPF_FALLBACK_ERROR = 2    /**< the open fails with the reason */
+};
+
+/** tpf_open_options.gpu_route: how a device group reaches same-node peers. */
+enum tpf_gpu_route {
+    TPF_GPU_ROUTE_DEFAULT = 0, /**< $TPF_GPU_ROUTE ("auto", "ipc", "proxy"), else auto */
+    TPF_GPU_ROUTE_AUTO = 1,    /**< ipc where every rank could share a device region, else proxy */
+    TPF_GPU_ROUTE_IPC = 2,     /**< ipc or the open fails */
+    TPF_GPU_ROUTE_PROXY = 3    /**< host regions through the daemon's proxy */
+};
+
+/** The bootstrap an engine supplies: all-gather `bytes` bytes of `mine` from
+ *  every rank into `out` (world * bytes, rank r's record at out + r * bytes).
+ *  Called on every rank the same number of times with the same sizes, only
+ *  from inside tpf_group_open (a few calls of at most a few KiB). Blocking.
+ *  Return TPF_OK, or a code naming the failure (TPF_TIMEOUT, TPF_PEER_LOST,
+ *  ...; other values are reported as TPF_PEER_LOST); the open then fails with
+ *  it. An engine typically implements it over its own communicator or store. */
+typedef tpf_status (*tpf_allgather_fn)(void* ctx, const void* mine, void* out, size_t bytes);
+
+/** Options of tpf_group_open. Initialise with tpf_open_options_init (it sets
+ *  struct_size, so a later library with more fields still reads this one). */
+typedef struct tpf_open_options {
+    uint32_t struct_size;      /**< sizeof(tpf_open_options) of the caller's header */
+    int32_t buffers;           /**< enum tpf_buffers; default TPF_BUFFERS_HOST */
+    const char* socket_path;   /**< tpfabricd's socket; NULL: $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock */
+    uint32_t timeout_ms;       /**< bound on every wait of a call; 0: 5000 */
+    uint32_t open_timeout_ms;  /**< bound on opening; 0: 30000 */
+    uint32_t spin_us;          /**< host path: busy-poll this long before sleeping; 0: 20 */
+    int32_t fallback;          /**< enum tpf_fallback */
+    int32_t gpu_route;         /**< enum tpf_gpu_route (device groups) */
+    uint32_t max_blocks;       /**< device groups: grid cap per call; 0: the kernels' default */
+    void* nccl_comm;           /**< device groups: an ncclComm_t of the same ranks, used for the NCCL
+                                    fallback and for calls above the agreed cap; NULL: none */
+} tpf_open_options;
+
+/** Fill `options` with the defaults (every field 0 or NULL, struct_size set). */
+TPF_API void tpf_open_options_init(tpf_open_options* options);
+
+/** Open (join) a group as `rank` of `world` (1..16) with shards of at most
+ *  `max_bytes`. Every rank calls it with the same world and max_bytes; the
+ *  group takes the fabric path on every rank or on none (then NCCL, see
+ *  tpf_open_options.fallback and TPF_DISABLE in docs/integration.md).
+ *  `allgather` and `ctx` are the bootstrap; `options` may be NULL.
+ *  On success *group is the new group; on failure *group is NULL and the
+ *  status names why (TPF_UNAVAILABLE with the reason, TPF_CONFIG_ERROR for a
+ *  bad TPF_* variable, TPF_INVALID_ARGUMENT, TPF_OUT_OF_RANGE, ...). */
+TPF_API tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf_allgather_fn allgather,
+                                  void* ctx, const tpf_open_options* options, tpf_group** group);
+
+/** Leave the group and free the handle (NULL is a no-op). Every call on the
+ *  group must have finished (device groups: the stream synchronised). */
+TPF_API void tpf_group_close(tpf_group* group);
+
+/** Host buffers: recv (world * bytes) gets every rank's send in rank order.
+ *  send and recv 16-byte aligned (else TPF_MISALIGNED); bytes at most
+ *  tpf_agreed_cap (else TPF_CAP_MISMATCH). A failed call writes nothing
+ *  into recv. In place when send == recv + rank * bytes. */
+TPF_API tpf_status tpf_all_gather(tpf_group* group, const void* send, void* recv, size_t bytes);
+
+/** Host buffers: recv = sum over ranks of send (count elements of `dtype`,
+ *  enum tpf_dtype), added in rank order 0..W-1 (f16/bf16 accumulate in f32,
+ *  rounded once), bit-identical on every rank. send may equal recv. */
+TPF_API tpf_status tpf_all_reduce_sum(tpf_group* group, const void* send, void* recv, size_t count, int32_t dtype);
+
+/** Device buffers (TPF_BUFFERS_DEVICE) on `stream` (a cudaStream_t; NULL the
+ *  legacy default stream): enqueues kernels only, capturable in a CUDA graph.
+ *  TPF_MISALIGNED / TPF_CAP_MISMATCH come back at once and launch nothing;
+ *  a failed wait is recorded on the device and returned by tpf_check after
+ *  the stream synchronised. Above the agreed cap, or after a fallback, the
+ *  call goes to NCCL on the same stream where options.nccl_comm was given. */
+TPF_API tpf_status tpf_all_gather_async(tpf_group* group, const void* send, void* recv, size_t bytes, void* stream);
+TPF_API tpf_status tpf_all_reduce_sum_async(tpf_group* group, const void* send, void* recv, size_t count,
+                                            int32_t dtype, void* stream);
+
+/** The group's recorded failure, or TPF_OK. After any failure except
+ *  TPF_CAP_MISMATCH, TPF_MISALIGNED and TPF_INVALID_ARGUMENT the group is
+ *  broken: every later call fails the same way; close it and open again.
+ *  Device groups: also what a kernel recorded (call after synchronising). */
+TPF_API tpf_status tpf_check(const tpf_group* group);
+
+/** End every rank's waits with TPF_ABORTED and break the group. Returns
+ *  TPF_OK once this rank's group is aborted (tpf_check then returns
+ *  TPF_ABORTED), TPF_DAEMON_LOST when the daemon could not be told (the group
+ *  is broken here all the same), TPF_CLOSED for a closed group. Not queued
+ *  behind this rank's posted calls: a peer waiting for this rank's last shard
+ *  may end that call TPF_ABORTED too. */
+TPF_API tpf_status tpf_abort(tpf_group* group);
+
+/** The exact minimum of every rank's usable maximum shard, in bytes (0 for NULL). */
+TPF_API uint64_t tpf_agreed_cap(const tpf_group* group);
+/** 1 when `bytes` fits the agreed cap, else 0. */
+TPF_API int tpf_fits(const tpf_group* group, size_t bytes);
+/** "fabric" or "nccl": which path this group's calls take ("" for NULL). Static storage. */
+TPF_API const char* tpf_path(const tpf_group* group);
+/** "self", "shm", "verbs" or "ipc": how this rank reaches `peer` ("none" out of range). Static storage. */
+TPF_API const char* tpf_route(const tpf_group* group, uint32_t peer);
+TPF_API uint32_t tpf_rank(const tpf_group* group);
+TPF_API uint32_t tpf_world(const tpf_group* group);
+
+/** TCP bootstrap for CPU processes and tools: rank 0 listens on host_port
+ *  ("127.0.0.1:29500"), the others connect, retrying until timeout_ms (0:
+ *  30000). Pass tpf_tcp_bootstrap_allgather and the handle to tpf_group_open. */
+TPF_API tpf_status tpf_tcp_bootstrap_create(uint32_t rank, uint32_t world, const char* host_port, uint32_t timeout_ms,
+                                            tpf_tcp_bootstrap** bootstrap);
+TPF_API void tpf_tcp_bootstrap_destroy(tpf_tcp_bootstrap* bootstrap);
+/** A tpf_allgather_fn over a tpf_tcp_bootstrap (ctx). */
+TPF_API tpf_status tpf_tcp_bootstrap_allgather(void* ctx, const void* mine, void* out, size_t bytes);
+
+/** "PeerLost": the stable name of a status ("Unknown" for values no release assigned). */
+TPF_API const char* tpf_status_name(tpf_status status);
+/** What an operator should understand and do about a status, one sentence. */
+TPF_API const char* tpf_strerror(tpf_status status);
+/** The last failure of this thread, with its detail ("PeerLost: rank 3 is
+ *  gone (PeerLost)"); "" when no call of this thread failed. Valid until the
+ *  thread's next call into libtpfabric. */
+TPF_API const char* tpf_last_error(void);
+/** The library's release, "0.1.0" (compare with TPF_VERSION_STRING of the header). */
+TPF_API const char* tpf_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TPFABRIC_H */
