@@ -70,6 +70,14 @@ void clientRecord(ByteView frame, const MsgHeader& h, ByteView payload) {
         break;
     }
     case kErrorReply: fixedRecord<ErrorReply>(frame, h, payload, "ErrorReply"); break;
+    case kShareRegion: fixedRecord<ShareRegion>(frame, h, payload, "ShareRegion"); break;
+    case kPeerRegion: fixedRecord<PeerRegion>(frame, h, payload, "PeerRegion"); break;
+    case kOpenReport: {
+        fixedRecord<OpenReport>(frame, h, payload, "OpenReport");
+        if (auto m = decodeFixed<OpenReport>(payload, "OpenReport"))
+            TPF_FUZZ_CHECK(m->errc != 0 && (m->outcome == kOutcomeNccl || m->outcome == kOutcomeUnavailable));
+        break;
+    }
     default: break; // the daemon refuses an unknown opcode by name
     }
 }

@@ -80,6 +80,9 @@ void clientSeeds() {
                                  encodeEmpty(kClose, 5)}, 0));
     put("req-control-session", cat({encode(kHello, 1, Hello{kRoleControl, 0, 0}), encode(kStatusRequest, 2, StatusRequest{})}, 0));
     put("req-open", cat({encode(7, open)}, 0));
+    put("req-refused-session", cat({hello, encode(3, open),
+                                    encode(kOpenReport, 4, OpenReport{std::uint16_t(Errc::Unavailable), kOutcomeUnavailable, 0, 0})},
+                                   0));
     // Replies (prefix 1): what the client library decodes.
     put("rep-hello", cat({encode(kHelloReply, 1, hr)}, 1));
     put("rep-nodecard", cat({encode(2, card)}, 1));

@@ -46,6 +46,7 @@ enum Opcode : std::uint16_t {
     kClosed = 12,         ///< daemon -> client: empty, acknowledges kClose
     kShareRegion = 13,    ///< client -> daemon: ShareRegion + 1 fd (its device region, POSIX fd of cuMemCreate)
     kPeerRegion = 14,     ///< daemon -> client: PeerRegion + 1 fd (a same-node member's shared device region)
+    kOpenReport = 15,     ///< client -> daemon: OpenReport; no reply
 };
 
 /// Who connects. Hello.role.
@@ -206,6 +207,30 @@ static_assert(sizeof(PeerRegion) == 16);
 static_assert(offsetof(PeerRegion, bytes) == 8);
 static_assert(std::is_trivially_copyable_v<PeerRegion>);
 
+/// OpenReport.outcome: where a group went that did not take the fabric path.
+enum OpenOutcome : std::uint16_t {
+    kOutcomeNccl = 1,        ///< NCCL takes the group's calls (Device buffers with a communicator)
+    kOutcomeUnavailable = 2, ///< the open failed with Unavailable (host buffers, or TPF_FALLBACK=error)
+};
+
+/// A rank tells its daemon, for the metrics only, that its open did not take
+/// the fabric path and why; sent once, just before it leaves, on a connection
+/// that said Hello as a rank, whether or not it joined a group (the daemon
+/// may have refused it, or another rank's daemon, or the probe failed). No
+/// reply. Ranks whose open never reached a daemon (TPF_DISABLE, no daemon)
+/// send nothing. A daemon older than this record refuses it as an unknown
+/// opcode, which costs only the count: the rank is leaving anyway. 16 bytes.
+struct OpenReport {
+    std::uint16_t errc;      ///< Errc why the fabric path was not taken; never 0
+    std::uint16_t outcome;   ///< OpenOutcome
+    std::uint32_t reserved0; ///< 0
+    std::uint64_t reserved1; ///< 0
+};
+static_assert(sizeof(OpenReport) == 16);
+static_assert(offsetof(OpenReport, outcome) == 2);
+static_assert(offsetof(OpenReport, reserved1) == 8);
+static_assert(std::is_trivially_copyable_v<OpenReport>);
+
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {
     std::uint32_t reserved0;
@@ -313,6 +338,16 @@ inline Status validate(const PeerRegion& m) {
     if (m.rank >= kMaxWorld) return {Errc::OutOfRange, "PeerRegion: rank " + std::to_string(m.rank)};
     if (m.bytes == 0 || m.bytes > kMaxSharedRegionBytes)
         return {Errc::OutOfRange, "PeerRegion: " + std::to_string(m.bytes) + " bytes outside 1..2 GiB"};
+    return okStatus();
+}
+
+inline Status validate(const OpenReport& m) {
+    Errc e;
+    if (m.errc == 0 || !errcFromWire(m.errc, e))
+        return {Errc::OutOfRange, "OpenReport: error code " + std::to_string(m.errc) + " is not a failure this daemon knows"};
+    if (m.outcome != kOutcomeNccl && m.outcome != kOutcomeUnavailable)
+        return {Errc::OutOfRange, "OpenReport: outcome " + std::to_string(m.outcome) + " is neither nccl (1) nor unavailable (2)"};
+    if (m.reserved0 || m.reserved1) return {Errc::BadMessage, "OpenReport: reserved fields not 0"};
     return okStatus();
 }
 

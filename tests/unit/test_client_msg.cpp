@@ -371,3 +371,27 @@ TEST_CASE("ShareRegion and PeerRegion: round trips, refusals, golden bytes") {
     CHECK(hexOf(encode(kPeerRegion, 10, peer)) ==
           "54504301" "0100" "0e00" "10000000" "0a000000" "03000000" "00000000" "0000200000000000");
 }
+
+// A rank's report of an open that did not take the fabric path (metrics only).
+TEST_CASE("OpenReport: round trip, refusals by name, golden bytes") {
+    const OpenReport report{std::uint16_t(Errc::Unavailable), kOutcomeUnavailable, 0, 0};
+    auto f = frameOf(encode(kOpenReport, 11, report));
+    CHECK(f.header.opcode == kOpenReport);
+    auto back = decodeFixed<OpenReport>(f.payload, "OpenReport");
+    REQUIRE(back.ok());
+    CHECK(back->errc == std::uint16_t(Errc::Unavailable));
+    CHECK(back->outcome == kOutcomeUnavailable);
+    everyTruncationRefused(report, kOpenReport);
+
+    CHECK(validate(OpenReport{std::uint16_t(Errc::ProbeFailed), kOutcomeNccl, 0, 0}).ok());
+    CHECK(validate(OpenReport{0, kOutcomeNccl, 0, 0}).code() == Errc::OutOfRange); // Ok is no failure
+    CHECK(validate(OpenReport{std::uint16_t(std::uint16_t(kLastErrc) + 1), kOutcomeNccl, 0, 0}).code() == Errc::OutOfRange);
+    CHECK(validate(OpenReport{std::uint16_t(Errc::Unavailable), 0, 0, 0}).code() == Errc::OutOfRange);
+    CHECK(validate(OpenReport{std::uint16_t(Errc::Unavailable), 3, 0, 0}).code() == Errc::OutOfRange);
+    CHECK(validate(OpenReport{std::uint16_t(Errc::Unavailable), kOutcomeNccl, 1, 0}).code() == Errc::BadMessage);
+    CHECK(validate(OpenReport{std::uint16_t(Errc::Unavailable), kOutcomeNccl, 0, 1}).code() == Errc::BadMessage);
+
+    CHECK(hexOf(encode(kOpenReport, 11, report)) ==
+          "54504301" "0100" "0f00" "10000000" "0b000000" // header: opcode 15, 16 bytes, seq 11
+          "0f00" "0200" "00000000" "0000000000000000");  // errc 15 (Unavailable), outcome 2, reserved
+}
