@@ -132,6 +132,10 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     g.region = std::move(*region);
     g.ringMap = std::move(*ring);
     g.ring = RingView(g.ringMap.data(), rl);
+    if (g.ring.header().magic == kRingMagic && g.ring.header().version != kRingVersion)
+        return Error{Errc::VersionMismatch, "command ring version " + std::to_string(g.ring.header().version) +
+                                                ", this libtpfabric reads " + std::to_string(kRingVersion) +
+                                                ": tpfabricd and libtpfabric are of different releases; install them together"};
     if (g.ring.header().magic != kRingMagic || g.ring.header().group != g.handle)
         return Error{Errc::BadMessage, "command ring header does not match the verdict"};
     g.proxyEvent = std::move(m->fds[2]);
@@ -188,6 +192,10 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     const bool ncclFallback = disabledBy != kNoPeer ? allComm : allComm && !anyFallbackError;
     const auto fallBack = [&](const Error& why) -> Result<std::unique_ptr<Group>> {
         impl->gpu.reset();
+        if (impl->socket) { // for the daemon's metrics only: no reply, a failure changes nothing
+            const OpenReport report{std::uint16_t(why.code), ncclFallback ? kOutcomeNccl : kOutcomeUnavailable, 0, 0};
+            (void)sendMessage(impl->socket.get(), encode(kOpenReport, impl->seq++, report), {}, 1000);
+        }
         impl->socket.reset(); // leaves the daemon's group, if joined
         impl->ring = RingView();
         impl->ringMap = Mapping();

@@ -33,20 +33,23 @@ Status Group::Impl::fail(Error e) {
     return failure;
 }
 
-void Group::Impl::record(std::uint64_t startNs, std::size_t bytes, bool ok) {
+void Group::Impl::record(StatsOp op, std::uint64_t startNs, std::size_t bytes, bool ok) {
     if (!ring.layout().entries) return;
-    RankStats& s = ring.stats();
-    const auto add = [](std::uint64_t& v, std::uint64_t d) {
+    RankStats& rs = ring.stats();
+    OpStats& s = rs.ops[op];
+    const auto add = [](auto& v, std::uint64_t d) {
         std::atomic_ref(v).store(std::atomic_ref(v).load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
     };
     add(s.calls, 1);
     if (ok) {
+        const std::uint64_t ns = monotonicNs() - startNs;
         add(s.bytes, bytes);
-        auto& b = s.latency[latencyBucket(monotonicNs() - startNs)];
-        std::atomic_ref(b).store(std::atomic_ref(b).load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        add(s.latencyNs, ns);
+        add(s.latency[latencyBucket(ns)], 1);
     } else {
         add(s.errors, 1);
-        std::atomic_ref(s.lastError).store(std::uint32_t(failure.code), std::memory_order_relaxed);
+        if (std::uint32_t(failure.code) < kStatsErrcSlots) add(rs.errorsByCode[std::uint32_t(failure.code)], 1);
+        std::atomic_ref(rs.lastError).store(std::uint32_t(failure.code), std::memory_order_relaxed);
     }
 }
 
@@ -159,7 +162,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
         for (std::uint32_t q = 0; q < g.world; ++q)
             std::memmove(out + std::size_t(q) * bytes, g.slot(phase, q), bytes); // own slot holds our staged shard
     }
-    g.record(start, bytes, bool(s));
+    g.record(kStatsAllGather, start, bytes, bool(s));
     return s;
 }
 
@@ -182,7 +185,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
         for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.slot(phase, q);
         sumRowsInOrder(rows, g.world, recv, count, type);
     }
-    g.record(start, bytes, bool(s));
+    g.record(kStatsAllReduceSum, start, bytes, bool(s));
     return s;
 }
 

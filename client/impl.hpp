@@ -60,7 +60,8 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     Status exchange(const void* send, std::size_t bytes, std::uint32_t& phase);
     Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
     Status fail(Error e);
-    void record(std::uint64_t startNs, std::size_t bytes, bool ok);
+    /// Count one host-path call of `op` in the ring's RankStats (a failed one under `failure`).
+    void record(StatsOp op, std::uint64_t startNs, std::size_t bytes, bool ok);
 };
 
 /// What in-tree benchmarks and tests may read of an open group (not installed).

@@ -11,7 +11,7 @@ namespace tpf::ctl {
 
 /// The status_version this tpfabricctl was written against; a document of a
 /// newer version still prints, with a note that --json shows everything.
-inline constexpr std::int64_t kKnownStatusVersion = 1;
+inline constexpr std::int64_t kKnownStatusVersion = 2;
 
 /// Write `doc` for a human: header (version, pid, uptime, node id, socket,
 /// config source, proxy), then HCAs, peers, groups each with its ranks,

@@ -15,7 +15,7 @@ namespace {
 
 // The example of docs/status.md, verbatim.
 constexpr const char* kExample = R"json({
-  "status_version": 1,
+  "status_version": 2,
   "daemon": {
     "version": "0.1.0", "pid": 1234, "uptime_s": 12.5, "started_unix_ns": 0,
     "node_id": "32 hex digits", "socket": "/run/tpfabric/tpfabricd.sock",
@@ -125,7 +125,7 @@ TEST_CASE("the example document of docs/status.md prints every section") {
 
 TEST_CASE("absent fields and sections print as '-', empty lists as 'none'") {
     SECTION("nothing but the version") {
-        const std::string out = render(json::parse(R"({"status_version": 1})"));
+        const std::string out = render(json::parse(R"({"status_version": 2})"));
         INFO(out);
         CHECK(has(out, "  version       -\n"));
         CHECK(has(out, "  uptime        -\n"));
@@ -138,7 +138,7 @@ TEST_CASE("absent fields and sections print as '-', empty lists as 'none'") {
     }
     SECTION("empty lists, sparse records") {
         const std::string out = render(json::parse(R"({
-            "status_version": 1,
+            "status_version": 2,
             "daemon": {"version": "0.2.0", "proxy": {"state": "polling", "cpu": 3}},
             "hcas": [], "peers": [],
             "groups": [{"id": "abc", "ranks": [], "latency_us": {"p50": 7}},
@@ -178,7 +178,7 @@ TEST_CASE("fields of the wrong type never throw and print as '-' or as their tex
     std::string out;
     REQUIRE_NOTHROW(out = render(doc));
     INFO(out);
-    CHECK(has(out, "  status format one (this tpfabricctl reads 1;"));
+    CHECK(has(out, "  status format one (this tpfabricctl reads 2;"));
     CHECK(has(out, "  version       2\n"));
     CHECK(has(out, "  pid           1234\n"));
     CHECK(has(out, "  uptime        long\n"));
@@ -216,13 +216,13 @@ TEST_CASE("a JSON value that is no status document still prints a skeleton") {
 
 TEST_CASE("a newer daemon's document prints what this tool knows and says so") {
     json doc = json::parse(kExample);
-    doc["status_version"] = 2;
+    doc["status_version"] = 3;
     doc["daemon"]["hugepages"] = true;
     doc["hcas"][0]["rate_limit"] = {{"gbps", 100}};
     doc["future_section"] = json::array({1, 2, 3});
     const std::string out = render(doc);
     INFO(out);
-    CHECK(has(out, "  status format 2 (this tpfabricctl reads 1; what it does not know is left out: --json shows all)\n"));
+    CHECK(has(out, "  status format 3 (this tpfabricctl reads 2; what it does not know is left out: --json shows all)\n"));
     CHECK(has(out, "  version       0.1.0\n"));
     CHECK(has(lineWith(out, "rxe0"), "10 Gb/s"));
     CHECK_FALSE(has(out, "hugepages"));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/byte_size.hpp"
+#include "ctl/metrics_render.hpp"
 #include "ctl/status_client.hpp"
 #include "ctl/status_print.hpp"
 #include "proto/layout.hpp"
@@ -51,23 +52,39 @@ int runLayout(std::uint32_t world, const std::string& maxBytesText, std::uint32_
     return 0;
 }
 
+// One line on stderr, whatever the daemon put in its error message; exit status 1.
+int failLine(const std::string& detail) {
+    std::string line = detail;
+    for (char& c : line)
+        if ((unsigned char)c < 0x20) c = '?';
+    std::fprintf(stderr, "tpfabricctl: %s\n", line.c_str());
+    return 1;
+}
+
 // `tpfabricctl status`: ask the daemon for its status document and print it.
 int runStatus(const std::string& socketPath, int timeoutMs, bool json) {
     auto doc = tpf::ctl::fetchStatus(socketPath, timeoutMs);
-    if (!doc) {
-        // One line, whatever the daemon put in its error message.
-        std::string line = doc.error().detail;
-        for (char& c : line)
-            if ((unsigned char)c < 0x20) c = '?';
-        std::fprintf(stderr, "tpfabricctl: %s\n", line.c_str());
-        return 1;
-    }
+    if (!doc) return failLine(doc.error().detail);
     if (json)
         std::cout << doc->dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     else
         tpf::ctl::printStatus(*doc, std::cout);
     if (!std::cout.flush()) {
         std::fprintf(stderr, "tpfabricctl: cannot write the status to stdout\n");
+        return 1;
+    }
+    return 0;
+}
+
+// `tpfabricctl metrics`: the same status document as Prometheus text.
+int runMetrics(const std::string& socketPath, int timeoutMs) {
+    auto doc = tpf::ctl::fetchStatus(socketPath, timeoutMs);
+    if (!doc) return failLine(doc.error().detail);
+    auto text = tpf::ctl::renderMetrics(*doc);
+    if (!text) return failLine(text.error().describe() + " (tpfabricd at " + socketPath + ")");
+    std::cout << *text;
+    if (!std::cout.flush()) {
+        std::fprintf(stderr, "tpfabricctl: cannot write the metrics to stdout\n");
         return 1;
     }
     return 0;
@@ -104,6 +121,21 @@ int main(int argc, char** argv) {
     status->footer("Exit status: 0 printed; 1 the daemon could not be reached, refused, or answered garbage or "
                    "too late (one line on stderr says what and what to do); 2 bad usage.");
 
+    std::string metricsSocket = tpf::ctl::defaultSocketPath();
+    int metricsTimeoutMs = 5000;
+    auto* metrics = app.add_subcommand(
+        "metrics", "print tpfabricd's counters and gauges in the Prometheus text format (docs/operations.md, Metrics)");
+    metrics->add_option("--socket", metricsSocket,
+                        std::string("tpfabricd's control socket (default: $") + tpf::ctl::kSocketEnv + " if set, else " +
+                            tpf::ctl::kDefaultSocketPath + ")");
+    metrics->add_option("--timeout-ms", metricsTimeoutMs, "how long to wait for the daemon's answers, 1..600000")
+        ->check(CLI::Range(1, 600000))
+        ->capture_default_str();
+    metrics->footer("Counters count since the daemon started (tpfabric_daemon_start_time_seconds). Serve the output "
+                    "with node exporter's textfile collector or any scraper that runs this command.\n"
+                    "Exit status: 0 printed; 1 the daemon could not be reached, refused, or answered garbage or too "
+                    "late, or is too old for metrics (one line on stderr says what and what to do); 2 bad usage.");
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -115,5 +147,6 @@ int main(int argc, char** argv) {
     }
     if (*layout) return runLayout(world, maxBytes, stripes, json);
     if (*status) return runStatus(socketPath, timeoutMs, statusJson);
+    if (*metrics) return runMetrics(metricsSocket, metricsTimeoutMs);
     return 2;
 }

@@ -35,6 +35,7 @@ void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
     Verdict v{};
     v.errc = std::uint16_t(code);
     setText(v.reason, why);
+    lifetime_.openRefused(code);
     link.sendVerdict(v, {});
 }
 
@@ -174,6 +175,7 @@ void GroupTable::finishOpen(Group& g) {
     for (auto& [rank, m] : g.members) pg->regions[rank] = m.region;
     g.proxyGroup = pg;
     g.state = State::Open;
+    lifetime_.groupOpened();
     publishProxyTable();
     spdlog::info("group {}: open, world {}, agreed cap {} bytes, slot {} bytes, {} stripe(s), region {} bytes",
                  shortId(g.id), g.world, g.agreedCap, g.layout.slotBytes, g.layout.stripes, g.layout.totalBytes());
@@ -227,13 +229,14 @@ GroupTable::Group* GroupTable::findByHandle(std::uint32_t handle) {
     return nullptr;
 }
 
-void GroupTable::leave(MemberLink& link) {
+void GroupTable::leave(MemberLink& link, bool orderly) {
     std::uint32_t rank = 0;
     Group* g = findByLink(link, &rank);
     if (!g) return;
     const GroupId id = g->id;
+    if (const auto& ring = g->members[rank].ring) lifetime_.rankLeft(readStats(ring->view.stats()));
     g->members.erase(rank);
-    spdlog::info("group {}: rank {} left", shortId(id), rank);
+    spdlog::info("group {}: rank {} {}", shortId(id), rank, orderly ? "left" : "is gone (connection closed without Close)");
     if (g->state == State::Pending || g->state == State::Negotiating) {
         // The group can no longer complete: tell the ranks already waiting.
         if (g->state == State::Negotiating)
@@ -242,8 +245,10 @@ void GroupTable::leave(MemberLink& link) {
         return eraseIfEmpty(id);
     }
     // Its ring leaves the proxy; once drained, the others learn it is gone.
+    // Counted now: the group may be gone by then (its last member died).
+    if (!orderly && g->state == State::Open) countBroken(*g, Errc::PeerLost);
     const std::uint64_t v = publishProxyTable();
-    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group"});
+    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group", !orderly});
     eraseIfEmpty(id);
 }
 
@@ -255,7 +260,7 @@ void GroupTable::drained(std::uint64_t version) {
     pendingBreaks_.erase(split, pendingBreaks_.end());
     for (auto& b : due) {
         auto it = groups_.find(b.id);
-        if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why);
+        if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why, true, b.fault);
     }
 }
 
@@ -290,9 +295,10 @@ void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, cons
     breakGroup(*g, why.code, remoteRank, why.detail);
 }
 
-void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers) {
+void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers, bool fault) {
     if (g.state == State::Broken && code != Errc::Aborted) return;
     if (g.state != State::Broken) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
+    if (g.state == State::Open && fault) countBroken(g, code);
     if (tellPeers && g.state != State::Broken) {
         const Bytes v = verdictMessage(peer_proto::kPeerBroken, g.id, code, rank, why);
         for (auto& n : g.nodes)
@@ -303,6 +309,20 @@ void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::
     if (g.proxyGroup) g.proxyGroup->broken.store(true, std::memory_order_release);
     for (auto& [r, m] : g.members)
         if (m.region) m.region->fail(code, rank);
+}
+
+void GroupTable::countBroken(Group& g, Errc code) {
+    if (g.brokenCounted) return;
+    g.brokenCounted = true;
+    lifetime_.groupBroken(code);
+}
+
+void GroupTable::openReport(MemberLink& link, const OpenReport& m) {
+    Errc code = Errc::Unavailable;
+    errcFromWire(m.errc, code); // validated
+    spdlog::info("pid {}: open did not take the fabric path ({}): {}", link.pid(),
+                 m.outcome == kOutcomeNccl ? "NCCL takes the group" : "Unavailable", errcName(code));
+    lifetime_.fallbackReported(code, m.outcome);
 }
 
 std::uint64_t GroupTable::publishProxyTable() {

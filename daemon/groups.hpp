@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/config.hpp"
+#include "daemon/metrics.hpp"
 #include "daemon/peer_link.hpp"
 #include "daemon/proxy.hpp"
 #include "proto/client_msg.hpp"
@@ -50,8 +51,12 @@ public:
     /// or when the last local rank joins (or the open times out).
     void join(MemberLink& link, const client_proto::GroupOpen& m);
     /// A rank leaves: orderly (Close) or its connection dropped. Open groups
-    /// break with PeerLost naming it once the proxy drained its ring.
-    void leave(MemberLink& link);
+    /// break with PeerLost naming it once the proxy drained its ring; only a
+    /// dropped connection counts as a broken group in the metrics. Its calls
+    /// stay counted in the daemon's lifetime totals.
+    void leave(MemberLink& link, bool orderly);
+    /// A rank reports that its open did not take the fabric path (metrics only).
+    void openReport(MemberLink& link, const client_proto::OpenReport& m);
     /// A member of an open group shares its device region fd: forwarded as
     /// PeerRegion to the group's other members only. Refused (named error)
     /// when the link is in no open group.
@@ -72,6 +77,9 @@ public:
 
     nlohmann::json status() const;
     nlohmann::json peersStatus() const;
+    /// The status document's "metrics": lifetime counters, the calls of
+    /// ranks gone plus those of current members, groups by state, queue pairs.
+    nlohmann::json metricsStatus() const;
     std::size_t regionCount() const;
     std::uint64_t hostRegionBytes() const;
 
@@ -116,6 +124,7 @@ private:
         std::shared_ptr<VerbsGroup> verbs;
         std::vector<std::unique_ptr<QpLink>> qpsByHca; ///< (local * world + remote) * hcas + hca, until paired
         Error lastError;
+        bool brokenCounted = false; ///< counted in the lifetime metrics as broken
     };
     struct Parked {
         std::shared_ptr<PeerSession> session;
@@ -128,6 +137,7 @@ private:
         Errc code;
         std::uint32_t rank;
         std::string why;
+        bool fault; ///< false: a member closed in order (not counted as broken)
     };
 
     Group* findByLink(MemberLink& link, std::uint32_t* rank = nullptr);
@@ -136,7 +146,13 @@ private:
     void refuseAll(Group& g, Errc code, const std::string& why);
     void tryOpen(Group& g);
     void openTimedOut(const GroupId& id);
-    void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers = true);
+    /// Mark `g` broken and tell its members (and, with tellPeers, the other
+    /// nodes). `fault`: a failure this daemon saw, counted once per group in
+    /// the metrics (not an orderly close, nor a break another node reported).
+    void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers = true,
+                    bool fault = true);
+    /// Count `g` broken in the metrics, once.
+    void countBroken(Group& g, Errc code);
     void finishOpen(Group& g);
     // groups_verbs.cpp
     Status startNegotiation(Group& g);
@@ -169,6 +185,7 @@ private:
     std::vector<std::shared_ptr<VerbsHca>> hcas_;
     PeerService* peers_ = nullptr;
     std::vector<Parked> parked_; ///< accepted links whose group has not reached negotiation here yet
+    Lifetime lifetime_;          ///< counters since start, for metrics
     struct Refusal {
         Error why;
         std::uint64_t atNs;

@@ -421,7 +421,7 @@ void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_
     }
     if (g.state == State::Negotiating) return failNegotiation(g, code, from + ": " + reason);
     if (g.state == State::Open || code == Errc::Aborted)
-        breakGroup(g, code, v.missingRank, from + ": " + reason, false);
+        breakGroup(g, code, v.missingRank, from + ": " + reason, false, false); // counted where it was seen
 }
 
 void GroupTable::peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) {

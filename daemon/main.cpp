@@ -145,7 +145,7 @@ int run(DaemonConfig cfg, bool foreground) {
                                {"subnet", hcaSubnetText(h)}, {"mtu", h.mtu}, {"speed_mbps", h.speedMbps}});
         }
         nlohmann::json doc = {
-            {"status_version", 1},
+            {"status_version", 2},
             {"daemon",
              {{"version", TPF_VERSION},
               {"pid", ::getpid()},
@@ -154,12 +154,17 @@ int run(DaemonConfig cfg, bool foreground) {
               {"node_id", hexOf(nodeId.data(), 16)},
               {"socket", socketPath},
               {"config_source", cfg.source},
-              {"proxy", {{"state", proxy.sleeping() ? "sleeping" : "polling"}, {"cpu", proxy.cpu()}, {"doorbells", proxy.doorbells()}}}}},
+              {"proxy",
+               {{"state", proxy.sleeping() ? "sleeping" : "polling"},
+                {"cpu", proxy.cpu()},
+                {"doorbells", proxy.doorbells()},
+                {"busy_ns", proxy.busyNs()}}}}},
             {"hcas", hcaList},
             {"peers", groups.peersStatus()},
             {"groups", groups.status()},
             {"regions", {{"count", groups.regionCount()}, {"host_bytes", groups.hostRegionBytes()}, {"device_bytes", 0}}},
             {"clients", serverPtr ? serverPtr->clients() : 0},
+            {"metrics", groups.metricsStatus()},
         };
         return doc.dump();
     };

@@ -251,7 +251,31 @@ bool Proxy::goIdle(std::vector<ProxyRank>& table) {
     return false;
 }
 
+void Proxy::markAwake(bool awake, std::uint64_t nowNs) {
+    busySeq_.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    const std::uint64_t since = awakeSinceNs_.load(std::memory_order_relaxed);
+    if (!awake && since && nowNs > since)
+        busyDoneNs_.store(busyDoneNs_.load(std::memory_order_relaxed) + (nowNs - since), std::memory_order_relaxed);
+    awakeSinceNs_.store(awake ? nowNs : 0, std::memory_order_relaxed);
+    busySeq_.fetch_add(1, std::memory_order_release);
+}
+
+std::uint64_t Proxy::busyNs() const {
+    for (;;) {
+        const std::uint32_t seq = busySeq_.load(std::memory_order_acquire);
+        const std::uint64_t done = busyDoneNs_.load(std::memory_order_relaxed);
+        const std::uint64_t since = awakeSinceNs_.load(std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (!(seq & 1) && busySeq_.load(std::memory_order_relaxed) == seq) {
+            const std::uint64_t now = monotonicNs();
+            return done + (since && now > since ? now - since : 0);
+        }
+    }
+}
+
 void Proxy::run() {
+    markAwake(true, monotonicNs());
     std::vector<ProxyRank> table;
     std::uint64_t version = 0;
     std::uint64_t lastWork = monotonicNs();
@@ -308,6 +332,7 @@ void Proxy::run() {
             continue;
         }
         sleeping_.store(true, std::memory_order_relaxed);
+        markAwake(false, now);
         pollfd p{eventFd_.get(), POLLIN, 0};
         ::poll(&p, 1, int(heartbeatMs_));
         std::uint64_t drain;
@@ -315,7 +340,9 @@ void Proxy::run() {
         sleeping_.store(false, std::memory_order_relaxed);
         for (auto& pr : table) std::atomic_ref(pr.ring->view.header().proxyIdle).store(0, std::memory_order_relaxed);
         lastWork = monotonicNs();
+        markAwake(true, lastWork);
     }
+    markAwake(false, monotonicNs());
 }
 
 } // namespace tpf::daemon

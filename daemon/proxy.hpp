@@ -98,6 +98,10 @@ public:
     void wake() const;
 
     std::uint64_t doorbells() const { return doorbells_.load(std::memory_order_relaxed); }
+    /// Time the proxy thread has been awake since start() (busy-polling or
+    /// carrying out doorbells, not asleep on its eventfd), ns. Any thread;
+    /// the proxy reads the clock for it only when it falls asleep or wakes.
+    std::uint64_t busyNs() const;
     bool sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
     int cpu() const { return cpu_; }
 
@@ -125,6 +129,8 @@ private:
     /// rank of a verbs group is waiting (then the proxy must not sleep).
     bool wakeVerbsWaiters(std::vector<ProxyRank>& table);
     void retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);
+    /// Proxy thread, at each sleep/wake transition: close or open an awake period.
+    void markAwake(bool awake, std::uint64_t nowNs);
 
     const std::uint64_t spinNs_;
     const std::uint32_t heartbeatMs_;
@@ -135,6 +141,10 @@ private:
     std::atomic<bool> running_{false};
     std::atomic<bool> sleeping_{false};
     std::atomic<std::uint64_t> doorbells_{0};
+    // busyNs(): a seqlock the proxy thread writes at sleep/wake only.
+    std::atomic<std::uint32_t> busySeq_{0};      ///< odd while the proxy updates the two below
+    std::atomic<std::uint64_t> busyDoneNs_{0};   ///< awake periods that ended
+    std::atomic<std::uint64_t> awakeSinceNs_{0}; ///< start of the awake period now, 0 while asleep
 
     std::mutex mutex_; // guards pending_, pendingVersion_
     std::vector<ProxyRank> pending_;

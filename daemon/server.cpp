@@ -157,12 +157,21 @@ bool Connection::handle(const MsgHeader& h, ByteView payload, std::size_t fdsWit
     }
     case kClose: {
         if (auto s = expectEmpty(payload, "Close"); !s) return refuse(s.code(), s.error().detail), false;
-        if (inGroup_) server_.groups_.leave(*this);
+        if (inGroup_) server_.groups_.leave(*this, true);
         inGroup_ = false;
         send(encodeEmpty(kClosed, h.seq));
         closing_ = true;
         flush();
         return false;
+    }
+    case kOpenReport: {
+        if (role_ != kRoleRank) return refuse(Errc::PermissionDenied, "OpenReport from a control client"), false;
+        if (reported_) return refuse(Errc::BadMessage, "second OpenReport on one connection"), false;
+        auto m = decodeFixed<OpenReport>(payload, "OpenReport");
+        if (!m) return refuse(m.code(), m.error().detail), false;
+        reported_ = true;
+        server_.groups_.openReport(*this, *m);
+        return true;
     }
     case kStatusRequest: {
         auto m = decodeFixed<StatusRequest>(payload, "StatusRequest");
@@ -242,7 +251,7 @@ void Connection::close() {
     closed_ = true;
     partialSince_ = 0;
     partial_.cancel();
-    if (inGroup_) server_.groups_.leave(*this);
+    if (inGroup_) server_.groups_.leave(*this, false);
     inGroup_ = false;
     boost::system::error_code ec;
     socket_.close(ec);

@@ -59,6 +59,7 @@ private:
     std::uint32_t gid_ = ~0u;
     std::uint32_t role_ = 0; ///< 0 until Hello
     bool inGroup_ = false;
+    bool reported_ = false;  ///< sent its OpenReport (one per connection)
     bool closing_ = false;   ///< no more input; close once output is flushed
     bool closed_ = false;
     bool writing_ = false;

@@ -1,7 +1,5 @@
 // The status document (docs/status.md): groups' part here, the daemon's part
 // in main.cpp.
-#include <atomic>
-
 #include "daemon/groups.hpp"
 #include "proto/ring.hpp"
 
@@ -46,12 +44,13 @@ nlohmann::json GroupTable::status() const {
                 e["pid"] = m->second.pid;
                 e["uid"] = m->second.uid;
                 if (m->second.ring) {
-                    const RankStats& s = m->second.ring->view.stats();
-                    calls += std::atomic_ref(const_cast<std::uint64_t&>(s.calls)).load(std::memory_order_relaxed);
-                    bytes += std::atomic_ref(const_cast<std::uint64_t&>(s.bytes)).load(std::memory_order_relaxed);
-                    errors += std::atomic_ref(const_cast<std::uint64_t&>(s.errors)).load(std::memory_order_relaxed);
-                    for (std::uint32_t b = 0; b < kLatencyBuckets; ++b)
-                        hist[b] += std::atomic_ref(const_cast<std::uint32_t&>(s.latency[b])).load(std::memory_order_relaxed);
+                    const RankStats st = readStats(m->second.ring->view.stats());
+                    for (const OpStats& op : st.ops) {
+                        calls += op.calls;
+                        bytes += op.bytes;
+                        errors += op.errors;
+                        for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) hist[b] += op.latency[b];
+                    }
                 }
             }
             if (g.routes[r]) e["route"] = routeName(g.routes[r]);
@@ -73,6 +72,27 @@ nlohmann::json GroupTable::status() const {
                           {"last_error", g.lastError.code == Errc::Ok ? std::string() : g.lastError.describe()}});
     }
     return groups;
+}
+
+nlohmann::json GroupTable::metricsStatus() const {
+    nlohmann::json out = nlohmann::json::object();
+    lifetime_.toJson(out);
+    CallTotals calls = lifetime_.calls(); // ranks gone, then current members
+    std::uint64_t byState[4] = {};
+    std::uint64_t qps = 0;
+    for (const auto& [id, g] : groups_) {
+        ++byState[int(g.state)];
+        for (const auto& [r, m] : g.members)
+            if (m.ring) calls.add(readStats(m.ring->view.stats()));
+        if (g.verbs)
+            for (const auto& l : g.verbs->links) qps += l ? 1 : 0; // as peers[].qps lists them
+    }
+    calls.toJson(out);
+    nlohmann::json states = nlohmann::json::object();
+    for (int s = 0; s < 4; ++s) states[stateName(s)] = byState[s];
+    out["groups"] = std::move(states);
+    out["queue_pairs"] = qps;
+    return out;
 }
 
 } // namespace tpf::daemon

@@ -125,12 +125,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             break;
         }
         case 6: (void)ring.hasSubmissions(tail); break;
-        case 7: { // status reads the rank's statistics
-            const RankStats& s = ring.stats();
+        case 7: { // status and metrics read the rank's statistics (whatever the client wrote)
+            const RankStats s = readStats(ring.stats());
+            TPF_FUZZ_CHECK(std::memcmp(&s, &ring.stats(), offsetof(RankStats, reserved0)) == 0);
             std::uint64_t sum = 0;
-            for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) sum += s.latency[b];
-            TPF_FUZZ_CHECK(latencyBucket(s.calls) < kLatencyBuckets);
-            TPF_FUZZ_CHECK(latencyBucketFloor(latencyBucket(s.bytes)) <= s.bytes);
+            for (const OpStats& op : s.ops) {
+                for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) sum += op.latency[b];
+                TPF_FUZZ_CHECK(latencyBucket(op.calls) < kLatencyBuckets);
+                TPF_FUZZ_CHECK(latencyBucketFloor(latencyBucket(op.latencyNs)) <= op.latencyNs);
+            }
+            for (std::uint64_t n : s.errorsByCode) sum += n;
             (void)sum;
             break;
         }

@@ -23,7 +23,9 @@
 namespace tpf {
 
 inline constexpr std::uint32_t kRingMagic = 0x474e5254; ///< "TRNG"
-inline constexpr std::uint16_t kRingVersion = 1;
+/// Bumped with any change of RingHeader, RankStats or the entries: a rank
+/// refuses a ring of another version (its stats would land in the wrong place).
+inline constexpr std::uint16_t kRingVersion = 2;
 inline constexpr std::uint32_t kRingMinEntries = 8;
 inline constexpr std::uint32_t kRingMaxEntries = 4096;
 
@@ -78,20 +80,6 @@ static_assert(offsetof(RingHeader, proxyIdle) == 640);
 static_assert(offsetof(RingHeader, heartbeatNs) == 648);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 
-/// Per-rank call statistics, written by the rank after every call (relaxed
-/// stores; one writer), read by the daemon for status. 384 bytes.
-struct RankStats {
-    std::uint64_t calls;        ///< collectives completed or failed
-    std::uint64_t bytes;        ///< shard bytes of completed calls
-    std::uint64_t errors;       ///< failed calls
-    std::uint32_t lastError;    ///< Errc of the last failure
-    std::uint32_t reserved0;
-    std::uint32_t latency[88];  ///< call latency histogram, index = latencyBucket(ns)
-};
-static_assert(sizeof(RankStats) == 384);
-static_assert(offsetof(RankStats, latency) == 32);
-static_assert(std::is_trivially_copyable_v<RankStats>);
-
 inline constexpr std::uint32_t kLatencyBuckets = 88;
 
 /// Log-linear latency bucket: 4 per power of two from 256 ns (so a bucket's
@@ -104,12 +92,91 @@ constexpr std::uint32_t latencyBucket(std::uint64_t ns) {
     const std::uint32_t idx = (e - 8) * 4 + std::uint32_t((ns >> (e - 2)) & 3);
     return idx >= kLatencyBuckets ? kLatencyBuckets - 1 : idx;
 }
-/// Lower bound in ns of a latency bucket (inverse of latencyBucket).
+/// Lower bound in ns of a latency bucket (inverse of latencyBucket). Bucket
+/// b holds [floor(b), floor(b + 1)); the last bucket has no upper bound.
 constexpr std::uint64_t latencyBucketFloor(std::uint32_t idx) {
     if (idx == 0) return 0;
     const std::uint32_t e = idx / 4 + 8;
     return (std::uint64_t(4 + idx % 4)) << (e - 2);
 }
+
+/// Which collective a RankStats::ops slot counts. The slot index is part of
+/// the ring layout: a value, once assigned, keeps its meaning.
+enum StatsOp : std::uint32_t {
+    kStatsAllGather = 0,    ///< Group::allGather
+    kStatsAllReduceSum = 1, ///< Group::allReduceSum
+    kStatsAllGatherV = 2,   ///< Group::allGatherV, once it records (then statsOpName names it "all_gather_v")
+    // 3: spare, 0 until assigned.
+};
+inline constexpr std::uint32_t kStatsOps = 4;
+/// errorsByCode slots: one per Errc value (29 assigned, room to append).
+inline constexpr std::uint32_t kStatsErrcSlots = 32;
+
+/// Name of an assigned StatsOp as metrics and status print it
+/// ("all_gather"), or nullptr for a slot not assigned yet.
+constexpr const char* statsOpName(std::uint32_t op) {
+    switch (op) {
+    case kStatsAllGather: return "all_gather";
+    case kStatsAllReduceSum: return "all_reduce_sum";
+    default: return nullptr;
+    }
+}
+
+/// One collective's counts in a RankStats. 384 bytes.
+struct OpStats {
+    std::uint64_t calls;        ///< calls completed or failed
+    std::uint64_t bytes;        ///< shard bytes of completed calls (this rank's contribution)
+    std::uint64_t errors;       ///< failed calls
+    std::uint64_t latencyNs;    ///< sum of the latencies of completed calls, ns
+    std::uint32_t latency[kLatencyBuckets]; ///< completed calls by latencyBucket(ns)
+};
+static_assert(sizeof(OpStats) == 384);
+static_assert(offsetof(OpStats, latencyNs) == 24);
+static_assert(offsetof(OpStats, latency) == 32);
+static_assert(std::is_trivially_copyable_v<OpStats>);
+
+/// Per-rank call statistics at RingLayout::statsOffset(). The rank writes
+/// them after every host-path call (relaxed stores; one writer); the daemon
+/// reads them (relaxed loads, readStats) for status and metrics, and folds a
+/// rank's last values into its lifetime counters when the rank leaves.
+/// Values come from a client: the daemon only adds them up. 1920 bytes.
+struct RankStats {
+    OpStats ops[kStatsOps];                        ///< @0 by StatsOp
+    std::uint64_t errorsByCode[kStatsErrcSlots];   ///< @1536 failed calls by Errc value (any op)
+    std::uint32_t lastError;                       ///< @1792 Errc of the last failure
+    std::uint32_t reserved0;
+    std::uint8_t pad[120];                         ///< to a 128-byte multiple
+};
+static_assert(sizeof(RankStats) == 1920);
+static_assert(offsetof(RankStats, errorsByCode) == 1536);
+static_assert(offsetof(RankStats, lastError) == 1792);
+static_assert(sizeof(RankStats) % 128 == 0);
+static_assert(std::is_trivially_copyable_v<RankStats>);
+
+#if !defined(__CUDA_ARCH__)
+/// A private copy of a shared RankStats, each field read with one relaxed
+/// load (the writer may be mid-call; each field is whole, the set is not a
+/// snapshot). The one reader of a rank's stats block.
+inline RankStats readStats(const RankStats& shared) {
+    RankStats out{};
+    const auto load = [](const auto& v) {
+        using T = std::remove_cvref_t<decltype(v)>;
+        return std::atomic_ref(const_cast<T&>(v)).load(std::memory_order_relaxed);
+    };
+    for (std::uint32_t o = 0; o < kStatsOps; ++o) {
+        const OpStats& s = shared.ops[o];
+        OpStats& d = out.ops[o];
+        d.calls = load(s.calls);
+        d.bytes = load(s.bytes);
+        d.errors = load(s.errors);
+        d.latencyNs = load(s.latencyNs);
+        for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) d.latency[b] = load(s.latency[b]);
+    }
+    for (std::uint32_t c = 0; c < kStatsErrcSlots; ++c) out.errorsByCode[c] = load(shared.errorsByCode[c]);
+    out.lastError = load(shared.lastError);
+    return out;
+}
+#endif
 
 /// Offsets of the ring memfd. The one place ring offsets are computed.
 struct RingLayout {

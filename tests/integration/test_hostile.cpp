@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "catch.hpp"
@@ -110,6 +111,26 @@ TEST_CASE("hostile clients are refused by name while a live group keeps working"
         CHECK(attack(d.socket(), c) == "PermissionDenied");
     }
     {
+        // OpenReport (metrics only): from a control client, out of range, twice
+        // on one connection. Only the first of the two valid ones is counted.
+        const auto then = [](Bytes a, const Bytes& b) {
+            a.insert(a.end(), b.begin(), b.end());
+            return a;
+        };
+        const OpenReport ok{std::uint16_t(Errc::Unavailable), kOutcomeNccl, 0, 0};
+        CHECK(attack(d.socket(), then(encode(kHello, 1, Hello{kRoleControl, 0, 0}), encode(kOpenReport, 2, ok))) ==
+              "PermissionDenied");
+        CHECK(attack(d.socket(), encode(kOpenReport, 1, ok)) == "BadMessage"); // before Hello
+        CHECK(attack(d.socket(), then(hello(), encode(kOpenReport, 2, OpenReport{std::uint16_t(Errc::Unavailable), 7, 0, 0}))) ==
+              "OutOfRange");
+        CHECK(attack(d.socket(), then(hello(), encode(kOpenReport, 2, OpenReport{0, kOutcomeNccl, 0, 0}))) == "OutOfRange");
+        CHECK(attack(d.socket(), then(then(hello(), encode(kOpenReport, 2, ok)), encode(kOpenReport, 3, ok))) ==
+              "BadMessage");
+        const auto doc = nlohmann::json::parse(statusJson(d.socket()));
+        CHECK(doc["metrics"]["open_fallbacks"] ==
+              nlohmann::json::array({{{"reason", "Unavailable"}, {"outcome", "nccl"}, {"count", 1}}}));
+    }
+    {
         // A GroupOpen whose rank is out of range.
         GroupOpen m;
         m.fixed.world = 2;
@@ -128,7 +149,7 @@ TEST_CASE("hostile clients are refused by name while a live group keeps working"
     REQUIRE(waitAll(all, 300000));
     CHECK(run.line(0) == "RESULT rank=0 ok calls=20000");
     CHECK(run.line(1) == "RESULT rank=1 ok calls=20000");
-    CHECK(statusJson(d.socket()).find("\"status_version\":1") != std::string::npos);
+    CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
     const std::string log = d.log();
     CHECK(log.find("refused: VersionMismatch") != std::string::npos);
     CHECK(log.find("refused: TooLarge") != std::string::npos);
@@ -153,7 +174,7 @@ TEST_CASE("a client that leaves a message incomplete is dropped after daemon.mes
     CHECK(attack(d.socket(), Bytes(b.begin(), b.begin() + 5)) == "Timeout");
     CHECK(attack(d.socket(), Bytes(b.begin(), b.end() - 3)) == "Timeout");
     // A whole message is served as ever.
-    CHECK(statusJson(d.socket()).find("\"status_version\":1") != std::string::npos);
+    CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
     std::vector<Child*> all;
     for (auto& c : run.ranks) all.push_back(&c);
     REQUIRE(waitAll(all, 300000));

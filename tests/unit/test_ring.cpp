@@ -1,5 +1,7 @@
 // Command ring (proto/ring.hpp): layout, wrap-around, full, corrupt heads, and
 // one producer thread against one consumer thread.
+#include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,11 +31,36 @@ TEST_CASE("ring layout") {
     CHECK_FALSE(RingLayout::validEntries(8192));
     RingLayout l{64};
     CHECK(l.statsOffset() == 768);
-    CHECK(l.submissionsOffset() == 768 + 384);
-    CHECK(l.submissionOffset(65) == 768 + 384 + 16);
-    CHECK(l.completionsOffset() == 768 + 384 + 64 * 16);
-    CHECK(l.totalBytes() == 4096);
+    CHECK(l.submissionsOffset() == 768 + 1920);
+    CHECK(l.submissionOffset(65) == 768 + 1920 + 16);
+    CHECK(l.completionsOffset() == 768 + 1920 + 64 * 16);
+    CHECK(l.totalBytes() == 8192);
     CHECK(l.submissionsOffset() % 128 == 0);
+    CHECK(kRingVersion == 2); // RankStats per op (version 1: one set for all calls)
+}
+
+TEST_CASE("rank stats: per-op slots and errors by code at fixed offsets") {
+    RankStats s{};
+    auto* base = reinterpret_cast<const std::uint8_t*>(&s);
+    CHECK(reinterpret_cast<const std::uint8_t*>(&s.ops[kStatsAllGather]) - base == 0);
+    CHECK(reinterpret_cast<const std::uint8_t*>(&s.ops[kStatsAllReduceSum]) - base == 384);
+    CHECK(reinterpret_cast<const std::uint8_t*>(&s.ops[kStatsAllReduceSum].latencyNs) - base == 384 + 24);
+    CHECK(reinterpret_cast<const std::uint8_t*>(&s.ops[kStatsAllReduceSum].latency[0]) - base == 384 + 32);
+    CHECK(reinterpret_cast<const std::uint8_t*>(&s.errorsByCode[std::size_t(Errc::PeerLost)]) - base == 1536 + 4 * 8);
+    CHECK(kStatsErrcSlots > std::uint32_t(kLastErrc));
+    CHECK(std::string(statsOpName(kStatsAllGather)) == "all_gather");
+    CHECK(std::string(statsOpName(kStatsAllReduceSum)) == "all_reduce_sum");
+    CHECK(statsOpName(2) == nullptr);
+    CHECK(statsOpName(kStatsOps) == nullptr);
+}
+
+TEST_CASE("readStats copies every field of the shared block") {
+    RankStats shared{};
+    auto* words = reinterpret_cast<std::uint32_t*>(&shared);
+    const std::size_t used = offsetof(RankStats, reserved0) / 4; // everything before reserved0 and the padding
+    for (std::size_t i = 0; i < used; ++i) words[i] = std::uint32_t(i * 2654435761u + 1);
+    const RankStats copy = readStats(shared);
+    CHECK(std::memcmp(&copy, &shared, offsetof(RankStats, reserved0)) == 0);
 }
 
 TEST_CASE("ring wraps, refuses when full, detects a corrupt head") {

@@ -1,0 +1,68 @@
+// Daemon-lifetime counters for `tpfabricctl metrics` (docs/operations.md,
+// "Metrics"): what the group table saw happen since the daemon started,
+// kept after the groups it counts are gone. The status document carries
+// them under "metrics" (docs/status.md). Control thread only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include <tpfabric/error.hpp>
+#include "proto/ring.hpp"
+
+namespace tpf::daemon {
+
+/// Ranks' call statistics added up: the daemon's own copy, never shared
+/// memory. Counts come from clients, so sums wrap rather than trap.
+struct CallTotals {
+    struct Op {
+        std::uint64_t calls = 0;     ///< completed or failed
+        std::uint64_t bytes = 0;     ///< shard bytes of completed calls
+        std::uint64_t errors = 0;    ///< failed calls
+        std::uint64_t latencyNs = 0; ///< sum of completed calls' latencies
+        std::array<std::uint64_t, kLatencyBuckets> latency{}; ///< completed calls by latencyBucket
+    };
+    std::array<Op, kStatsOps> ops{};                               ///< by StatsOp
+    std::array<std::uint64_t, kStatsErrcSlots> errorsByCode{};     ///< failed calls by Errc value
+
+    /// Add one rank's stats (a private copy: readStats).
+    void add(const RankStats& s);
+    void add(const CallTotals& t);
+    /// The "calls" and "call_errors" members of the status document's
+    /// "metrics": assigned ops by name, errors by Errc name (an index that
+    /// names no Errc this daemon knows prints as "Errc<n>").
+    void toJson(nlohmann::json& out) const;
+};
+
+/// What happened to groups and opens since the daemon started.
+class Lifetime {
+public:
+    /// A group opened on this daemon (every local rank got an ok verdict).
+    void groupOpened() { ++groupsOpened_; }
+    /// A group broke by a fault this daemon saw (counted once per group).
+    void groupBroken(Errc why) { ++broken_[why]; }
+    /// This daemon answered one rank's open with a refusal.
+    void openRefused(Errc why) { ++refused_[why]; }
+    /// A rank reported that its open did not take the fabric path (OpenReport).
+    void fallbackReported(Errc why, std::uint16_t outcome) { ++fallbacks_[{why, outcome}]; }
+    /// A member left: its calls so far stay counted after its ring is gone.
+    void rankLeft(const RankStats& last) { calls_.add(last); }
+
+    /// Calls of ranks that have left.
+    const CallTotals& calls() const { return calls_; }
+    /// The counters of the status document's "metrics" (groups_opened,
+    /// groups_broken, open_refusals, open_fallbacks).
+    void toJson(nlohmann::json& out) const;
+
+private:
+    std::uint64_t groupsOpened_ = 0;
+    std::map<Errc, std::uint64_t> broken_;
+    std::map<Errc, std::uint64_t> refused_;
+    std::map<std::pair<Errc, std::uint16_t>, std::uint64_t> fallbacks_;
+    CallTotals calls_;
+};
+
+} // namespace tpf::daemon
