@@ -129,10 +129,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             const RankStats s = readStats(ring.stats());
             TPF_FUZZ_CHECK(std::memcmp(&s, &ring.stats(), offsetof(RankStats, reserved0)) == 0);
             std::uint64_t sum = 0;
-            for (const OpStats& op : s.ops) {
-                for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) sum += op.latency[b];
-                TPF_FUZZ_CHECK(latencyBucket(op.calls) < kLatencyBuckets);
-                TPF_FUZZ_CHECK(latencyBucketFloor(latencyBucket(op.latencyNs)) <= op.latencyNs);
+            for (const OpStats& stats : s.ops) {
+                for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) sum += stats.latency[b];
+                TPF_FUZZ_CHECK(latencyBucket(stats.calls) < kLatencyBuckets);
+                TPF_FUZZ_CHECK(latencyBucketFloor(latencyBucket(stats.latencyNs)) <= stats.latencyNs);
             }
             for (std::uint64_t n : s.errorsByCode) sum += n;
             (void)sum;
