@@ -25,14 +25,27 @@ namespace {
 
 Error sysError(const std::string& what) { return {Errc::SystemError, what + ": " + std::strerror(errno)}; }
 
+// "host:port": an IPv4 address or a name that resolves to one (MASTER_ADDR
+// style), and a port 1..65535. Never throws: a bad address is a named error.
 Result<sockaddr_in> resolve(const std::string& hostPort) {
     const auto colon = hostPort.rfind(':');
-    if (colon == std::string::npos) return Error{Errc::ConfigError, "bootstrap address '" + hostPort + "' is not host:port"};
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(std::uint16_t(std::stoi(hostPort.substr(colon + 1))));
-    if (::inet_pton(AF_INET, hostPort.substr(0, colon).c_str(), &a.sin_addr) != 1)
-        return Error{Errc::ConfigError, "bootstrap host '" + hostPort.substr(0, colon) + "' is not an IPv4 address"};
+    if (colon == std::string::npos || colon == 0)
+        return Error{Errc::InvalidArgument, "bootstrap address '" + hostPort + "' is not host:port"};
+    const std::string host = hostPort.substr(0, colon), port = hostPort.substr(colon + 1);
+    unsigned long p = 0;
+    for (char c : port) p = (c >= '0' && c <= '9' && p <= 65535) ? p * 10 + unsigned(c - '0') : 70000;
+    if (port.empty() || p == 0 || p > 65535)
+        return Error{Errc::InvalidArgument, "bootstrap port '" + port + "' in '" + hostPort + "' is not 1..65535"};
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || !found)
+        return Error{Errc::InvalidArgument, "bootstrap host '" + host + "' does not resolve to an IPv4 address: " +
+                                                (rc ? ::gai_strerror(rc) : "no address")};
+    sockaddr_in a = *reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+    ::freeaddrinfo(found);
+    a.sin_port = htons(std::uint16_t(p));
     return a;
 }
 

@@ -209,7 +209,8 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
         const char* because = disabledBy == kNoPeer && anyFallbackError ? " (TPF_FALLBACK=error)"
                               : device && !allComm ? " (no NCCL communicator to fall back to on every rank)"
                                                    : "";
-        return Error{Errc::Unavailable, why.describe() + because};
+        // "Unavailable: TPF_DISABLE=1 on rank 2", not "Unavailable: Unavailable: ..."
+        return Error{Errc::Unavailable, (why.code == Errc::Unavailable ? why.detail : why.describe()) + because};
     };
     // TPF_DISABLE on any rank: NCCL (or Unavailable for host buffers) on every
     // rank, whatever the fallback policy, without a daemon or a probe.
