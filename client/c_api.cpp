@@ -153,6 +153,20 @@ tpf_status tpf_all_gather(tpf_group* group, const void* send, void* recv, size_t
     return guarded([&] { return report(group->group->allGather(send, recv, bytes)); });
 }
 
+tpf_status tpf_all_gather_v(tpf_group* group, const void* send, void* recv, const size_t* counts) {
+    if (!group) return invalid("tpf_all_gather_v: group is NULL");
+    if (!counts) return invalid("tpf_all_gather_v: counts is NULL");
+    const std::span<const std::size_t> c(counts, group->group->world());
+    return guarded([&] { return report(group->group->allGatherV(send, recv, c)); });
+}
+
+tpf_status tpf_all_gather_v_async(tpf_group* group, const void* send, void* recv, const size_t* counts, void* stream) {
+    if (!group) return invalid("tpf_all_gather_v_async: group is NULL");
+    if (!counts) return invalid("tpf_all_gather_v_async: counts is NULL");
+    const std::span<const std::size_t> c(counts, group->group->world());
+    return guarded([&] { return report(group->group->allGatherV(send, recv, c, static_cast<CUstream_st*>(stream))); });
+}
+
 tpf_status tpf_all_reduce_sum(tpf_group* group, const void* send, void* recv, size_t count, int32_t dtype) {
     if (!group) return invalid("tpf_all_reduce_sum: group is NULL");
     if ((!send || !recv) && count) return invalid("tpf_all_reduce_sum: send or recv is NULL");

@@ -15,6 +15,7 @@
 #include "client/gpu_path.hpp"
 #include "client/reduce.hpp"
 #include "common/unix_socket.hpp"
+#include "kernels/staging.hpp"
 #include "proto/bootstrap.hpp"
 
 namespace tpf {
@@ -125,6 +126,9 @@ Status attachHost(Group::Impl& g, GpuPath& p) {
     TPF_GPU_TRY(cudaGetDevice(&p.device));
     TPF_GPU_TRY(cudaFree(nullptr)); // the primary context, current for the driver calls below
     TPF_GPU_TRY(kernels::preloadKernels());
+    TPF_GPU_TRY(kernels::preloadStagingKernels());
+    // Rows of staged calls: allocated now, as a call may be captured in a graph.
+    TPF_GPU_TRY(cudaMalloc(&p.scratch, (g.world + 1) * g.layout.slotBytes));
     auto region = registerMapped(g.region.data(), g.region.size());
     if (!region) return region.error();
     p.regionHost = g.region.data();
@@ -273,6 +277,7 @@ Status agreeCrossover(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
 
 GpuPath::~GpuPath() {
     if (state) kernels::destroyDeviceState(state);
+    if (scratch) (void)TPF_GPU(cudaFree(scratch));
     auto unmap = [](DeviceMapping& m) {
         if (m.ptr) {
             (void)TPF_GPU(drv().unmap(m.ptr, m.bytes));

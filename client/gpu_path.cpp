@@ -1,8 +1,13 @@
 // Collectives on device buffers: one kernel launch per call on the caller's
 // stream (no host wait, capturable), NCCL above the agreed cap or after a
-// fallback, and the kernels' recorded failure read back by check().
+// fallback, and the kernels' recorded failure read back by check(). Sizes
+// that are not a multiple of 16 bytes, and all-gather-v, are staged
+// (kernels/staging.hpp): pack, the same kernel over the padded size, unpack.
+#include <algorithm>
+
 #include "client/gpu_check.hpp"
 #include "client/gpu_path.hpp"
+#include "kernels/staging.hpp"
 
 namespace tpf {
 
@@ -29,8 +34,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstrea
     Impl& g = *impl_;
     if (g.failure.code != Errc::Ok) return g.failure;
     if (!g.gpu) return hostGroup();
-    if (!aligned(send) || !aligned(recv) || bytes % kBufferAlign)
-        return Error{Errc::Misaligned, "allGather: send, recv and bytes must be 16-byte aligned"};
+    if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGather: send and recv must be 16-byte aligned"};
     GpuPath& p = *g.gpu;
     if (bytes == 0) return okStatus();
     if (g.nccl || !fits(bytes) || bytes > p.ncclAboveGather) {
@@ -42,9 +46,21 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstrea
                                             std::to_string(g.agreedCap) + " and no NCCL communicator"};
     }
     if (g.world == 1) return TPF_GPU(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
-    if (Errc e = kernels::validateAllGather(p.view, send, recv, bytes); e != Errc::Ok)
-        return Error{e, "allGather of " + std::to_string(bytes) + " bytes refused by the kernel launcher"};
-    return TPF_GPU(kernels::launchAllGather(p.view, send, recv, bytes, stream));
+    if (bytes % kBufferAlign == 0) {
+        if (Errc e = kernels::validateAllGather(p.view, send, recv, bytes); e != Errc::Ok)
+            return Error{e, "allGather of " + std::to_string(bytes) + " bytes refused by the kernel launcher"};
+        return TPF_GPU(kernels::launchAllGather(p.view, send, recv, bytes, stream));
+    }
+    // Staged: the shard padded to 16 bytes, every row unpacked to its real size.
+    const std::uint64_t padded = roundUp(bytes, kBufferAlign);
+    std::uint8_t* const rows = p.scratch + g.layout.slotBytes;
+    kernels::UnpackRows u;
+    u.pitch = padded;
+    u.rows = g.world;
+    for (std::uint32_t r = 0; r < g.world; ++r) u.bytes[r] = bytes, u.offset[r] = std::uint64_t(r) * bytes;
+    TPF_GPU_TRY(cudaMemcpyAsync(p.scratch, send, bytes, cudaMemcpyDeviceToDevice, stream));
+    TPF_GPU_TRY(kernels::launchAllGather(p.view, p.scratch, rows, padded, stream));
+    return TPF_GPU(kernels::launchUnpackRows(p.view, rows, recv, u, stream));
 }
 
 Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DType type, CUstream_st* stream) {
@@ -52,8 +68,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     if (g.failure.code != Errc::Ok) return g.failure;
     if (!g.gpu) return hostGroup();
     const std::size_t bytes = count * dtypeSize(type);
-    if (!aligned(send) || !aligned(recv) || bytes % kBufferAlign)
-        return Error{Errc::Misaligned, "allReduceSum: send, recv and bytes must be 16-byte aligned"};
+    if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allReduceSum: send and recv must be 16-byte aligned"};
     GpuPath& p = *g.gpu;
     if (count == 0) return okStatus();
     if (g.nccl || !fits(bytes) || bytes > p.ncclAboveSum) {
@@ -66,9 +81,72 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     }
     if (g.world == 1) return TPF_GPU(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
     const auto kt = static_cast<kernels::DType>(type);
-    if (Errc e = kernels::validateAllReduceSum(p.view, send, recv, count, kt); e != Errc::Ok)
-        return Error{e, "allReduceSum of " + std::to_string(bytes) + " bytes refused by the kernel launcher"};
-    return TPF_GPU(kernels::launchAllReduceSum(p.view, send, recv, count, kt, stream));
+    if (bytes % kBufferAlign == 0) {
+        if (Errc e = kernels::validateAllReduceSum(p.view, send, recv, count, kt); e != Errc::Ok)
+            return Error{e, "allReduceSum of " + std::to_string(bytes) + " bytes refused by the kernel launcher"};
+        return TPF_GPU(kernels::launchAllReduceSum(p.view, send, recv, count, kt, stream));
+    }
+    // Staged: the padding elements sum whatever the scratch held; only `count` come out.
+    const std::uint64_t padded = roundUp(bytes, kBufferAlign);
+    std::uint8_t* const out = p.scratch + g.layout.slotBytes;
+    kernels::UnpackRows u;
+    u.pitch = padded;
+    u.rows = 1;
+    u.bytes[0] = bytes;
+    TPF_GPU_TRY(cudaMemcpyAsync(p.scratch, send, bytes, cudaMemcpyDeviceToDevice, stream));
+    TPF_GPU_TRY(kernels::launchAllReduceSum(p.view, p.scratch, out, padded / dtypeSize(type), kt, stream));
+    return TPF_GPU(kernels::launchUnpackRows(p.view, out, recv, u, stream));
+}
+
+Status Group::allGatherV(const void* send, void* recv, std::span<const std::size_t> counts, CUstream_st* stream) {
+    Impl& g = *impl_;
+    if (g.failure.code != Errc::Ok) return g.failure;
+    if (!g.gpu) return hostGroup();
+    if (auto s = g.checkCounts(send, recv, counts); !s) return s;
+    if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGatherV: send and recv must be 16-byte aligned"};
+    GpuPath& p = *g.gpu;
+    const std::uint64_t largest = *std::max_element(counts.begin(), counts.end());
+    if (largest == 0) return okStatus();
+    std::uint64_t offset[kMaxWorld] = {};
+    for (std::uint32_t r = 1; r < g.world; ++r) offset[r] = offset[r - 1] + counts[r - 1];
+    const std::uint64_t padded = sizeof(RowHeader) + roundUp(largest, kBufferAlign);
+    if (g.nccl || !fits(largest) || padded > g.layout.slotBytes || padded > p.ncclAboveGather) {
+#if TPF_HAVE_NCCL
+        // NCCL has no all-gather-v: grouped sends and receives, and the own row copied.
+        if (p.comm) {
+            const auto comm = static_cast<ncclComm_t>(p.comm);
+            if (counts[g.rank])
+                TPF_GPU_TRY(cudaMemcpyAsync(static_cast<std::uint8_t*>(recv) + offset[g.rank], send, counts[g.rank],
+                                            cudaMemcpyDeviceToDevice, stream));
+            TPF_GPU_TRY(ncclGroupStart());
+            Status s = okStatus();
+            for (std::uint32_t q = 0; q < g.world && s; ++q) {
+                if (q == g.rank) continue;
+                if (counts[g.rank]) s = TPF_GPU(ncclSend(send, counts[g.rank], ncclUint8, int(q), comm, stream));
+                if (s && counts[q])
+                    s = TPF_GPU(ncclRecv(static_cast<std::uint8_t*>(recv) + offset[q], counts[q], ncclUint8, int(q), comm, stream));
+            }
+            const Status end = TPF_GPU(ncclGroupEnd());
+            return s ? end : s;
+        }
+#endif
+        return Error{Errc::CapMismatch, "allGatherV row of " + std::to_string(largest) + " bytes above the agreed cap of " +
+                                            std::to_string(g.agreedCap) + " and no NCCL communicator"};
+    }
+    if (g.world == 1) return TPF_GPU(cudaMemcpyAsync(recv, send, counts[0], cudaMemcpyDeviceToDevice, stream));
+    std::uint64_t c64[kMaxWorld] = {};
+    for (std::uint32_t r = 0; r < g.world; ++r) c64[r] = counts[r];
+    const RowHeader header{countsHash(c64, g.world), std::uint32_t(counts[g.rank]), kRowHeaderMagic};
+    std::uint8_t* const rows = p.scratch + g.layout.slotBytes;
+    kernels::UnpackRows u;
+    u.pitch = padded;
+    u.rows = g.world;
+    u.headers = 1;
+    u.countsHash = header.countsHash;
+    for (std::uint32_t r = 0; r < g.world; ++r) u.bytes[r] = counts[r], u.offset[r] = offset[r];
+    TPF_GPU_TRY(kernels::launchPackRow(p.scratch, &header, send, counts[g.rank], stream));
+    TPF_GPU_TRY(kernels::launchAllGather(p.view, p.scratch, rows, padded, stream));
+    return TPF_GPU(kernels::launchUnpackRows(p.view, rows, recv, u, stream));
 }
 
 Status gpuCheck(Group::Impl& g) {
@@ -84,6 +162,9 @@ Status gpuCheck(Group::Impl& g) {
     if (f.error == Errc::Ok) f.error = Errc::PeerLost; // cannot happen: a failed call records its error
     std::string why;
     switch (f.error) {
+    case Errc::GroupMismatch:
+        why = "allGatherV: rank " + std::to_string(f.missingPeer) + " passed other counts than this rank (its row header differs)";
+        break;
     case Errc::Timeout:
         why = f.missingPeer == g.rank ? "the daemon's proxy did not take doorbells within the timeout"
                                       : "rank " + std::to_string(f.missingPeer) + " did not deliver epoch " +

@@ -35,6 +35,9 @@ struct GpuPath {
     /// the cap (the measured crossover, docs/perf.md), agreed (min) at open.
     std::uint64_t ncclAboveGather = ~0ull;
     std::uint64_t ncclAboveSum = ~0ull;
+    /// Staged calls (kernels/staging.hpp: sizes not a multiple of 16, all-gather-v):
+    /// one send row and `world` receive rows of layout.slotBytes each, device memory.
+    std::uint8_t* scratch = nullptr;
 
     ~GpuPath();
 };

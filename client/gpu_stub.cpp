@@ -12,6 +12,7 @@ void GpuPathDeleter::operator()(GpuPath* p) const { delete p; }
 
 Status Group::allGather(const void*, void*, std::size_t, CUstream_st*) { return noCuda(); }
 Status Group::allReduceSum(const void*, void*, std::size_t, DType, CUstream_st*) { return noCuda(); }
+Status Group::allGatherV(const void*, void*, std::span<const std::size_t>, CUstream_st*) { return noCuda(); }
 
 void* ncclCommOf(Bootstrap&) { return nullptr; }
 Status gpuAttach(Group::Impl&, Bootstrap&) { return noCuda(); }

@@ -2,6 +2,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -127,9 +128,13 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
 }
 
 Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t& phase) {
+    std::memcpy(slot(phaseOf(epoch + 1), rank), send, bytes);
+    return post(bytes, phase);
+}
+
+Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
     const std::uint64_t e = ++epoch;
     phase = phaseOf(e);
-    std::memcpy(slot(phase, rank), send, bytes);
     const Doorbell d{e, std::uint32_t(bytes), handle};
     const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
     while (!ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
@@ -186,6 +191,52 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
         sumRowsInOrder(rows, g.world, recv, count, type);
     }
     g.record(kStatsAllReduceSum, start, bytes, bool(s));
+    return s;
+}
+
+Status Group::allGatherV(const void* send, void* recv, std::span<const std::size_t> counts) {
+    Impl& g = *impl_;
+    if (g.failure.code != Errc::Ok) return g.failure;
+    if (auto s = g.checkCounts(send, recv, counts); !s) return s;
+    if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGatherV buffers must be 16-byte aligned"};
+    std::size_t largest = 0, offset[kMaxWorld] = {};
+    for (std::uint32_t r = 0; r < g.world; ++r) {
+        largest = std::max(largest, counts[r]);
+        if (r) offset[r] = offset[r - 1] + counts[r - 1];
+    }
+    if (!fits(largest))
+        return Error{Errc::CapMismatch, "allGatherV row of " + std::to_string(largest) + " bytes above the agreed cap of " +
+                                            std::to_string(g.agreedCap)};
+    auto* out = static_cast<std::uint8_t*>(recv);
+    if (g.world == 1) {
+        std::memmove(out, send, counts[0]);
+        return okStatus();
+    }
+    // Stage [RowHeader | own row]; only the own row travels (its header names
+    // the counts it was sent under), so each rank posts its own size.
+    const std::uint64_t start = monotonicNs();
+    std::uint64_t c64[kMaxWorld] = {};
+    for (std::uint32_t r = 0; r < g.world; ++r) c64[r] = counts[r];
+    const RowHeader mine{countsHash(c64, g.world), std::uint32_t(counts[g.rank]), kRowHeaderMagic};
+    std::uint8_t* const own = g.slot(phaseOf(g.epoch + 1), g.rank);
+    std::memcpy(own, &mine, sizeof mine);
+    std::memcpy(own + sizeof mine, send, counts[g.rank]);
+    std::uint32_t phase = 0;
+    Status s = g.post(sizeof mine + counts[g.rank], phase);
+    // Every row's header before any byte of output: all or nothing.
+    for (std::uint32_t q = 0; q < g.world && s; ++q) {
+        RowHeader h;
+        std::memcpy(&h, g.slot(phase, q), sizeof h);
+        if (h.magic != kRowHeaderMagic || h.countsHash != mine.countsHash || h.rowBytes != counts[q])
+            s = g.fail(Error{Errc::GroupMismatch, "allGatherV: rank " + std::to_string(q) + " passed other counts than rank " +
+                                                      std::to_string(g.rank) + " (its row is " + std::to_string(h.rowBytes) +
+                                                      " bytes; counts[" + std::to_string(q) + "] here is " +
+                                                      std::to_string(counts[q]) + ")"});
+    }
+    if (s)
+        for (std::uint32_t q = 0; q < g.world; ++q)
+            std::memmove(out + offset[q], g.slot(phase, q) + sizeof(RowHeader), counts[q]);
+    g.record(kStatsAllGatherV, start, counts[g.rank], bool(s));
     return s;
 }
 

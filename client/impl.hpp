@@ -58,8 +58,22 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// doorbell and wait until every peer's shard of that epoch arrived.
     /// Returns the epoch's phase in `phase`.
     Status exchange(const void* send, std::size_t bytes, std::uint32_t& phase);
+    /// exchange() without the staging: the caller wrote `bytes` into
+    /// slot(phaseOf(epoch + 1), rank) itself.
+    Status post(std::size_t bytes, std::uint32_t& phase);
     Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
     Status fail(Error e);
+    /// allGatherV's arguments, before anything is staged: world counts, send
+    /// and recv not null where a row exists (InvalidArgument). Same on every rank.
+    Status checkCounts(const void* send, const void* recv, std::span<const std::size_t> counts) const {
+        if (counts.size() != world)
+            return Error{Errc::InvalidArgument, "allGatherV: " + std::to_string(counts.size()) + " counts for a world of " +
+                                                    std::to_string(world)};
+        std::size_t total = 0;
+        for (std::size_t c : counts) total += c;
+        if ((!send && counts[rank]) || (!recv && total)) return Error{Errc::InvalidArgument, "allGatherV: send or recv is null"};
+        return okStatus();
+    }
     /// Count one host-path call of `op` in the ring's RankStats (a failed one under `failure`).
     void record(StatsOp op, std::uint64_t startNs, std::size_t bytes, bool ok);
 };

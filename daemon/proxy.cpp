@@ -69,9 +69,11 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
         if (events_.badDoorbell) events_.badDoorbell(g.handle, pr.rank, Error{code, why});
     };
     if (d.group != g.handle) return refuse(Errc::BadMessage, "doorbell for group handle " + std::to_string(d.group));
-    if (d.bytes > g.agreedCap)
-        return refuse(Errc::CapMismatch, "doorbell of " + std::to_string(d.bytes) + " bytes above the agreed cap " +
-                                             std::to_string(g.agreedCap));
+    // The slot, not the cap, bounds a doorbell: a staged shard is the cap
+    // rounded up to 16 bytes, an all-gather-v row carries a RowHeader.
+    if (d.bytes > g.layout.slotBytes)
+        return refuse(Errc::CapMismatch, "doorbell of " + std::to_string(d.bytes) + " bytes above the slot of " +
+                                             std::to_string(g.layout.slotBytes));
     if (d.epoch != ring.lastEpoch + 1)
         return refuse(Errc::BadMessage, "doorbell epoch " + std::to_string(d.epoch) + " after " +
                                             std::to_string(ring.lastEpoch));

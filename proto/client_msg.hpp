@@ -21,8 +21,10 @@ namespace tpf::client_proto {
 
 /// Record-layout revision is the top byte: any layout change bumps it.
 inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
-inline constexpr std::uint16_t kClientVersion = 1;
-inline constexpr std::uint16_t kClientMinVersion = 1;
+/// 2: slots are sized slotBytesFor(cap) = page-rounded cap + 32 (room for an
+/// all-gather-v RowHeader); a client of 1 would map another region layout.
+inline constexpr std::uint16_t kClientVersion = 2;
+inline constexpr std::uint16_t kClientMinVersion = 2;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
 inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
 

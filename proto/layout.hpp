@@ -137,10 +137,38 @@ TPF_HD constexpr Stripe stripeOf(std::uint64_t bytes, std::uint32_t n, std::uint
     return Stripe{begin, end - begin};
 }
 
-/// Slot size for an agreed cap: the cap rounded up to a page, at least one page.
-constexpr std::uint64_t slotBytesFor(std::uint64_t cap) {
-    return cap == 0 ? kSlotAlign : roundUp(cap, kSlotAlign);
+/// The 16-byte header in front of a row of an all-gather-v (allGatherV): each
+/// rank stages [RowHeader | its row] in its own slot, and a receiver takes a
+/// row only after checking every row's header against its own counts, so
+/// ranks that pass different counts fail the call (GroupMismatch) on every
+/// rank with nothing written, whatever sizes they staged. The header sits at
+/// offset 0 of the slot, which every call writes: it is never stale.
+struct RowHeader {
+    std::uint64_t countsHash; ///< countsHash(counts, world) of the sender's counts
+    std::uint32_t rowBytes;   ///< the sender's own count (its row's bytes)
+    std::uint32_t magic;      ///< kRowHeaderMagic
+};
+static_assert(sizeof(RowHeader) == 16);
+static_assert(offsetof(RowHeader, rowBytes) == 8);
+inline constexpr std::uint32_t kRowHeaderMagic = 0x56475054; ///< "TPGV"
+
+/// FNV-1a over world and every count (as u64, little-endian), identical on
+/// host and device: equal on two ranks iff (with overwhelming probability)
+/// they pass the same counts.
+TPF_HD constexpr std::uint64_t countsHash(const std::uint64_t* counts, std::uint32_t world) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::uint32_t r = 0; r <= world; ++r) {
+        const std::uint64_t v = r == 0 ? world : counts[r - 1];
+        for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    }
+    return h;
 }
+
+/// Slot size for an agreed cap: the cap plus room for a RowHeader and the
+/// 16-byte rounding of a staged shard (2 x 16 bytes), rounded up to a page.
+/// So a row of up to the cap behind its header, or a shard of up to the cap
+/// rounded up to 16 bytes, always fits the slot.
+constexpr std::uint64_t slotBytesFor(std::uint64_t cap) { return roundUp(cap + 2 * sizeof(RowHeader), kSlotAlign); }
 
 /// The agreed cap: the exact minimum of every rank's usable maximum (never a
 /// rounded slot size). Empty input gives 0.

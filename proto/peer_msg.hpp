@@ -22,8 +22,10 @@
 namespace tpf::peer_proto {
 
 inline constexpr std::uint32_t kPeerMagic = fourcc('T', 'P', 'P', 1);
-inline constexpr std::uint16_t kPeerVersion = 1;
-inline constexpr std::uint16_t kPeerMinVersion = 1;
+/// 2: slots are sized slotBytesFor(cap) = page-rounded cap + 32; a daemon of
+/// 1 computes other region offsets, so its RDMA writes would land elsewhere.
+inline constexpr std::uint16_t kPeerVersion = 2;
+inline constexpr std::uint16_t kPeerMinVersion = 2;
 inline constexpr std::uint32_t kMaxPeerPayload = 64 * 1024;
 inline constexpr ProtocolSpec kPeerSpec{"peer", kPeerMagic, kPeerMinVersion, kPeerVersion, kMaxPeerPayload};
 

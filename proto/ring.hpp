@@ -105,7 +105,7 @@ constexpr std::uint64_t latencyBucketFloor(std::uint32_t idx) {
 enum StatsOp : std::uint32_t {
     kStatsAllGather = 0,    ///< Group::allGather
     kStatsAllReduceSum = 1, ///< Group::allReduceSum
-    kStatsAllGatherV = 2,   ///< Group::allGatherV, once it records (then statsOpName names it "all_gather_v")
+    kStatsAllGatherV = 2,   ///< Group::allGatherV (bytes: this rank's row)
     // 3: spare, 0 until assigned.
 };
 inline constexpr std::uint32_t kStatsOps = 4;
@@ -118,6 +118,7 @@ constexpr const char* statsOpName(std::uint32_t op) {
     switch (op) {
     case kStatsAllGather: return "all_gather";
     case kStatsAllReduceSum: return "all_reduce_sum";
+    case kStatsAllGatherV: return "all_gather_v";
     default: return nullptr;
     }
 }

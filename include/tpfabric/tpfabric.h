@@ -112,9 +112,17 @@ TPF_API void tpf_group_close(tpf_group* group);
 
 /** Host buffers: recv (world * bytes) gets every rank's send in rank order.
  *  send and recv 16-byte aligned (else TPF_MISALIGNED); bytes at most
- *  tpf_agreed_cap (else TPF_CAP_MISMATCH). A failed call writes nothing
- *  into recv. In place when send == recv + rank * bytes. */
+ *  tpf_agreed_cap (else TPF_CAP_MISMATCH); any byte count. A failed call
+ *  writes nothing into recv. In place when send == recv + rank * bytes. */
 TPF_API tpf_status tpf_all_gather(tpf_group* group, const void* send, void* recv, size_t bytes);
+
+/** Host buffers: all-gather with a length per rank. `counts` has world
+ *  entries, the same on every rank: rank r contributes counts[r] bytes (this
+ *  rank: counts[rank] bytes of send) and recv gets the rows packed in rank
+ *  order (row r at counts[0] + ... + counts[r-1]). Ranks passing different
+ *  counts fail with TPF_GROUP_MISMATCH on every rank, nothing written. The
+ *  largest count at most tpf_agreed_cap (else TPF_CAP_MISMATCH). */
+TPF_API tpf_status tpf_all_gather_v(tpf_group* group, const void* send, void* recv, const size_t* counts);
 
 /** Host buffers: recv = sum over ranks of send (count elements of `dtype`,
  *  enum tpf_dtype), added in rank order 0..W-1 (f16/bf16 accumulate in f32,
@@ -130,6 +138,10 @@ TPF_API tpf_status tpf_all_reduce_sum(tpf_group* group, const void* send, void* 
 TPF_API tpf_status tpf_all_gather_async(tpf_group* group, const void* send, void* recv, size_t bytes, void* stream);
 TPF_API tpf_status tpf_all_reduce_sum_async(tpf_group* group, const void* send, void* recv, size_t count,
                                             int32_t dtype, void* stream);
+/** tpf_all_gather_v on `stream`; a counts mismatch is returned by tpf_check
+ *  after the stream synchronised. */
+TPF_API tpf_status tpf_all_gather_v_async(tpf_group* group, const void* send, void* recv, const size_t* counts,
+                                          void* stream);
 
 /** The group's recorded failure, or TPF_OK. After any failure except
  *  TPF_CAP_MISMATCH, TPF_MISALIGNED and TPF_INVALID_ARGUMENT the group is

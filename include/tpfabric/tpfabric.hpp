@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <tpfabric/error.hpp>
@@ -128,9 +129,18 @@ public:
     Group& operator=(const Group&) = delete;
 
     /// Host buffers: recv (world * bytes) gets every rank's send in rank
-    /// order. send and recv 16-byte aligned (else Misaligned); bytes at most
-    /// agreedCap() (else CapMismatch). In place when send == recv + rank*bytes.
+    /// order. send and recv 16-byte aligned (else Misaligned); bytes any
+    /// count up to agreedCap() (else CapMismatch). In place when
+    /// send == recv + rank * bytes.
     Status allGather(const void* send, void* recv, std::size_t bytes);
+    /// Host buffers: all-gather with a length per rank. counts has world()
+    /// entries, the same on every rank: rank r contributes counts[r] bytes
+    /// (this rank: counts[rank()] bytes of send), and recv gets the rows
+    /// packed in rank order (row r at counts[0] + ... + counts[r-1]; recv
+    /// holds their sum). Counts may be 0. Ranks that pass different counts
+    /// fail the call with GroupMismatch on every rank and nothing written.
+    /// The largest count at most agreedCap() (else CapMismatch).
+    Status allGatherV(const void* send, void* recv, std::span<const std::size_t> counts);
     /// Host buffers: recv = sum over ranks of send, added in rank order
     /// 0..W-1 (f16/bf16 accumulate in f32, rounded once to nearest even), so
     /// every rank's result is bit-identical. send may equal recv.
@@ -142,8 +152,15 @@ public:
     /// device and returned by check() after the stream synchronised. Above
     /// agreedCap() (or when the group fell back) the call goes to NCCL on the
     /// same stream, where the group was opened over an NcclBootstrap.
+    /// Any byte or element count: sizes that are not a multiple of 16 bytes
+    /// run staged (three launches instead of one; docs/gpu.md).
     Status allGather(const void* send, void* recv, std::size_t bytes, CUstream_st* stream);
     Status allReduceSum(const void* send, void* recv, std::size_t count, DType type, CUstream_st* stream);
+    /// As the host allGatherV, on `stream` (staged). A mismatch of counts is
+    /// recorded on the device and returned by check(). Above the agreed cap
+    /// (or after a fallback) the rows go by NCCL send/receive, where counts
+    /// are not checked.
+    Status allGatherV(const void* send, void* recv, std::span<const std::size_t> counts, CUstream_st* stream);
 
     /// The group's recorded failure, or Ok. Device groups: also what a kernel
     /// recorded (call after synchronising the stream).

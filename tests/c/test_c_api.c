@@ -6,7 +6,9 @@
  * Scenarios, each W ranks: data (gathers and sums checked against a
  * reference computed here, bad arguments and their codes), a killed peer
  * (PeerLost), abort (Aborted on the others), the TCP bootstrap, and open
- * failures (no daemon, bad options, a failing callback, a bad TPF_* value).
+ * failures (bad options, a failing callback, a bad value of each TPF_*
+ * variable), and TPF_DISABLE on one rank (Unavailable everywhere for a host
+ * group, and the daemon's log shows no connection).
  * Prints one line per check that fails and "ok N checks" at the end. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -97,8 +99,8 @@ static tpf_status store_allgather(void* ctx, const void* mine, void* out, size_t
 
 /* ---- the daemon and the ranks ------------------------------------------ */
 
-static char top[256];
-static char socket_path[300];
+static char top[64];
+static char socket_path[108]; /* sun_path */
 static pid_t daemon_pid = -1;
 
 static int socket_answers(const char* path) {
@@ -125,7 +127,8 @@ static void start_daemon(void) {
     if (daemon_pid == 0) {
         int fd = open(log, O_CREAT | O_WRONLY | O_APPEND, 0644);
         dup2(fd, 2);
-        execl(exe, exe, "--socket", socket_path, "--foreground", (char*)NULL);
+        /* debug: the log names every connection, so a test can tell the daemon was never contacted */
+        execl(exe, exe, "--socket", socket_path, "--foreground", "--log-level", "debug", (char*)NULL);
         _exit(127);
     }
     for (int i = 0; i < 1000 && !socket_answers(socket_path); ++i) sleep_ms(10);
@@ -148,7 +151,7 @@ typedef int (*rank_fn)(uint32_t rank, uint32_t world, const char* store_dir);
 /* Runs `fn` as `world` forked ranks; returns how many failed (non-zero exit, or alive after timeout_ms). */
 static int run_ranks(const char* name, uint32_t world, rank_fn fn, int timeout_ms) {
     static int scenario = 0;
-    char dir[256];
+    char dir[128];
     snprintf(dir, sizeof dir, "%s/store-%d", top, ++scenario);
     mkdir(dir, 0700);
     pid_t pids[16];
@@ -283,6 +286,30 @@ static int rank_data(uint32_t rank, uint32_t world, const char* dir) {
         wrong += float_to_bf16(acc) != ((uint16_t*)recv)[i];
     }
     CHECK(wrong == 0, "bf16 sum: %d elements differ from the rank-order reference", wrong);
+
+    /* all-gather-v: uneven rows, one empty, packed in rank order */
+    size_t counts[16], total = 0;
+    for (uint32_t q = 0; q < world; ++q) total += counts[q] = q == 1 ? 0 : 100 + 37 * q;
+    for (size_t i = 0; i < counts[rank]; ++i) send[i] = pattern(rank, 5, i);
+    memset(recv, 0xa5, total + 64);
+    CHECK_STATUS(tpf_all_gather_v(g, send, recv, counts), TPF_OK);
+    wrong = 0;
+    size_t at = 0;
+    for (uint32_t q = 0; q < world; at += counts[q++])
+        for (size_t i = 0; i < counts[q]; ++i) wrong += recv[at + i] != pattern(q, 5, i);
+    CHECK(wrong == 0 && recv[total] == 0xa5, "all-gather-v: %d wrong bytes, byte after the rows %02x", wrong, recv[total]);
+    CHECK_STATUS(tpf_all_gather_v(g, send, recv, NULL), TPF_INVALID_ARGUMENT);
+    CHECK_STATUS(tpf_all_gather_v(NULL, send, recv, counts), TPF_INVALID_ARGUMENT);
+    CHECK_STATUS(tpf_all_gather_v_async(g, send, recv, counts, NULL), TPF_UNSUPPORTED);
+    CHECK_STATUS(tpf_all_gather_v_async(g, send, recv, NULL, NULL), TPF_INVALID_ARGUMENT);
+    /* any byte count: 100 bytes a rank */
+    for (size_t i = 0; i < 100; ++i) send[i] = pattern(rank, 6, i);
+    memset(recv, 0xa5, 100 * world + 64);
+    CHECK_STATUS(tpf_all_gather(g, send, recv, 100), TPF_OK);
+    wrong = 0;
+    for (uint32_t q = 0; q < world; ++q)
+        for (size_t i = 0; i < 100; ++i) wrong += recv[q * 100 + i] != pattern(q, 6, i);
+    CHECK(wrong == 0 && recv[100 * world] == 0xa5, "gather of 100 bytes: %d wrong bytes", wrong);
 
     /* Bad arguments: named codes, nothing written, the group stays usable. */
     memset(recv, 0xa5, 64);
@@ -420,15 +447,23 @@ static int rank_callback_fails(uint32_t rank, uint32_t world, const char* dir) {
     return 0;
 }
 
-/* A bad TPF_* value on rank 0 fails the open on every rank, naming it there. */
+/* A bad TPF_* value on rank 0 fails the open on every rank, naming it and
+ * what it accepts there. One scenario per client variable (TPF_SOCKET takes
+ * any path). */
+static const char* bad_name;
+static const char* bad_value;
+static const char* bad_accepted;
+
 static int rank_bad_env(uint32_t rank, uint32_t world, const char* dir) {
-    if (rank == 0) setenv("TPF_FALLBACK", "ncll", 1);
+    if (rank == 0) setenv(bad_name, bad_value, 1);
     struct file_store store;
     tpf_group* g = NULL;
     CHECK_STATUS(open_rank(rank, world, 4096, dir, &store, &g), TPF_CONFIG_ERROR);
+    CHECK(g == NULL, "a failed open left a group");
+    char want[160];
+    snprintf(want, sizeof want, "%s=%s: accepted values are %s", bad_name, bad_value, bad_accepted);
     if (rank == 0)
-        CHECK(strstr(tpf_last_error(), "TPF_FALLBACK=ncll: accepted values are nccl, error") != NULL, "last error %s",
-              tpf_last_error());
+        CHECK(strstr(tpf_last_error(), want) != NULL, "last error %s, wanted %s", tpf_last_error(), want);
     else
         CHECK(strstr(tpf_last_error(), "rank 0 has an invalid TPF_* variable") != NULL, "last error %s", tpf_last_error());
     return 0;
@@ -444,6 +479,19 @@ static int rank_disabled(uint32_t rank, uint32_t world, const char* dir) {
     snprintf(want, sizeof want, "TPF_DISABLE=1 on rank %u", world - 1);
     CHECK(strstr(tpf_last_error(), want) != NULL, "last error %s", tpf_last_error());
     return 0;
+}
+
+/* How many lines of the daemon's log contain `needle`. */
+static int count_in_log(const char* needle) {
+    char path[320], line[1024];
+    snprintf(path, sizeof path, "%s/daemon.log", top);
+    FILE* f = fopen(path, "r");
+    int n = 0;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, needle)) ++n;
+    fclose(f);
+    return n;
 }
 
 static void single_process_checks(void) {
@@ -535,8 +583,30 @@ int main(void) {
     run_ranks("killed peer W=3", 3, rank_killed, 60000);
     run_ranks("abort W=3", 3, rank_abort, 60000);
     run_ranks("callback fails W=2", 2, rank_callback_fails, 30000);
-    run_ranks("bad TPF_FALLBACK W=3", 3, rank_bad_env, 30000);
-    run_ranks("TPF_DISABLE W=3", 3, rank_disabled, 30000);
+    static const char* const bad[][3] = {
+        {"TPF_DISABLE", "yes", "1 (keep every group on NCCL) and 0"},
+        {"TPF_FALLBACK", "ncll", "nccl, error"},
+        {"TPF_GPU_ROUTE", "nvlink", "auto, ipc, proxy"},
+        {"TPF_NCCL_ABOVE", "lots", "a byte size (4096, 64KiB, 1MiB) or never"},
+        {"TPF_GPU_LL", "on", "1 (use the LL path where it fits) and 0"},
+        {"TPF_GPU_LL_CHUNKS", "3", "1, 2, 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        bad_name = bad[i][0];
+        bad_value = bad[i][1];
+        bad_accepted = bad[i][2];
+        char name[64];
+        snprintf(name, sizeof name, "bad %s W=2", bad_name);
+        run_ranks(name, 2, rank_bad_env, 30000);
+    }
+    {
+        /* TPF_DISABLE: no rank may even connect to the daemon. */
+        int before = count_in_log("connected (pid");
+        run_ranks("TPF_DISABLE W=3", 3, rank_disabled, 30000);
+        int after = count_in_log("connected (pid");
+        CHECK(before > 0 && after == before, "the daemon logged %d connections before the TPF_DISABLE group, %d after",
+              before, after);
+    }
     write_free_port();
     run_ranks("TCP bootstrap W=2", 2, rank_tcp, 60000);
     stop_daemon();

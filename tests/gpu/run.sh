@@ -101,7 +101,7 @@ fi
 started=
 start_daemon() {
   local s=$1 log=$2; shift 2
-  "$bin/tpfabricd" --socket "$s" --foreground --log-level info "$@" >"$log" 2>&1 &
+  "$bin/tpfabricd" --socket "$s" --foreground "$@" >"$log" 2>&1 &
   started=$!
   for _ in $(seq 100); do [ -S "$s" ] && return 0; sleep 0.1; done
   echo "tpfabricd did not start:"; cat "$log"; return 1
@@ -141,7 +141,7 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   tag=-pergpu
   w=$ngpu
   for route in ipc proxy; do
-    for scen in data graph b2b kill stall; do
+    for scen in data odd gatherv graph b2b kill stall; do
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
       if ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; then st=PASS; else st=FAIL; rc=1; fi
       show "$st gpu-pergpu route=$route W=$w scenario=$scen" "$logdir/tpf-gpurank-$scen-$route-w$w$tag.log"
@@ -166,6 +166,15 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   nccl_case probe-fails nccl-fallback "$sock" TPF_PROBE_SABOTAGE=1
   nccl_case probe-fails-error nccl-error "$sock" TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error
   nccl_case daemon-stopped-error nccl-error "$xdir/stopped.sock" TPF_FALLBACK=error
+  # TPF_DISABLE=1 on the last rank only: NCCL on every rank, and no rank connects to the daemon.
+  start_daemon "$xdir/disabled.sock" "$logdir/tpfabricd-disabled.log" --log-level debug && xpid=$started
+  nccl_case disabled nccl-disabled "$xdir/disabled.sock"
+  if grep -q "connected (pid" "$logdir/tpfabricd-disabled.log"; then
+    echo "FAIL gpu-nccl W=$w disabled: a rank connected to the daemon despite TPF_DISABLE=1"; rc=1
+  else
+    echo "PASS gpu-nccl W=$w disabled: the daemon saw no connection"
+  fi
+  [ -n "${xpid:-}" ] && kill "$xpid" && wait "$xpid" 2>/dev/null; xpid=
   tag=
   echo "one-process-per-GPU tests took $((SECONDS - t0)) s"
   if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
@@ -196,7 +205,7 @@ t0=$SECONDS
 for route in ipc proxy; do
   [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && break
   for w in 2 4 8; do
-    for scen in data graph b2b kill stall; do
+    for scen in data odd gatherv graph b2b kill stall; do
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
       if ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; then st=PASS; else st=FAIL; rc=1; fi
       echo "$st gpu-multiprocess route=$route W=$w scenario=$scen"

@@ -6,6 +6,10 @@
 // Exit 77 without a GPU. Scenarios:
 //   data       gathers of every size class byte-exact, f32/f16/bf16 sums bit-exact,
 //              Misaligned and CapMismatch refused without breaking the group
+//   odd        gathers of 1, 15, 100, 4097 and cap-1 bytes and sums of odd counts (staged), exact,
+//              nothing written past the output; the same captured in a graph, replayed 64 times
+//   gatherv    allGatherV with uneven counts (zeros, up to the cap), eager and in a graph; then
+//              mismatched counts: GroupMismatch on every rank, nothing written
 //   graph      4 gathers captured once, replayed 64 times with new shards
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
@@ -20,6 +24,8 @@
 //   nccl-error     as nccl-fallback with TPF_FALLBACK=error: open fails with Unavailable on every rank
 //   nccl-refuse    holds the daemon's only group (daemon.max_groups = 1) over the TCP bootstrap, then
 //                  opens over NCCL: the daemon refuses, every rank falls back to NCCL
+//   nccl-disabled  the last rank sets TPF_DISABLE=1: every rank opens in NCCL mode without the daemon
+//                  (run.sh checks the daemon's debug log saw no connection); the same checks
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -120,7 +126,7 @@ int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
         }
     // Refusals: nothing launched, the group stays healthy.
     Status m1 = g.allGather(b.send + 4, b.recv, 64, st);
-    Status m2 = g.allReduceSum(b.send, b.recv, 3, DType::F32, st);
+    Status m2 = g.allReduceSum(b.send, b.recv + 8, 3, DType::F32, st);
     Status c1 = g.allGather(b.send, b.recv, g.agreedCap() + 16, st);
     if (m1.code() != Errc::Misaligned || m2.code() != Errc::Misaligned)
         return report(false, "misaligned calls gave " + std::string(errcName(m1.code())) + "/" + std::string(errcName(m2.code())));
@@ -128,6 +134,163 @@ int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
     ST(g.check());
     return report(true, "gathers=15 sums=" + std::to_string(sums) + " misaligned=Misaligned abovecap=CapMismatch route1=" +
                             g.route((g.rank() + 1) % W));
+}
+
+// Sizes the kernels do not move in whole 16-byte vectors run staged: every
+// byte and bit must still be right, and nothing may be written past the
+// output (the 0xa5 fill behind it is checked).
+int scenarioOdd(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    const std::uint64_t cap = g.agreedCap();
+    std::vector<std::uint8_t> h(kMaxBytes), out(kMaxBytes * W + 64), want(kMaxBytes);
+    std::uint64_t it = 7000;
+    int gathers = 0, sums = 0;
+    for (std::uint64_t size : std::initializer_list<std::uint64_t>{1, 15, 100, 4097, cap - 1})
+        for (int rep = 0; rep < 2; ++rep, ++it, ++gathers) {
+            fillBytes(h.data(), size, it, g.rank());
+            CK(cudaMemcpyAsync(b.send, h.data(), size, cudaMemcpyHostToDevice, st));
+            CK(cudaMemsetAsync(b.recv, 0xa5, size * W + 64, st));
+            ST(g.allGather(b.send, b.recv, size, st));
+            CK(cudaMemcpyAsync(out.data(), b.recv, size * W + 64, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            ST(g.check());
+            for (std::uint32_t q = 0; q < W; ++q) {
+                fillBytes(want.data(), size, it, q);
+                if (std::memcmp(out.data() + q * size, want.data(), size) != 0)
+                    return report(false, "odd gather size " + std::to_string(size) + " row " + std::to_string(q) + " differs");
+            }
+            for (std::uint64_t i = size * W; i < size * W + 64; ++i)
+                if (out[i] != 0xa5) return report(false, "odd gather size " + std::to_string(size) + " wrote past its output");
+        }
+    for (DType t : {DType::F32, DType::F16, DType::BF16})
+        for (std::size_t count : std::initializer_list<std::size_t>{1, 7, 1000, 1001, cap / dtypeSize(t) - 1}) {
+            const std::size_t size = count * dtypeSize(t);
+            if (size % 16 == 0) continue; // the plain path; the data scenario has it
+            fillValues(h.data(), count, t, ++it, g.rank());
+            CK(cudaMemcpyAsync(b.send, h.data(), size, cudaMemcpyHostToDevice, st));
+            CK(cudaMemsetAsync(b.recv, 0xa5, size + 64, st));
+            ST(g.allReduceSum(b.send, b.recv, count, t, st));
+            CK(cudaMemcpyAsync(out.data(), b.recv, size + 64, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            ST(g.check());
+            const auto ref = referenceSum(count, t, it, W);
+            if (std::memcmp(out.data(), ref.data(), size) != 0)
+                return report(false, "odd sum dtype " + std::to_string(int(t)) + " count " + std::to_string(count) + " differs");
+            for (std::size_t i = size; i < size + 64; ++i)
+                if (out[i] != 0xa5) return report(false, "odd sum count " + std::to_string(count) + " wrote past its output");
+            ++sums;
+        }
+    // The same staged calls captured once and replayed with new inputs.
+    const std::uint64_t sizes[3] = {100, 4097, 15};
+    std::uint64_t off[3], total = 0;
+    for (int j = 0; j < 3; ++j) off[j] = roundUp(total, 16), total = off[j] + sizes[j];
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int j = 0; j < 3; ++j) ST(g.allGather(b.send + off[j], b.recv + off[j] * W, sizes[j], st));
+    ST(g.allReduceSum(b.send + roundUp(total, 16), b.recv + roundUp(total, 16) * W, 1001, DType::BF16, st));
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    const std::uint64_t sumOff = roundUp(total, 16);
+    std::vector<std::uint8_t> hin(sumOff + 2002), all((sumOff + 2002) * W);
+    for (int rep = 0; rep < 64; ++rep) {
+        for (int j = 0; j < 3; ++j) fillBytes(hin.data() + off[j], sizes[j], 9000 + rep * 4 + j, g.rank());
+        fillValues(hin.data() + sumOff, 1001, DType::BF16, 9000 + rep * 4 + 3, g.rank());
+        CK(cudaMemcpyAsync(b.send, hin.data(), hin.size(), cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(b.recv, 0x5a, all.size(), st));
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaMemcpyAsync(all.data(), b.recv, all.size(), cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        ST(g.check());
+        for (int j = 0; j < 3; ++j)
+            for (std::uint32_t q = 0; q < W; ++q) {
+                fillBytes(want.data(), sizes[j], 9000 + rep * 4 + j, q);
+                if (std::memcmp(all.data() + off[j] * W + q * sizes[j], want.data(), sizes[j]) != 0)
+                    return report(false, "odd replay " + std::to_string(rep) + " gather " + std::to_string(j));
+            }
+        const auto ref = referenceSum(1001, DType::BF16, 9000 + rep * 4 + 3, W);
+        if (std::memcmp(all.data() + sumOff * W, ref.data(), 2002) != 0)
+            return report(false, "odd replay " + std::to_string(rep) + " bf16 sum of 1001 differs");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return report(true, "gathers=" + std::to_string(gathers) + " sums=" + std::to_string(sums) + " replays=64");
+}
+
+// All-gather-v: uneven counts (zeros among them), rows packed in rank order,
+// eager and in a graph; then the last rank passes other counts: every rank's
+// check() names GroupMismatch and the output stays untouched.
+int scenarioGatherV(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    const std::uint64_t cap = g.agreedCap();
+    std::vector<std::uint8_t> h(kMaxBytes), out(kMaxBytes * W + 64), want(kMaxBytes);
+    auto countsOf = [&](std::uint64_t seed) {
+        std::vector<std::size_t> c(W);
+        for (std::uint32_t r = 0; r < W; ++r) c[r] = r == 1 ? 0 : std::size_t(mix(seed * 31 + r) % (seed % 3 == 2 ? cap + 1 : 5000));
+        return c;
+    };
+    auto check = [&](const std::vector<std::size_t>& c, std::uint64_t it, const std::uint8_t* o) -> std::string {
+        std::size_t at = 0;
+        for (std::uint32_t q = 0; q < W; ++q) {
+            fillBytes(want.data(), c[q], it, q);
+            if (std::memcmp(o + at, want.data(), c[q]) != 0) return "row " + std::to_string(q) + " differs";
+            at += c[q];
+        }
+        for (std::size_t i = at; i < at + 64; ++i)
+            if (o[i] != 0xa5) return "written past the rows";
+        return "";
+    };
+    int calls = 0;
+    for (std::uint64_t it = 100; it < 112; ++it, ++calls) {
+        const auto c = countsOf(it);
+        std::size_t total = 0;
+        for (auto n : c) total += n;
+        fillBytes(h.data(), c[g.rank()], it, g.rank());
+        CK(cudaMemcpyAsync(b.send, h.data(), c[g.rank()], cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(b.recv, 0xa5, total + 64, st));
+        ST(g.allGatherV(b.send, b.recv, c, st));
+        CK(cudaMemcpyAsync(out.data(), b.recv, total + 64, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        ST(g.check());
+        if (auto e = check(c, it, out.data()); !e.empty()) return report(false, "allGatherV call " + std::to_string(it) + ": " + e);
+    }
+    // In a graph: the counts are part of the captured call.
+    const auto c = countsOf(200);
+    std::size_t total = 0;
+    for (auto n : c) total += n;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    ST(g.allGatherV(b.send, b.recv, c, st));
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 64; ++rep) {
+        fillBytes(h.data(), c[g.rank()], 300 + rep, g.rank());
+        CK(cudaMemcpyAsync(b.send, h.data(), c[g.rank()], cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(b.recv, 0xa5, total + 64, st));
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaMemcpyAsync(out.data(), b.recv, total + 64, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        ST(g.check());
+        if (auto e = check(c, 300 + rep, out.data()); !e.empty()) return report(false, "allGatherV replay " + std::to_string(rep) + ": " + e);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // Mismatched counts: the last rank's row is 16 bytes longer in its own counts.
+    auto bad = countsOf(400);
+    if (g.rank() == W - 1) bad[W - 1] += 16;
+    std::size_t badTotal = 0;
+    for (auto n : bad) badTotal += n;
+    CK(cudaMemsetAsync(b.recv, 0xa5, badTotal + 64, st));
+    ST(g.allGatherV(b.send, b.recv, bad, st));
+    CK(cudaMemcpyAsync(out.data(), b.recv, badTotal + 64, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    const Status s = g.check();
+    for (std::size_t i = 0; i < badTotal + 64; ++i)
+        if (out[i] != 0xa5) return report(false, "a mismatched allGatherV wrote its output");
+    if (s.code() != Errc::GroupMismatch) return report(false, "mismatched counts gave " + std::string(errcName(s.code())) + ": " +
+                                                                  (s ? std::string() : s.error().detail));
+    return report(true, "calls=" + std::to_string(calls) + " replays=64 mismatch=GroupMismatch (" + s.error().detail + ")");
 }
 
 int scenarioGraph(Group& g, cudaStream_t st, Buffers2 b) {
@@ -337,6 +500,7 @@ int scenarioNcclW(cudaStream_t st, Buffers2 b, Bootstrap& tcp) {
     o.buffers = tpf::Buffers::Device;
     o.timeout = std::chrono::milliseconds(a.timeoutMs);
     std::unique_ptr<Group> holder;
+    if (a.scenario == "nccl-disabled" && a.rank == a.world - 1) ::setenv("TPF_DISABLE", "1", 1);
     if (a.scenario == "nccl-refuse") { // take the daemon's only group first
         Options ho;
         ho.socketPath = a.socket;
@@ -427,6 +591,8 @@ int main(int argc, char** argv) {
     if (!want.empty() && g.route((a.rank + 1) % a.world) != want)
         return report(false, "route to the next rank is " + g.route((a.rank + 1) % a.world) + ", wanted " + want);
     if (a.scenario == "data") return scenarioData(g, st, b);
+    if (a.scenario == "odd") return scenarioOdd(g, st, b);
+    if (a.scenario == "gatherv") return scenarioGatherV(g, st, b);
     if (a.scenario == "graph") return scenarioGraph(g, st, b);
     if (a.scenario == "b2b") return scenarioB2b(g, st, b);
     if (a.scenario == "kill") return scenarioFault(g, st, b, true);

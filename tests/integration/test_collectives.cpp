@@ -1,5 +1,6 @@
 // Real daemon, real rank processes: gathers byte-exact and sums bit-exact for
-// W in {2, 3, 4, 8, 16}, every size class from empty shards to the cap.
+// W in {2, 3, 4, 8, 16}, every size class from empty shards to the cap, any
+// byte and element count; all-gather-v with uneven rows, and mismatched counts.
 #include <cstdlib>
 #include <string>
 
@@ -68,5 +69,45 @@ TEST_CASE("sums are bit-exact against the rank-order reference for every W") {
     const std::vector<std::uint64_t> sizes{16, 1008, 4096, 65536};
     for (std::uint32_t world : {2u, 3u, 4u, 8u, 16u}) {
         DYNAMIC_SECTION("world " << world) { runAndCheck(world, 64 * 1024, sizes, "sum", perSize()); }
+    }
+}
+
+// Sizes no 16-byte rule divides: a gather of 1, 15, 100 bytes, sums of odd
+// element counts (2 and 6 bytes are one f16/bf16 and 3 of them, or no f32).
+TEST_CASE("any byte and element count, W = 2 .. 16") {
+    for (std::uint32_t world : {2u, 5u, 16u}) {
+        const std::uint64_t cap = world == 16 ? 4097 : 65536 - 3;
+        DYNAMIC_SECTION("world " << world) {
+            runAndCheck(world, cap, {1, 15, 100, 4097, cap - 1}, "gather", perSize() / 4 * 5);
+            runAndCheck(world, cap, {2, 6, 100, 1030, cap - 1}, "sum", perSize() / 4 * 5);
+        }
+    }
+}
+
+TEST_CASE("all-gather-v: uneven rows, zeros among them, up to the cap, W = 2 .. 16") {
+    for (std::uint32_t world : {2u, 3u, 8u, 16u}) {
+        const std::uint64_t cap = world >= 8 ? 8192 : 65536;
+        DYNAMIC_SECTION("world " << world) { runAndCheck(world, cap, {1, 100, 4097, cap}, "gatherv", perSize() / 2); }
+    }
+}
+
+// The last rank's own counts differ at call 5: every rank's call 5 fails by
+// name (GroupMismatch) and writes nothing (tpf-testrank checks its output).
+TEST_CASE("all-gather-v with mismatched counts fails by name on every rank, nothing written") {
+    for (std::uint32_t world : {2u, 4u}) {
+        DYNAMIC_SECTION("world " << world) {
+            Daemon d;
+            auto run = startRanks(d, world, {"--max-bytes", "4096", "--sizes", "4000", "--mode", "gatherv", "--iters", "20",
+                                             "--mismatch-at", "5"});
+            std::vector<Child*> all;
+            for (auto& c : run.ranks) all.push_back(&c);
+            REQUIRE(waitAll(all, 60000));
+            for (std::uint32_t r = 0; r < world; ++r) {
+                INFO("rank " << r << ": " << run.line(r));
+                CHECK(exitCode(run.ranks[r]) == 1);
+                CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
+                CHECK(run.line(r).find("passed other counts") != std::string::npos);
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
 // One rank of an integration test: opens a group on the real daemon and runs
-// collectives, checking every result byte for byte. Prints one line
+// collectives (all-gather, all-reduce sum, all-gather-v), checking every
+// result byte for byte. Prints one line
 //   RESULT rank=R ok calls=N
 // or
 //   RESULT rank=R error=NAME calls=N elapsed_ms=T detail=...
@@ -38,11 +39,12 @@ struct Args {
     std::uint64_t maxBytes = 65536;
     std::uint64_t iters = 100;
     std::vector<std::uint64_t> sizes{16};
-    std::string mode = "gather"; // gather | sum | mixed
+    std::string mode = "gather"; // gather | sum | mixed | gatherv
     std::uint32_t timeoutMs = 5000;
     std::int64_t abortAt = -1;   // call abort() before this iteration
     std::int64_t stallAt = -1;   // stop posting (sleep) at this iteration
     std::int64_t exitAt = -1;    // _exit(0) without closing at this iteration
+    std::int64_t mismatchAt = -1; // gatherv: at this iteration the last rank passes other counts
     std::int64_t pauseAt = -1;   // before this iteration wait until goFile exists
     std::string goFile;
     std::string stopFile;        // every 16 calls all ranks agree whether it exists; stop ok if so
@@ -107,7 +109,7 @@ Result<bool> agreeStop(const Args& a, Group& g) {
 int runCalls(const Args& a, Group& g) {
     std::uint64_t maxSize = 0;
     for (auto s : a.sizes) maxSize = std::max(maxSize, s);
-    const std::size_t outBytes = maxSize * a.world;
+    const std::size_t outBytes = maxSize * a.world + 16; // + a mismatched row's 16
     Aligned send(maxSize), recv(outBytes), expect(maxSize);
     std::uint64_t calls = 0;
     std::uint64_t start = monotonicNs();
@@ -147,7 +149,29 @@ int runCalls(const Args& a, Group& g) {
         const bool sum = a.mode == "sum" || (a.mode == "mixed" && it % 2);
         start = monotonicNs();
         std::memset(recv.data(), kSentinel, outBytes);
-        if (!sum) {
+        if (a.mode == "gatherv") {
+            // Rows of uneven length up to this iteration's size, one of them empty.
+            std::vector<std::size_t> counts(a.world);
+            std::size_t at = 0;
+            for (std::uint32_t q = 0; q < a.world; ++q)
+                counts[q] = q == it % a.world ? 0 : std::size_t(mix(it * 131 + q) % (size + 1));
+            if (std::int64_t(it) == a.mismatchAt && a.rank == a.world - 1) counts[a.rank] += 16;
+            fillBytes(send.data(), counts[a.rank], it, a.rank);
+            const Status s = g.allGatherV(send.data(), recv.data(), counts);
+            if (!s) return failed(s);
+            for (std::uint32_t q = 0; q < a.world; at += counts[q++]) {
+                fillBytes(expect.data(), counts[q], it, q);
+                if (std::memcmp(recv.data() + at, expect.data(), counts[q]) != 0) {
+                    line("RESULT rank=%u baddata gatherv iter=%llu row=%u\n", a.rank, (unsigned long long)it, q);
+                    return 3;
+                }
+            }
+            for (std::size_t i = at; i < outBytes; ++i)
+                if (recv.data()[i] != kSentinel) {
+                    line("RESULT rank=%u baddata gatherv iter=%llu wrote past its rows\n", a.rank, (unsigned long long)it);
+                    return 3;
+                }
+        } else if (!sum) {
             fillBytes(send.data(), size, it, a.rank);
             const Status s = g.allGather(send.data(), recv.data(), size);
             if (!s) return failed(s);
@@ -218,6 +242,7 @@ int main(int argc, char** argv) {
     app.add_option("--abort-at", a.abortAt);
     app.add_option("--stall-at", a.stallAt);
     app.add_option("--exit-at", a.exitAt);
+    app.add_option("--mismatch-at", a.mismatchAt, "gatherv: the last rank's counts differ at this iteration");
     app.add_option("--pause-at", a.pauseAt, "before this iteration print PAUSED and wait for --go-file");
     app.add_option("--go-file", a.goFile);
     app.add_option("--stop-file", a.stopFile, "every 16 calls the ranks agree whether it exists; stop ok if so");

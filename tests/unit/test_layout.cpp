@@ -114,19 +114,36 @@ TEST_CASE("stripes reassemble every size exactly, empty shards included") {
     CHECK(stripeOf(0, 4, 3).bytes == 0);
 }
 
-TEST_CASE("caps: 511 KiB and 512 KiB agree on 511 KiB and one slot; 512 KiB does not fit") {
+TEST_CASE("caps: 511 KiB and 512 KiB agree on 511 KiB; 512 KiB does not fit") {
     const std::uint64_t caps[] = {511 * 1024, 512 * 1024};
     const auto cap = agreedCap(caps, 2);
     CHECK(cap == 511 * 1024);
-    CHECK(slotBytesFor(caps[0]) == slotBytesFor(caps[1]));
+    // The slot has room for the cap, a RowHeader and a 16-byte rounding, page-rounded.
     CHECK(slotBytesFor(cap) == 512 * 1024);
+    CHECK(slotBytesFor(caps[1]) == 516 * 1024);
+    CHECK(slotBytesFor(512 * 1024 - 32) == 512 * 1024);
+    CHECK(slotBytesFor(512 * 1024 - 31) == 516 * 1024);
     // Both ranks test the same agreed value, not their slot size.
     for (int rank = 0; rank < 2; ++rank) {
         CHECK_FALSE(fits(524288, cap));
         CHECK(fits(511 * 1024, cap));
     }
     CHECK(agreedCap(caps, 0) == 0);
+    for (std::uint64_t c : {0ull, 1ull, 100ull, 4096ull, 65520ull, 524288ull}) {
+        CHECK(slotBytesFor(c) >= sizeof(RowHeader) + roundUp(c, 16)); // an all-gather-v row of the cap
+        CHECK(slotBytesFor(c) % kSlotAlign == 0);
+    }
+}
+
+TEST_CASE("countsHash tells counts apart and is the same for equal counts") {
+    const std::uint64_t a[] = {100, 0, 4096, 7}, b[] = {100, 0, 4096, 8}, c[] = {0, 100, 4096, 7};
+    CHECK(countsHash(a, 4) == countsHash(a, 4));
+    CHECK(countsHash(a, 4) != countsHash(b, 4));
+    CHECK(countsHash(a, 4) != countsHash(c, 4)); // order matters
+    CHECK(countsHash(a, 3) != countsHash(a, 4)); // so does the world
+    STATIC_REQUIRE(sizeof(RowHeader) == 16);
     CHECK(slotBytesFor(0) == 4096);
     CHECK(slotBytesFor(1) == 4096);
-    CHECK(slotBytesFor(4097) == 8192);
+    CHECK(slotBytesFor(4064) == 4096);
+    CHECK(slotBytesFor(4065) == 8192);
 }

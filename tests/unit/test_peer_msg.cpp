@@ -126,12 +126,11 @@ TEST_CASE("peer header refusals") {
     b = good;
     b[0] = 'X';
     CHECK(decodeHeader(b, kPeerSpec).code() == Errc::BadMagic);
-    b = good;
-    b[4] = 2;
-    CHECK(decodeHeader(b, kPeerSpec).code() == Errc::VersionMismatch);
-    b = good;
-    b[4] = 0;
-    CHECK(decodeHeader(b, kPeerSpec).code() == Errc::VersionMismatch);
+    for (std::uint8_t v : {std::uint8_t(0), std::uint8_t(kPeerMinVersion - 1), std::uint8_t(kPeerVersion + 1)}) {
+        b = good;
+        b[4] = v; // below the accepted range (a daemon of another slot rule) or above it
+        CHECK(decodeHeader(b, kPeerSpec).code() == Errc::VersionMismatch);
+    }
     for (std::uint32_t len : {0xffffffffu, kMaxPeerPayload + 1}) {
         b = good;
         std::memcpy(b.data() + 8, &len, 4);
@@ -243,14 +242,14 @@ TEST_CASE("peer group refuses out-of-range ranks, worlds, counts and fields by n
 // revision byte (kPeerMagic) in the same commit.
 TEST_CASE("golden byte images of peer records") {
     CHECK(golden(encode(kPeerHello, 1, sampleHello()), "hello") ==
-          "54505001010001004000000001000000101112131415161718191a1b1c1d1e1f"
+          "54505001020001004000000001000000101112131415161718191a1b1c1d1e1f"
           "808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f"
           "01000000000000000000000000000000");
     CHECK(golden(encode(kPeerAuth, 2, sampleAuth()), "auth") ==
-          "54505001010002002000000002000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecf"
+          "54505001020002002000000002000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecf"
           "d0d1d2d3d4d5d6d7d8d9dadbdcdddedf");
     CHECK(golden(encode(3, sampleGroup()), "group") ==
-          "5450500101000300e001000003000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+          "5450500102000300e001000003000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
           "101112131415161718191a1b1c1d1e1f03000000030000000400000002000000"
           "0400000000000000000001000000000000000100000000000080000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
@@ -267,7 +266,7 @@ TEST_CASE("golden byte images of peer records") {
           "0000010002000000120000005634120001000000020000001300000056341200"
           "01000100020000001400000056341200");
     CHECK(golden(encode(kPeerReady, 4, sampleVerdict()), "verdict") ==
-          "5450500101000400a000000004000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+          "5450500102000400a000000004000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
           "08000000ffffffff74776f206c6f63616c204843417320696e207375626e6574"
           "2031302e37372e302e302f323400000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
