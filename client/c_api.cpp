@@ -58,6 +58,9 @@ private:
     void* ctx_;
 };
 
+// The C face of DType: one set of values.
+static_assert(int(DType::F32) == TPF_DTYPE_F32 && int(DType::F16) == TPF_DTYPE_F16 && int(DType::BF16) == TPF_DTYPE_BF16);
+
 DType dtypeOf(std::int32_t d, bool& ok) {
     ok = d >= TPF_DTYPE_F32 && d <= TPF_DTYPE_BF16;
     return ok ? DType(d) : DType::F32;

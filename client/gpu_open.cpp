@@ -231,7 +231,7 @@ Status probe(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
     if (s) s = TPF_GPU(cudaMemcpyAsync(dsend, mine.data(), kBytes, cudaMemcpyHostToDevice, stream));
     if (s) s = TPF_GPU(kernels::launchAllGather(p.view, dsend, drecv, kBytes, stream));
     if (s) s = TPF_GPU(cudaMemcpyAsync(dsend, in.data(), kBytes, cudaMemcpyHostToDevice, stream));
-    if (s) s = TPF_GPU(kernels::launchAllReduceSum(p.view, dsend, dsum, kCount, kernels::DType::BF16, stream));
+    if (s) s = TPF_GPU(kernels::launchAllReduceSum(p.view, dsend, dsum, kCount, DType::BF16, stream));
     if (s) s = TPF_GPU(cudaMemcpyAsync(fabric.data(), drecv, W * kBytes, cudaMemcpyDeviceToHost, stream));
     if (s) s = TPF_GPU(cudaMemcpyAsync(sum.data(), dsum, kBytes, cudaMemcpyDeviceToHost, stream));
     if (s) s = TPF_GPU(cudaStreamSynchronize(stream));

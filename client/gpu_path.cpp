@@ -80,11 +80,10 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
                                             std::to_string(g.agreedCap) + " and no NCCL communicator"};
     }
     if (g.world == 1) return TPF_GPU(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
-    const auto kt = static_cast<kernels::DType>(type);
     if (bytes % kBufferAlign == 0) {
-        if (Errc e = kernels::validateAllReduceSum(p.view, send, recv, count, kt); e != Errc::Ok)
+        if (Errc e = kernels::validateAllReduceSum(p.view, send, recv, count, type); e != Errc::Ok)
             return Error{e, "allReduceSum of " + std::to_string(bytes) + " bytes refused by the kernel launcher"};
-        return TPF_GPU(kernels::launchAllReduceSum(p.view, send, recv, count, kt, stream));
+        return TPF_GPU(kernels::launchAllReduceSum(p.view, send, recv, count, type, stream));
     }
     // Staged: the padding elements sum whatever the scratch held; only `count` come out.
     const std::uint64_t padded = roundUp(bytes, kBufferAlign);
@@ -94,7 +93,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     u.rows = 1;
     u.bytes[0] = bytes;
     TPF_GPU_TRY(cudaMemcpyAsync(p.scratch, send, bytes, cudaMemcpyDeviceToDevice, stream));
-    TPF_GPU_TRY(kernels::launchAllReduceSum(p.view, p.scratch, out, padded / dtypeSize(type), kt, stream));
+    TPF_GPU_TRY(kernels::launchAllReduceSum(p.view, p.scratch, out, padded / dtypeSize(type), type, stream));
     return TPF_GPU(kernels::launchUnpackRows(p.view, out, recv, u, stream));
 }
 

@@ -304,14 +304,6 @@ bool Group::fits(std::size_t bytes) const { return tpf::fits(bytes, impl_->agree
 
 std::string Group::path() const { return impl_->nccl ? "nccl" : "fabric"; }
 
-std::string Group::route(std::uint32_t peer) const {
-    if (peer >= impl_->world) return "none";
-    switch (impl_->routes[peer]) {
-    case kRouteShm: return "shm";
-    case kRouteVerbs: return "verbs";
-    case kRouteIpc: return "ipc";
-    default: return "self";
-    }
-}
+std::string Group::route(std::uint32_t peer) const { return peer < impl_->world ? routeName(impl_->routes[peer]) : "none"; }
 
 } // namespace tpf

@@ -5,7 +5,6 @@
 
 namespace tpf {
 
-std::size_t dtypeSize(DType t) { return t == DType::F32 ? 4 : 2; }
 const char* version() { return TPF_VERSION_STRING; }
 
 float bf16ToFloat(std::uint16_t v) {

@@ -97,11 +97,11 @@ bool Proxy::resume(ProxyRank& pr) {
     const HostRegion& src = *g.regions[pr.rank];
     for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
         const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
-        if (g.routes[q] == client_proto::kRouteVerbs) {
+        if (g.routes[q] == kRouteVerbs) {
             if (!resumeVerbs(pr, q, phase, cur)) return false;
             continue;
         }
-        if (g.routes[q] != client_proto::kRouteShm) continue;
+        if (g.routes[q] != kRouteShm) continue;
         const HostRegion& dst = *g.regions[q];
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
@@ -188,7 +188,7 @@ bool Proxy::wakeVerbsWaiters(std::vector<ProxyRank>& table) {
         std::uint64_t sum = 0;
         for (std::uint32_t p = 0; p < 2; ++p)
             for (std::uint32_t q = 0; q < g.world; ++q)
-                if (g.routes[q] == client_proto::kRouteVerbs)
+                if (g.routes[q] == kRouteVerbs)
                     for (std::uint32_t k = 0; k < g.layout.stripes; ++k)
                         sum += std::atomic_ref(*r.flag(p, q, k)).load(std::memory_order_acquire);
         if (sum != pr.verbsFlagSum) {

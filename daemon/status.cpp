@@ -10,14 +10,6 @@ const char* stateName(int s) {
     static const char* const names[] = {"pending", "negotiating", "open", "broken"}; // GroupTable::State order
     return s >= 0 && s < 4 ? names[s] : "unknown";
 }
-const char* routeName(std::uint8_t r) {
-    switch (r) {
-    case client_proto::kRouteShm: return "shm";
-    case client_proto::kRouteVerbs: return "verbs";
-    case client_proto::kRouteIpc: return "ipc";
-    default: return "self";
-    }
-}
 double percentileUs(const std::uint64_t (&hist)[kLatencyBuckets], std::uint64_t total, double q) {
     if (total == 0) return 0.0;
     const std::uint64_t target = std::uint64_t(double(total) * q + 0.5);

@@ -48,7 +48,7 @@ LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     LlGrid g;
     if (v.ll.world == 0 || bytes > llMaxBytes(v.world) || 2 * bytes > v.ll.slotBytes) return g;
     for (std::uint32_t r = 0; r < v.world; ++r)
-        if (r != v.rank && v.routes[r] != client_proto::kRouteIpc) return g;
+        if (r != v.rank && v.routes[r] != kRouteIpc) return g;
     const std::uint64_t n16 = bytes / 16, T = kLlThreads;
     const std::uint32_t maxPer = llChunksPerThread(v.world);
     const std::uint32_t cap = std::min(llMaxBlocks(v.world), v.maxBlocks != 0 ? v.maxBlocks : kDefaultMaxBlocks);
@@ -126,10 +126,10 @@ Errc validateView(const DeviceGroupView& v) {
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) {
         const std::uint8_t route = v.routes[r];
-        if (route > client_proto::kRouteIpc || (route == client_proto::kRouteSelf) != (r == v.rank))
+        if (route > kRouteIpc || (route == kRouteSelf) != (r == v.rank))
             return Errc::OutOfRange;
-        if (route == client_proto::kRouteIpc && v.peerRegions[r] == nullptr) return Errc::BadMessage;
-        proxy |= route == client_proto::kRouteShm || route == client_proto::kRouteVerbs;
+        if (route == kRouteIpc && v.peerRegions[r] == nullptr) return Errc::BadMessage;
+        proxy |= route == kRouteShm || route == kRouteVerbs;
     }
     if (proxy && (v.ring == nullptr || !RingLayout::validEntries(v.ringLayout.entries))) return Errc::BadMessage;
     if (v.layout.slotBytes > 0xffffffffull && proxy) return Errc::OutOfRange; // Doorbell.bytes is u32
@@ -143,7 +143,7 @@ Errc validateAllGather(const DeviceGroupView& v, const void* send, const void* r
 Errc validateAllReduceSum(const DeviceGroupView& v, const void* send, const void* recv, std::uint64_t count,
                           DType dtype) {
     if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16) return Errc::Unsupported;
-    return checkCall(v, send, recv, count * dtypeBytes(dtype));
+    return checkCall(v, send, recv, count * dtypeSize(dtype));
 }
 
 cudaError_t launchAllGather(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes,
@@ -156,7 +156,7 @@ cudaError_t launchAllGather(const DeviceGroupView& v, const void* send, void* re
 cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t count,
                                DType dtype, cudaStream_t stream) {
     if (!viewUsable(v) || validateAllReduceSum(v, send, recv, count, dtype) != Errc::Ok) return cudaErrorInvalidValue;
-    const std::uint64_t bytes = count * dtypeBytes(dtype);
+    const std::uint64_t bytes = count * dtypeSize(dtype);
     if (bytes == 0) return cudaSuccess;
     switch (dtype) {
     case DType::F32: return launch<Op::SumF32>(v, send, recv, bytes, stream);
@@ -169,7 +169,7 @@ cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void*
 cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, std::uint64_t* laps,
                                cudaStream_t stream) {
     bool proxy = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == client_proto::kRouteShm || v.routes[r] == client_proto::kRouteVerbs;
+    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == kRouteShm || v.routes[r] == kRouteVerbs;
     if (!viewUsable(v) || !proxy || v.ring == nullptr || v.layout.slotBytes < 16) return cudaErrorInvalidValue;
     detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps);
     return cudaGetLastError();

@@ -28,16 +28,17 @@
 #include <type_traits>
 
 #include <tpfabric/error.hpp>
+#include <tpfabric/tpfabric.hpp>
+
 #include "proto/layout.hpp"
 #include "proto/ring.hpp"
+#include "proto/route.hpp"
 
 namespace tpf::kernels {
 
-/// Element types of an all-reduce sum. f16/bf16 accumulate in f32 in rank
-/// order and round once (round-to-nearest-even) at the end.
-enum class DType : std::uint32_t { F32 = 0, F16 = 1, BF16 = 2 };
-
-constexpr std::uint32_t dtypeBytes(DType t) { return t == DType::F32 ? 4u : 2u; }
+/// Element types of an all-reduce sum: tpf::DType of the API (f16/bf16
+/// accumulate in f32 in rank order and round once, to nearest even).
+using tpf::DType;
 
 inline constexpr std::uint32_t kDefaultMaxBlocks = 32;  ///< DeviceGroupView::maxBlocks when 0
 inline constexpr std::uint64_t kBytesPerBlock = 16384;  ///< shard bytes one block handles before another is added
@@ -146,7 +147,7 @@ Errc validateView(const DeviceGroupView& view);
 /// (Misaligned), bytes <= layout.slotBytes (CapMismatch).
 Errc validateAllGather(const DeviceGroupView& view, const void* send, const void* recv, std::uint64_t bytes);
 
-/// Checks one all-reduce call: as validateAllGather for count * dtypeBytes.
+/// Checks one all-reduce call: as validateAllGather for count * dtypeSize.
 Errc validateAllReduceSum(const DeviceGroupView& view, const void* send, const void* recv, std::uint64_t count,
                           DType dtype);
 

@@ -7,7 +7,6 @@
 
 #include "kernels/collectives.hpp"
 #include "kernels/device_sync.cuh"
-#include "proto/client_msg.hpp"
 
 namespace tpf::kernels::detail {
 
@@ -16,9 +15,7 @@ enum class Op : std::uint32_t { Gather, SumF32, SumF16, SumBF16 };
 constexpr std::uint32_t kUnroll = 4;
 constexpr std::uint32_t kWarp = 32;
 
-__device__ __forceinline__ bool isProxy(std::uint8_t route) {
-    return route == client_proto::kRouteShm || route == client_proto::kRouteVerbs;
-}
+__device__ __forceinline__ bool isProxy(std::uint8_t route) { return proxyCarries(route); }
 
 /// [begin, end) of `total` items for block b of nb, contiguous and balanced.
 struct Range {
@@ -71,7 +68,7 @@ __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t
     const std::uint32_t n = (v.world - 1) * S;
     for (std::uint32_t f = lane; f < n; f += kWarp) {
         const std::uint32_t q = peerAt(v.rank, f / S, v.world);
-        if (v.routes[q] == client_proto::kRouteIpc)
+        if (v.routes[q] == kRouteIpc)
             stReleaseSys(reinterpret_cast<std::uint64_t*>(v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S)), e);
     }
     if (!hasProxy || lane != 0) return;
@@ -96,12 +93,11 @@ __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t
         }
         st->ringTail = tail;
     }
+    // The proto/ring.hpp Doorbell, byte for byte as RingView::push writes it, in one 16-byte store.
+    const Doorbell entry{e, std::uint32_t(bytes), v.groupHandle};
     uint4 d;
-    d.x = std::uint32_t(e);
-    d.y = std::uint32_t(e >> 32);
-    d.z = std::uint32_t(bytes);
-    d.w = v.groupHandle;
-    st16(v.ring + v.ringLayout.submissionOffset(head), d); // Doorbell{epoch, bytes, group}, one 16-byte store
+    memcpy(&d, &entry, sizeof d);
+    st16(v.ring + v.ringLayout.submissionOffset(head), d);
     // The release orders the entry and the staged shard (this thread's
     // stores, and the block's through the caller's barrier and fence) before
     // the new head, as for the ipc flags above: no separate fence.
@@ -314,7 +310,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         if (hasProxy) s.dst[s.ndst++] = v.region + v.layout.slotOffset(p, v.rank);
         for (std::uint32_t i = 0; i + 1 < v.world; ++i) {
             const std::uint32_t q = peerAt(v.rank, i, v.world);
-            if (v.routes[q] == client_proto::kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
+            if (v.routes[q] == kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
         }
         for (std::uint32_t r = 0; r < v.world; ++r) s.src[r] = r == v.rank ? send : v.region + v.layout.slotOffset(p, r);
         if (b == 0) {

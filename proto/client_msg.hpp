@@ -15,6 +15,7 @@
 
 #include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
+#include "proto/route.hpp"
 #include "proto/wire.hpp"
 
 namespace tpf::client_proto {
@@ -53,14 +54,6 @@ enum Opcode : std::uint16_t {
 
 /// Who connects. Hello.role.
 enum Role : std::uint32_t { kRoleRank = 1, kRoleControl = 2 };
-
-/// How a rank reaches a peer; Verdict.routes[peer]. Fixed at open, identical on every rank.
-enum Route : std::uint8_t {
-    kRouteSelf = 0,
-    kRouteShm = 1,   ///< daemon proxy copies between host regions of one node
-    kRouteVerbs = 2, ///< daemon proxy posts RDMA WRITEs to another node
-    kRouteIpc = 3,   ///< the GPU kernel stores into the peer's device region
-};
 
 /// GroupOpen.flags.
 enum OpenFlags : std::uint32_t {
@@ -324,7 +317,7 @@ inline Status validate(const Verdict& m) {
     if (m.slotBytes != slotBytesFor(m.agreedCap))
         return {Errc::BadMessage, "Verdict: slot size does not follow from the agreed cap"};
     for (std::uint32_t r = 0; r < m.world; ++r)
-        if (m.routes[r] > kRouteIpc || (m.routes[r] == kRouteSelf) != (r == m.rank))
+        if (m.routes[r] > kLastRoute || (m.routes[r] == kRouteSelf) != (r == m.rank))
             return {Errc::OutOfRange, "Verdict: route " + std::to_string(m.routes[r]) + " for rank " + std::to_string(r)};
     return okStatus();
 }

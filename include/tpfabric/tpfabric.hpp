@@ -31,9 +31,10 @@ struct CUstream_st;
 
 namespace tpf {
 
-/// Element types of allReduceSum.
-enum class DType : std::uint8_t { F32, F16, BF16 };
-TPF_API std::size_t dtypeSize(DType t);
+/// Element types of allReduceSum (the values of tpf_dtype in <tpfabric/tpfabric.h>).
+enum class DType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+/// Bytes of one element.
+constexpr std::size_t dtypeSize(DType t) { return t == DType::F32 ? 4 : 2; }
 /// The library's release ("0.1.0"); TPF_VERSION_STRING is the headers'.
 TPF_API const char* version();
 
