@@ -14,11 +14,11 @@
 #include <fstream>
 
 #include "common/shm.hpp"
-#include "daemon/config.hpp"
-#include "daemon/groups.hpp"
-#include "daemon/hca.hpp"
-#include "daemon/proxy.hpp"
-#include "daemon/server.hpp"
+#include "daemon/config/config.hpp"
+#include "daemon/groups/groups.hpp"
+#include "daemon/verbs/hca.hpp"
+#include "daemon/proxy/proxy.hpp"
+#include "daemon/control/server.hpp"
 #include "tpf_config.h"
 
 #if TPF_HAVE_SYSTEMD

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "daemon/config.hpp"
+#include "daemon/config/config.hpp"
 #include "fuzz_common.hpp"
 
 namespace {

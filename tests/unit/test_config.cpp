@@ -10,7 +10,7 @@
 #include <string>
 
 #include "catch.hpp"
-#include "daemon/config.hpp"
+#include "daemon/config/config.hpp"
 
 using namespace tpf::daemon;
 

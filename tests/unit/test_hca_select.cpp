@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "daemon/hca.hpp"
-#include "daemon/hca_select.hpp"
+#include "daemon/verbs/hca.hpp"
+#include "daemon/verbs/hca_select.hpp"
 
 using namespace tpf;
 using namespace tpf::daemon;

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "daemon/inflight.hpp"
+#include "daemon/verbs/inflight.hpp"
 #include "proto/layout.hpp"
 
 using tpf::daemon::InflightGate;

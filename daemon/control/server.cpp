@@ -1,4 +1,4 @@
-#include "daemon/server.hpp"
+#include "daemon/control/server.hpp"
 
 #include <grp.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "daemon/metrics.hpp"
+#include "daemon/groups/metrics.hpp"
 
 #include <string>
 

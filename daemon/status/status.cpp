@@ -1,6 +1,6 @@
 // The status document (docs/status.md): groups' part here, the daemon's part
 // in main.cpp.
-#include "daemon/groups.hpp"
+#include "daemon/groups/groups.hpp"
 #include "proto/ring.hpp"
 
 namespace tpf::daemon {

@@ -1,5 +1,5 @@
 // Built without libibverbs: no HCA opens, so no group reaches the verbs wire.
-#include "daemon/verbs.hpp"
+#include "daemon/verbs/qp.hpp"
 
 namespace tpf::daemon {
 

@@ -1,5 +1,5 @@
 // tpfabricd configuration: a TOML file read over the defaults in config.hpp.
-#include "daemon/config.hpp"
+#include "daemon/config/config.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

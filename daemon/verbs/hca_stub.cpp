@@ -1,5 +1,5 @@
 // Without verbs: no HCAs.
-#include "daemon/hca.hpp"
+#include "daemon/verbs/hca.hpp"
 
 #include <spdlog/spdlog.h>
 

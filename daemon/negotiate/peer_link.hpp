@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/config.hpp"
+#include "daemon/config/config.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/peer_msg.hpp"
 

@@ -1,6 +1,6 @@
-// HCA selection (daemon/hca_select.hpp) and the text forms of daemon/hca.hpp,
+// HCA selection (daemon/verbs/hca_select.hpp) and the text forms of daemon/verbs/hca.hpp,
 // built with and without verbs.
-#include "daemon/hca_select.hpp"
+#include "daemon/verbs/hca_select.hpp"
 
 #include <arpa/inet.h>
 
@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "common/quoted.hpp"
-#include "daemon/hca.hpp"
+#include "daemon/verbs/hca.hpp"
 #include "proto/layout.hpp"
 
 namespace tpf::daemon {
@@ -331,7 +331,7 @@ Result<HcaSelection> selectHcas(std::span<const CandidatePort> ports, const HcaR
     return c.finish(HcaSource::AllActive, why);
 }
 
-// ---- daemon/hca.hpp text forms ------------------------------------------
+// ---- daemon/verbs/hca.hpp text forms ------------------------------------------
 
 std::string portStateName(std::uint32_t state) {
     static constexpr const char* kNames[] = {"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"};

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/config.hpp"
+#include "daemon/config/config.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/pairing.hpp"
 
@@ -15,7 +15,7 @@ namespace tpf::daemon {
 
 /// The HCA ports this daemon serves, as its node card and status show them:
 /// one HcaCard per chosen (device, port, RoCE v2 GID), at most kMaxStripes,
-/// in selection order (see selectHcas in daemon/hca_select.hpp for which are
+/// in selection order (see selectHcas in daemon/verbs/hca_select.hpp for which are
 /// chosen: cfg.hcas, else $TPF_HCA, else $NCCL_IB_HCA, else every ACTIVE
 /// RoCE port). Called once at start-up; never fails: when verbs finds
 /// nothing usable, or the selection matches nothing, it logs why (one line)

@@ -1,4 +1,4 @@
-#include "daemon/proxy.hpp"
+#include "daemon/proxy/proxy.hpp"
 
 #include <poll.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-#include "daemon/shared_state.hpp"
+#include "daemon/proxy/shared_state.hpp"
 
 namespace tpf::daemon {
 

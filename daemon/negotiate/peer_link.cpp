@@ -1,5 +1,5 @@
 // Peer links: TCP, handshake with the optional cluster key, framing.
-#include "daemon/peer_link.hpp"
+#include "daemon/negotiate/peer_link.hpp"
 
 #include <arpa/inet.h>
 #include <sodium.h>

@@ -1,4 +1,4 @@
-#include "daemon/groups.hpp"
+#include "daemon/groups/groups.hpp"
 
 #include <spdlog/spdlog.h>
 

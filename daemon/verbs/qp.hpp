@@ -4,7 +4,7 @@
 // WRITE unsignaled, chained to an inline flag WRITE), poll completions.
 //
 // No libibverbs type leaks into this header, so the proxy and the group table
-// build without verbs; verbs_stub.cpp answers Unsupported there.
+// build without verbs; qp_stub.cpp answers Unsupported there.
 //
 // Threads: open/register/create/connect run on the control thread; post and
 // poll only on the proxy thread. A QpLink and its HCA outlive every work
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/inflight.hpp"
+#include "daemon/verbs/inflight.hpp"
 #include "proto/client_msg.hpp"
 #include <tpfabric/error.hpp>
 #include "proto/layout.hpp"

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/fd.hpp"
-#include "daemon/shared_state.hpp"
-#include "daemon/verbs.hpp"
+#include "daemon/proxy/shared_state.hpp"
+#include "daemon/verbs/qp.hpp"
 #include "proto/client_msg.hpp"
 
 namespace tpf::daemon {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/groups.hpp"
+#include "daemon/groups/groups.hpp"
 #include "proto/pairing.hpp"
 
 namespace tpf::daemon {

@@ -1,4 +1,4 @@
-// The one way a libibverbs call is checked (daemon/verbs.cpp, daemon/hca_verbs.cpp):
+// The one way a libibverbs call is checked (daemon/verbs/qp.cpp, hca_verbs.cpp):
 // a failure becomes a named Error carrying the call's text, its site and errno's
 // text, and is logged at debug level.
 #pragma once

@@ -1,6 +1,6 @@
-// RDMA resources with libibverbs (see verbs.hpp). Every verbs call goes
-// through daemon/verbs_check.hpp, which names the call and the site in the error.
-#include "daemon/verbs.hpp"
+// RDMA resources with libibverbs (see qp.hpp). Every verbs call goes
+// through daemon/verbs/verbs_check.hpp, which names the call and the site in the error.
+#include "daemon/verbs/qp.hpp"
 
 #include <infiniband/verbs.h>
 #include <sodium.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "daemon/verbs_check.hpp"
+#include "daemon/verbs/verbs_check.hpp"
 
 namespace tpf::daemon {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/fd.hpp"
-#include "daemon/groups.hpp"
+#include "daemon/groups/groups.hpp"
 #include "proto/client_msg.hpp"
 
 namespace tpf::daemon {

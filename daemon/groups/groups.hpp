@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "daemon/config.hpp"
-#include "daemon/metrics.hpp"
-#include "daemon/peer_link.hpp"
-#include "daemon/proxy.hpp"
+#include "daemon/config/config.hpp"
+#include "daemon/groups/metrics.hpp"
+#include "daemon/negotiate/peer_link.hpp"
+#include "daemon/proxy/proxy.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/peer_msg.hpp"
 
@@ -70,7 +70,7 @@ public:
     /// The proxy saw a queue pair to `remoteRank` fail: break its group.
     void peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why);
 
-    // PeerHandler (peer links, groups_verbs.cpp)
+    // PeerHandler (peer links, negotiate/negotiation.cpp)
     void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) override;
     void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) override;
     void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) override;
@@ -154,7 +154,7 @@ private:
     /// Count `g` broken in the metrics, once.
     void countBroken(Group& g, Errc code);
     void finishOpen(Group& g);
-    // groups_verbs.cpp
+    // negotiate/negotiation.cpp
     Status startNegotiation(Group& g);
     Status buildVerbs(Group& g);
     Bytes recordFor(const Group& g, const NodeLink& n) const;

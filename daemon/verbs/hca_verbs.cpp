@@ -1,6 +1,6 @@
 // HCA discovery with libibverbs: every port of every device, its state, MTU
 // and speed, its RoCE v2 GIDs and the IP prefix of each (getifaddrs on the
-// GID's netdev); then selectHcas (daemon/hca_select.hpp) decides.
+// GID's netdev); then selectHcas (daemon/verbs/hca_select.hpp) decides.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <infiniband/verbs.h>
@@ -16,9 +16,9 @@
 #include <memory>
 #include <optional>
 
-#include "daemon/hca.hpp"
-#include "daemon/hca_select.hpp"
-#include "daemon/verbs_check.hpp"
+#include "daemon/verbs/hca.hpp"
+#include "daemon/verbs/hca_select.hpp"
+#include "daemon/verbs/verbs_check.hpp"
 
 namespace tpf::daemon {
 namespace {
