@@ -40,14 +40,14 @@ void notify(const char* state) {
 // Stable per (machine, boot, socket): two daemons on one machine (tests, the
 // VM) are two nodes, and so are machines cloned from one image (same
 // machine-id, but each boot has its own boot_id and, usually, host name).
-GroupId makeNodeId(const std::string& socketPath) {
+NodeId makeNodeId(const std::string& socketPath) {
     std::string machine, boot;
     std::ifstream("/etc/machine-id") >> machine;
     std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     const std::string seed = machine + "|" + boot + "|" + host + "|" + socketPath;
-    GroupId id{};
+    NodeId id{};
     crypto_generichash(id.data(), id.size(), reinterpret_cast<const unsigned char*>(seed.data()), seed.size(),
                        nullptr, 0);
     return id;
@@ -75,11 +75,11 @@ int run(DaemonConfig cfg, bool foreground) {
         return 1;
     }
     const std::string socketPath = resolveSocketPath(cfg);
-    const GroupId nodeId = makeNodeId(socketPath);
+    const NodeId nodeId = makeNodeId(socketPath);
     const auto started = std::chrono::system_clock::now();
     const auto startedSteady = std::chrono::steady_clock::now();
     const auto hcas = discoverHcas(cfg);
-    spdlog::info("tpfabricd {} starting: node {}, config {}, {} HCA(s)", TPF_VERSION, hexOf(nodeId.data(), 16),
+    spdlog::info("tpfabricd {} starting: node {}, config {}, {} HCA(s)", TPF_VERSION, nodeId.hex(),
                  cfg.source, hcas.size());
 
     boost::asio::io_context io;
@@ -117,14 +117,14 @@ int run(DaemonConfig cfg, bool foreground) {
     const auto endpoint = endpointBytes(cfg.peerListen, hcas);
 
     client_proto::HelloReply hello{};
-    std::memcpy(hello.nodeId, nodeId.data(), 16);
+    nodeId.copyTo(hello.nodeId);
     setText(hello.daemonVersion, TPF_VERSION);
     hello.startedUnixNs = std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(started.time_since_epoch()).count());
     hello.protocol = client_proto::kClientVersion;
 
     auto nodeCard = [&] {
         client_proto::NodeCard card;
-        std::memcpy(card.fixed.nodeId, nodeId.data(), 16);
+        nodeId.copyTo(card.fixed.nodeId);
         card.fixed.usableCap = cfg.maxBytes;
         card.fixed.endpointPort = peers.enabled() ? cfg.peerPort : 0;
         std::memcpy(card.fixed.endpointAddr, endpoint.data(), 16);
@@ -151,7 +151,7 @@ int run(DaemonConfig cfg, bool foreground) {
               {"pid", ::getpid()},
               {"uptime_s", uptime},
               {"started_unix_ns", hello.startedUnixNs},
-              {"node_id", hexOf(nodeId.data(), 16)},
+              {"node_id", nodeId.hex()},
               {"socket", socketPath},
               {"config_source", cfg.source},
               {"proxy",

@@ -9,26 +9,11 @@ namespace tpf::daemon {
 
 using namespace client_proto;
 
-std::string hexOf(const std::uint8_t* bytes, std::size_t n) {
-    static const char* d = "0123456789abcdef";
-    std::string s;
-    for (std::size_t i = 0; i < n; ++i) {
-        s += d[bytes[i] >> 4];
-        s += d[bytes[i] & 15];
-    }
-    return s;
-}
-
 namespace {
-GroupId idOf(const std::uint8_t (&b)[16]) {
-    GroupId id;
-    std::memcpy(id.data(), b, 16);
-    return id;
-}
-std::string shortId(const GroupId& id) { return hexOf(id.data(), 6); }
+std::string shortId(const GroupId& id) { return id.shortHex(); }
 } // namespace
 
-GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const GroupId& nodeId, Proxy& proxy)
+GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy)
     : io_(io), cfg_(cfg), nodeId_(nodeId), proxy_(proxy) {}
 
 void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
@@ -48,10 +33,10 @@ void GroupTable::refuseAll(Group& g, Errc code, const std::string& why) {
 
 void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     const auto& f = m.fixed;
-    const GroupId id = idOf(f.groupId);
+    const GroupId id = GroupId::of(f.groupId);
     if (findByLink(link)) return refuse(link, Errc::GroupMismatch, "this connection already joined a group");
     const auto& me = m.roster[f.rank];
-    if (std::memcmp(me.nodeId, nodeId_.data(), 16) != 0)
+    if (!nodeId_.is(me.nodeId))
         return refuse(link, Errc::GroupMismatch, "rank " + std::to_string(f.rank) +
                                                      "'s roster entry names another node than this daemon");
     auto it = groups_.find(id);
@@ -69,7 +54,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         g.roster = m.roster;
         g.gpuDoorbells = (f.flags & kOpenGpuDoorbells) != 0;
         for (std::uint32_t r = 0; r < f.world; ++r)
-            if (std::memcmp(m.roster[r].nodeId, nodeId_.data(), 16) == 0) g.localMask |= 1u << r;
+            if (nodeId_.is(m.roster[r].nodeId)) g.localMask |= 1u << r;
         const auto timeout = std::min<std::uint32_t>(f.timeoutMs, cfg_.openTimeoutMs);
         g.openTimer = std::make_unique<boost::asio::steady_timer>(io_, std::chrono::milliseconds(timeout));
         g.openTimer->async_wait([this, id](const boost::system::error_code& ec) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ids.hpp"
 #include "daemon/config/config.hpp"
 #include "daemon/groups/metrics.hpp"
 #include "daemon/negotiate/peer_link.hpp"
@@ -24,8 +25,6 @@
 
 namespace tpf::daemon {
 
-using GroupId = std::array<std::uint8_t, 16>;
-std::string hexOf(const std::uint8_t* bytes, std::size_t n);
 
 /// The connection of one rank, as the group table needs it.
 class MemberLink {
@@ -41,7 +40,7 @@ public:
 
 class GroupTable : public PeerHandler {
 public:
-    GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const GroupId& nodeId, Proxy& proxy);
+    GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy);
 
     /// The verbs wire: the opened HCAs (stripe count of cross-node groups)
     /// and the peer service. Without them groups spanning nodes are refused.
@@ -176,7 +175,7 @@ private:
 
     boost::asio::io_context& io_;
     const DaemonConfig& cfg_;
-    GroupId nodeId_;
+    NodeId nodeId_;
     Proxy& proxy_;
     std::map<GroupId, Group> groups_;
     std::uint32_t nextHandle_ = 1;

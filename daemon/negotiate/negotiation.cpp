@@ -19,8 +19,8 @@ using namespace peer_proto;
 namespace {
 constexpr std::uint32_t kMaxSendWr = 256;
 
-std::string shortHex(const std::uint8_t* b) { return hexOf(b, 6); }
-std::string shortId(const GroupId& id) { return hexOf(id.data(), 6); }
+std::string shortHex(const std::uint8_t (&b)[16]) { return hexText(b, 6); }
+std::string shortId(const GroupId& id) { return id.shortHex(); }
 
 HcaAddress addressOf(const std::uint8_t (&gid)[16], const std::uint8_t (&subnet)[16], std::uint8_t prefixLen) {
     HcaAddress a;
@@ -50,8 +50,7 @@ Status GroupTable::startNegotiation(Group& g) {
     for (std::uint32_t r = 0; r < g.world; ++r) {
         if (g.localMask >> r & 1u) continue;
         const auto& e = g.roster[r];
-        NodeId node;
-        std::memcpy(node.data(), e.nodeId, 16);
+        const NodeId node = NodeId::of(e.nodeId);
         NodeLink* n = nodeOf(g, node);
         if (!n) {
             if (e.endpointPort == 0)
@@ -61,7 +60,7 @@ Status GroupTable::startNegotiation(Group& g) {
             n->node = node;
             std::memcpy(n->addr, e.endpointAddr, 16);
             n->port = e.endpointPort;
-            n->weConnect = std::memcmp(nodeId_.data(), node.data(), 16) < 0;
+            n->weConnect = nodeId_ < node; // bytewise, as both nodes compare
         }
         n->ranks |= 1u << r;
     }
@@ -85,7 +84,7 @@ Status GroupTable::startNegotiation(Group& g) {
             r != refusals_.end() && monotonicNs() - r->second.atNs < std::uint64_t(cfg_.openTimeoutMs) * 1000000ull)
             return Error{r->second.why.code, "peer daemon " + endpointText(n.addr, n.port) + ": " + r->second.why.detail};
         auto it = std::find_if(parked_.begin(), parked_.end(), [&](const Parked& p) {
-            return std::memcmp(p.record.fixed.groupId, id.data(), 16) == 0 && p.session->remoteNode() == n.node;
+            return id.is(p.record.fixed.groupId) && p.session->remoteNode() == n.node;
         });
         if (it != parked_.end()) {
             ready.push_back(std::move(*it));
@@ -143,8 +142,8 @@ Status GroupTable::buildVerbs(Group& g) {
 Bytes GroupTable::recordFor(const Group& g, const NodeLink& n) const {
     const std::uint32_t nh = std::uint32_t(hcas_.size());
     PeerGroup rec;
-    std::memcpy(rec.fixed.groupId, g.id.data(), 16);
-    std::memcpy(rec.fixed.nodeId, nodeId_.data(), 16);
+    g.id.copyTo(rec.fixed.groupId);
+    nodeId_.copyTo(rec.fixed.nodeId);
     rec.fixed.world = g.world;
     rec.fixed.localRanks = g.localMask;
     for (std::uint32_t r = 0; r < g.world; ++r) rec.fixed.caps[r] = g.roster[r].maxBytes;
@@ -175,13 +174,13 @@ Bytes GroupTable::recordFor(const Group& g, const NodeLink& n) const {
 void GroupTable::attach(Group& g, NodeLink& n, const std::shared_ptr<PeerSession>& s) {
     n.session = s;
     if (!n.weConnect) s->send(n.ourRecord);
-    spdlog::info("group {}: peer link {} to node {} attached", shortId(g.id), s->endpointText(), hexOf(n.node.data(), 6));
+    spdlog::info("group {}: peer link {} to node {} attached", shortId(g.id), s->endpointText(), n.node.shortHex());
 }
 
 // The remote's record: pair, connect our QPs, say PeerReady (or why not).
 void GroupTable::takeRecord(Group& g, NodeLink& n, const PeerGroup& rec) {
     if (auto s = connectQps(g, n, rec); !s)
-        return failNegotiation(g, s.code(), "with node " + hexOf(n.node.data(), 6) + " (" + n.session->endpointText() +
+        return failNegotiation(g, s.code(), "with node " + n.node.shortHex() + " (" + n.session->endpointText() +
                                                 "): " + s.error().detail);
     n.session->send(verdictMessage(kPeerReady, g.id, Errc::Ok, kNoPeer, ""));
     n.selfReady = true;
@@ -246,7 +245,7 @@ Status GroupTable::connectQps(Group& g, NodeLink& n, const PeerGroup& rec) {
                 g.verbs->links[(std::size_t(l) * g.world + r) * g.layout.stripes + k] = std::move(link);
             }
     }
-    spdlog::info("group {}: QPs to node {} up ({} rail(s))", shortId(g.id), hexOf(n.node.data(), 6), pairs->size());
+    spdlog::info("group {}: QPs to node {} up ({} rail(s))", shortId(g.id), n.node.shortHex(), pairs->size());
     return okStatus();
 }
 
@@ -272,7 +271,7 @@ void GroupTable::failNegotiation(Group& g, Errc code, const std::string& why) {
 Bytes GroupTable::verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::uint32_t missingRank,
                                  const std::string& why) {
     PeerVerdict v{};
-    std::memcpy(v.groupId, id.data(), 16);
+    id.copyTo(v.groupId);
     v.errc = std::uint16_t(code);
     v.missingRank = missingRank;
     setText(v.reason, why.substr(0, sizeof v.reason - 1));
@@ -308,15 +307,14 @@ void GroupTable::tellRefused(const GroupId& id, const std::vector<client_proto::
     const Bytes v = verdictMessage(kPeerReady, id, code, kNoPeer, why);
     std::vector<NodeId> done{nodeId_};
     std::erase_if(parked_, [&](const Parked& p) {
-        if (std::memcmp(p.record.fixed.groupId, id.data(), 16) != 0) return false;
+        if (!id.is(p.record.fixed.groupId)) return false;
         p.session->send(v);
         p.session->finish();
         done.push_back(p.session->remoteNode());
         return true;
     });
     for (const auto& e : roster) {
-        NodeId node;
-        std::memcpy(node.data(), e.nodeId, 16);
+        const NodeId node = NodeId::of(e.nodeId);
         if (e.endpointPort == 0 || std::find(done.begin(), done.end(), node) != done.end()) continue;
         done.push_back(node);
         spdlog::info("group {}: telling node {} ({}) that it was refused here", shortId(id), shortHex(e.nodeId),
@@ -328,22 +326,20 @@ void GroupTable::tellRefused(const GroupId& id, const std::vector<client_proto::
 void GroupTable::closePeers(Group& g) {
     for (auto& n : g.nodes)
         if (n.session) std::exchange(n.session, nullptr)->finish();
-    std::erase_if(parked_, [&](const Parked& p) { return std::memcmp(p.record.fixed.groupId, g.id.data(), 16) == 0; });
+    std::erase_if(parked_, [&](const Parked& p) { return g.id.is(p.record.fixed.groupId); });
 }
 
 // ---- PeerHandler ------------------------------------------------------------
 
 void GroupTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec) {
-    GroupId id;
-    std::memcpy(id.data(), rec.fixed.groupId, 16);
-    NodeId from;
-    std::memcpy(from.data(), rec.fixed.nodeId, 16);
+    const GroupId id = GroupId::of(rec.fixed.groupId);
+    const NodeId from = NodeId::of(rec.fixed.nodeId);
     auto refuseLink = [&](const std::string& why) {
         spdlog::warn("peer link {}: group {}: {}", s->endpointText(), shortId(id), why);
         s->send(verdictMessage(kPeerReady, id, Errc::GroupMismatch, kNoPeer, why));
         s->finish();
     };
-    if (from != s->remoteNode()) return refuseLink("record of node " + hexOf(from.data(), 6) + " on the link of another node");
+    if (from != s->remoteNode()) return refuseLink("record of node " + from.shortHex() + " on the link of another node");
     refusals_.erase(from);
     if (const Error* e = refusedGroup(id, true)) {
         spdlog::info("peer link {}: group {} was refused here: {}", s->endpointText(), shortId(id), e->detail);
@@ -365,7 +361,7 @@ void GroupTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec
     if (it == groups_.end() || it->second.state != State::Negotiating) return refuseLink("no such group negotiating here");
     Group& g = it->second;
     NodeLink* n = nodeOf(g, from);
-    if (!n) return refuseLink("node " + hexOf(from.data(), 6) + " serves no rank of this group");
+    if (!n) return refuseLink("node " + from.shortHex() + " serves no rank of this group");
     if (s->accepted()) {
         if (n->session) return refuseLink("a second link for the same group and node");
         attach(g, *n, s);
@@ -376,8 +372,7 @@ void GroupTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec
 }
 
 void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const PeerVerdict& v) {
-    GroupId id;
-    std::memcpy(id.data(), v.groupId, 16);
+    const GroupId id = GroupId::of(v.groupId);
     auto it = groups_.find(id);
     if (opcode == kPeerReady && v.errc && s->accepted() &&
         (it == groups_.end() || it->second.state == State::Pending || nodeOf(it->second, s->remoteNode()) == nullptr ||
@@ -387,7 +382,7 @@ void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_
         errcFromWire(v.errc, code);
         std::string reason;
         getText(v.reason, reason);
-        const std::string why = "node " + hexOf(s->remoteNode().data(), 6) + " (" + s->endpointText() +
+        const std::string why = "node " + s->remoteNode().shortHex() + " (" + s->endpointText() +
                                 ") refused the group: " + reason;
         s->finish();
         if (it != groups_.end() && it->second.state == State::Negotiating) {
@@ -396,7 +391,7 @@ void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_
         }
         if (it != groups_.end() && it->second.state != State::Pending) return;
         if (it != groups_.end() && std::none_of(it->second.roster.begin(), it->second.roster.end(), [&](const auto& e) {
-                return std::memcmp(e.nodeId, s->remoteNode().data(), 16) == 0;
+                return s->remoteNode().is(e.nodeId);
             }))
             return;
         spdlog::info("group {}: {}", shortId(id), why);
@@ -412,7 +407,7 @@ void GroupTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_
     errcFromWire(v.errc, code);
     std::string reason;
     getText(v.reason, reason);
-    const std::string from = "node " + hexOf(n->node.data(), 6) + " (" + s->endpointText() + ")";
+    const std::string from = "node " + n->node.shortHex() + " (" + s->endpointText() + ")";
     if (opcode == kPeerReady) {
         if (g.state != State::Negotiating) return;
         if (v.errc) return failNegotiation(g, code, from + " refused the group: " + reason);
@@ -467,8 +462,8 @@ nlohmann::json GroupTable::peersStatus() const {
                                    {"inflight_cap", l->gate.cap()},
                                    {"inflight_high_water", l->gate.highWater()}});
                 }
-            out.push_back({{"group", hexOf(id.data(), id.size())},
-                           {"node_id", hexOf(n.node.data(), 16)},
+            out.push_back({{"group", id.hex()},
+                           {"node_id", n.node.hex()},
                            {"endpoint", endpointText(n.addr, n.port)},
                            {"role", n.weConnect ? "connect" : "accept"},
                            {"ranks", ranksText(n.ranks)},

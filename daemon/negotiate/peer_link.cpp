@@ -22,13 +22,6 @@ using namespace peer_proto;
 namespace {
 constexpr std::string_view kAuthLabel = "tpfabric peer auth v1";
 
-std::string hex6(const NodeId& id) {
-    static const char* d = "0123456789abcdef";
-    std::string s;
-    for (int i = 0; i < 6; ++i) (s += d[id[i] >> 4]) += d[id[i] & 15];
-    return s;
-}
-
 tcp::endpoint toEndpoint(const std::uint8_t (&addr)[16], std::uint16_t port) {
     boost::asio::ip::address_v6::bytes_type b;
     std::memcpy(b.data(), addr, 16);
@@ -103,7 +96,7 @@ void PeerSession::accept() {
 }
 
 void PeerSession::handshake() {
-    std::memcpy(ourHello_.nodeId, self_.data(), 16);
+    self_.copyTo(ourHello_.nodeId);
     randombytes_buf(ourHello_.nonce, sizeof ourHello_.nonce);
     ourHello_.flags = key_ ? kHelloKeyed : 0;
     send(encode(kPeerHello, ++seq_, ourHello_));
@@ -160,11 +153,10 @@ void PeerSession::onHello(ByteView payload) {
     auto hello = decodeFixed<PeerHello>(payload, "PeerHello");
     if (!hello) return fail(hello.error());
     theirHello_ = *hello;
-    NodeId them;
-    std::memcpy(them.data(), theirHello_.nodeId, 16);
+    const NodeId them = NodeId::of(theirHello_.nodeId);
     if (expectRemote_ && them != remote_)
-        return fail(Error{Errc::GroupMismatch, "peer daemon " + endpoint_ + " is node " + hex6(them) + ", the roster says " +
-                                                   hex6(remote_)});
+        return fail(Error{Errc::GroupMismatch, "peer daemon " + endpoint_ + " is node " + them.shortHex() + ", the roster says " +
+                                                   remote_.shortHex()});
     remote_ = them;
     const bool theyKeyed = theirHello_.flags & kHelloKeyed;
     if (theyKeyed && !key_)
@@ -187,7 +179,7 @@ void PeerSession::onAuth(ByteView payload) {
     if (!auth) return fail(auth.error());
     const auto want = mac(theirHello_, ourHello_);
     if (sodium_memcmp(want.data(), auth->mac, 32) != 0)
-        return fail(Error{Errc::AuthFailed, "peer daemon " + endpoint_ + " (node " + hex6(remote_) +
+        return fail(Error{Errc::AuthFailed, "peer daemon " + endpoint_ + " (node " + remote_.shortHex() +
                                                 ") did not prove the cluster key: its peer.key_file differs from ours"});
     established();
 }
@@ -195,7 +187,7 @@ void PeerSession::onAuth(ByteView payload) {
 void PeerSession::established() {
     phase_ = Phase::Records;
     state_ = "negotiating";
-    spdlog::info("peer link {} to node {} established{}", endpoint_, hex6(remote_), key_ ? " (cluster key proven)" : "");
+    spdlog::info("peer link {} to node {} established{}", endpoint_, remote_.shortHex(), key_ ? " (cluster key proven)" : "");
     if (!first_.empty()) send(std::move(first_));
     if (onlyFirst_) return finish();
     readNext();

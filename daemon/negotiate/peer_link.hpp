@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "common/ids.hpp"
 #include "daemon/config/config.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/peer_msg.hpp"
 
 namespace tpf::daemon {
 
-using NodeId = std::array<std::uint8_t, 16>;
 class PeerSession;
 
 /// What a link reports; implemented by the group table (control thread).

@@ -50,7 +50,7 @@ nlohmann::json GroupTable::status() const {
         }
         std::uint64_t total = 0;
         for (auto h : hist) total += h;
-        groups.push_back({{"id", hexOf(id.data(), id.size())},
+        groups.push_back({{"id", id.hex()},
                           {"world", g.world},
                           {"state", stateName(int(g.state))},
                           {"agreed_cap", g.agreedCap},
