@@ -121,7 +121,7 @@ private:
         std::shared_ptr<ProxyGroup> proxyGroup;
         std::vector<NodeLink> nodes;             ///< other nodes' daemons, when some rank is remote
         std::shared_ptr<VerbsGroup> verbs;
-        std::vector<std::unique_ptr<QpLink>> qpsByHca; ///< (local * world + remote) * hcas + hca, until paired
+        QpTable<std::unique_ptr<QpLink>> qpsByHca; ///< lanes are this node's HCAs, until paired
         Error lastError;
         bool brokenCounted = false; ///< counted in the lifetime metrics as broken
     };

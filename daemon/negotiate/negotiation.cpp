@@ -108,18 +108,16 @@ Status GroupTable::buildVerbs(Group& g) {
     const std::uint32_t nh = std::uint32_t(hcas_.size());
     auto vg = std::make_shared<VerbsGroup>();
     vg->world = g.world;
-    vg->stripes = g.layout.stripes;
+    vg->hcas = nh;
     vg->mrs.resize(std::size_t(g.world) * nh);
-    vg->links.resize(std::size_t(g.world) * g.world * vg->stripes);
-    g.qpsByHca.clear();
-    g.qpsByHca.resize(std::size_t(g.world) * g.world * nh);
+    vg->links = QpTable<std::unique_ptr<QpLink>>(g.world, g.layout.stripes);
+    g.qpsByHca = QpTable<std::unique_ptr<QpLink>>(g.world, nh);
     for (auto& [l, m] : g.members) {
-        vg->regions.push_back(m.region);
         for (std::uint32_t a = 0; a < nh; ++a) {
-            auto mr = VerbsMr::reg(hcas_[a], m.region->map.data(), m.region->layout.totalBytes());
+            auto mr = VerbsMr::reg(hcas_[a], m.region->map.data(), m.region->layout.totalBytes(), m.region);
             if (!mr) return Error{mr.code(), "registering rank " + std::to_string(l) + "'s region on " + hcas_[a]->name() +
                                                  ": " + mr.error().detail + " (LimitMEMLOCK=infinity?)"};
-            vg->mrs[l * nh + a] = std::move(*mr);
+            vg->mrs[vg->mrIndex(l, a)] = std::move(*mr);
         }
         for (std::uint32_t r = 0; r < g.world; ++r) {
             if (g.localMask >> r & 1u) continue;
@@ -130,8 +128,8 @@ Status GroupTable::buildVerbs(Group& g) {
                 (*qp)->localRank = l;
                 (*qp)->remoteRank = r;
                 (*qp)->localBase = m.region->map.data();
-                (*qp)->lkey = vg->mrs[l * nh + a]->lkey();
-                g.qpsByHca[(std::size_t(l) * g.world + r) * nh + a] = std::move(*qp);
+                (*qp)->lkey = vg->mr(l, a)->lkey();
+                g.qpsByHca.at(l, r, a) = std::move(*qp);
             }
         }
     }
@@ -160,11 +158,11 @@ Bytes GroupTable::recordFor(const Group& g, const NodeLink& n) const {
     }
     for (const auto& [l, m] : g.members)
         for (std::uint32_t a = 0; a < nh; ++a) {
-            const auto& mr = g.verbs->mrs[l * nh + a];
+            const VerbsMr* mr = g.verbs->mr(l, a);
             rec.regions.push_back(RegionRecord{l, a, mr->addr(), mr->bytes(), mr->rkey(), 0});
             for (std::uint32_t r = 0; r < g.world; ++r)
                 if (n.ranks >> r & 1u) {
-                    const auto& qp = g.qpsByHca[(std::size_t(l) * g.world + r) * nh + a];
+                    const auto& qp = g.qpsByHca.at(l, r, a);
                     rec.qps.push_back(QpRecord{std::uint8_t(a), 0, std::uint16_t(l), std::uint16_t(r), 0, qp->qpn(), qp->psn()});
                 }
         }
@@ -212,7 +210,6 @@ Status GroupTable::connectQps(Group& g, NodeLink& n, const PeerGroup& rec) {
     if (pairs->size() != g.layout.stripes)
         return Error{Errc::NonOneToOnePairing, std::to_string(pairs->size()) + " HCA pairs for " +
                                                    std::to_string(g.layout.stripes) + " stripes"};
-    const std::uint32_t nh = std::uint32_t(hcas_.size());
     for (std::uint32_t k = 0; k < pairs->size(); ++k) {
         const std::uint32_t a = (*pairs)[k].local, b = (*pairs)[k].remote;
         for (const auto& [l, m] : g.members)
@@ -238,11 +235,11 @@ Status GroupTable::connectQps(Group& g, NodeLink& n, const PeerGroup& rec) {
                 rq.mtu = rec.hcas[b].mtu;
                 rq.regionAddr = region->addr;
                 rq.rkey = region->rkey;
-                auto& link = g.qpsByHca[(std::size_t(l) * g.world + r) * nh + a];
+                auto& link = g.qpsByHca.at(l, r, a);
                 if (!link) return Error{Errc::GroupMismatch, "QP of rank " + std::to_string(l) + " to " + std::to_string(r) + " used twice"};
                 link->rail = k;
                 if (auto s = link->connect(rq); !s) return s;
-                g.verbs->links[(std::size_t(l) * g.world + r) * g.layout.stripes + k] = std::move(link);
+                g.verbs->links.at(l, r, k) = std::move(link);
             }
     }
     spdlog::info("group {}: QPs to node {} up ({} rail(s))", shortId(g.id), n.node.shortHex(), pairs->size());

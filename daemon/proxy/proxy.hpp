@@ -19,31 +19,10 @@
 #include "common/fd.hpp"
 #include "daemon/proxy/shared_state.hpp"
 #include "daemon/verbs/qp.hpp"
+#include "daemon/verbs/verbs_group.hpp"
 #include "proto/client_msg.hpp"
 
 namespace tpf::daemon {
-
-/// A group's verbs wire: its local regions registered on every HCA and one
-/// QpLink per (local rank, remote rank, rail). Built and connected by the
-/// control thread before the group opens; afterwards only the proxy touches
-/// the links. Members are destroyed QPs first, then MRs, then the regions.
-struct VerbsGroup {
-    std::uint32_t world = 0;
-    std::uint32_t stripes = 0;
-    std::vector<std::shared_ptr<HostRegion>> regions; ///< keeps the registered mappings alive
-    std::vector<std::unique_ptr<VerbsMr>> mrs;
-    std::vector<std::unique_ptr<QpLink>> links;        ///< (local * world + remote) * stripes + rail; null if same node
-
-    QpLink* link(std::uint32_t local, std::uint32_t remote, std::uint32_t rail) const {
-        return links[(std::size_t(local) * world + remote) * stripes + rail].get();
-    }
-    /// Work requests still posted on any link.
-    bool busy() const {
-        for (const auto& l : links)
-            if (l && l->gate.wrs()) return true;
-        return false;
-    }
-};
 
 /// What the proxy knows of one open group. Built by the control thread; the
 /// proxy reads it, and only `broken` changes afterwards.

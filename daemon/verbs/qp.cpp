@@ -69,9 +69,11 @@ std::string VerbsHca::name() const {
 
 // ---- memory registration ----------------------------------------------------
 
-Result<std::unique_ptr<VerbsMr>> VerbsMr::reg(std::shared_ptr<VerbsHca> hca, void* addr, std::uint64_t bytes) {
+Result<std::unique_ptr<VerbsMr>> VerbsMr::reg(std::shared_ptr<VerbsHca> hca, void* addr, std::uint64_t bytes,
+                                              std::shared_ptr<const void> memory) {
     std::unique_ptr<VerbsMr> m(new VerbsMr());
     m->hca_ = std::move(hca);
+    m->memory_ = std::move(memory);
     TPF_VERBS_PTR(Errc::RegistrationFailed, m->mr_,
                   ibv_reg_mr(m->hca_->pd(), addr, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
     m->addr_ = reinterpret_cast<std::uintptr_t>(addr);
@@ -104,7 +106,6 @@ Result<std::unique_ptr<QpLink>> QpLink::create(std::shared_ptr<VerbsHca> hca, st
     TPF_VERBS_PTR(Errc::QpError, l->qp_, ibv_create_qp(l->hca_->pd(), &init));
     const std::uint32_t wrs = std::min(init.cap.max_send_wr, maxSendWr);
     l->gate.reset(inflightCap, wrs);
-    l->signaledBytes_.assign(wrs, 0);
     l->psn_ = randombytes_uniform(1u << 24);
 
     ibv_qp_attr a{};
@@ -188,19 +189,8 @@ Status QpLink::postStripe(const Layout& layout, std::uint32_t phase, std::uint32
     ibv_send_wr* bad = nullptr;
     if (int rc = ibv_post_send(qp_, s.bytes ? &wr[0] : &wr[1], &bad))
         return verbsError(Errc::QpError, "ibv_post_send", __FILE__, __LINE__, rc);
-    const std::uint64_t bytes = s.bytes + sizeof flagValue;
-    gate.posted(bytes, wrs);
-    signaledBytes_[sigHead_++ % signaledBytes_.size()] = bytes << 8 | wrs;
-    ++hca_->outstanding;
-    posts.fetch_add(1, std::memory_order_relaxed);
+    notePosted(s.bytes + sizeof flagValue, wrs);
     return okStatus();
-}
-
-void QpLink::retireOne() {
-    if (sigTail_ == sigHead_) return;
-    const std::uint64_t v = signaledBytes_[sigTail_++ % signaledBytes_.size()];
-    gate.retired(v >> 8, std::uint32_t(v & 0xff));
-    --hca_->outstanding;
 }
 
 std::uint32_t pollCompletions(VerbsHca& hca, QpErrorFn onError, void* ctx) {

@@ -1,4 +1,5 @@
-// RDMA resources of the verbs wire (DESIGN.md §3-§4), by stage: open an HCA
+// RDMA resources of the verbs wire (docs/design.md, "3. Negotiation" and
+// "4. Data path"), by stage: open an HCA
 // port (context, protection domain, CQ), register a host region, create and
 // connect an RC queue pair from exchanged records, post a stripe (payload
 // WRITE unsignaled, chained to an inline flag WRITE), poll completions.
@@ -17,9 +18,10 @@
 #include <string>
 #include <vector>
 
+#include <tpfabric/error.hpp>
+
 #include "daemon/verbs/inflight.hpp"
 #include "proto/client_msg.hpp"
-#include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
 
 struct ibv_context;
@@ -59,7 +61,10 @@ private:
 /// A host region registered on one HCA (local write + remote write).
 class VerbsMr {
 public:
-    static Result<std::unique_ptr<VerbsMr>> reg(std::shared_ptr<VerbsHca> hca, void* addr, std::uint64_t bytes);
+    /// Register `bytes` at `addr`; `memory` keeps that mapping alive until
+    /// the registration is gone (the NIC may write into it until then).
+    static Result<std::unique_ptr<VerbsMr>> reg(std::shared_ptr<VerbsHca> hca, void* addr, std::uint64_t bytes,
+                                                std::shared_ptr<const void> memory);
     ~VerbsMr();
     VerbsMr(const VerbsMr&) = delete;
     VerbsMr& operator=(const VerbsMr&) = delete;
@@ -72,6 +77,7 @@ public:
 private:
     VerbsMr() = default;
     std::shared_ptr<VerbsHca> hca_;
+    std::shared_ptr<const void> memory_; ///< released after mr_ is deregistered
     ibv_mr* mr_ = nullptr;
     std::uint64_t addr_ = 0;
     std::uint64_t bytes_ = 0;
@@ -112,8 +118,18 @@ public:
     Status postStripe(const Layout& layout, std::uint32_t phase, std::uint32_t src, std::uint32_t stripe,
                       const Stripe& s, std::uint64_t epoch);
 
-    /// A completion of this QP's signaled flag WRITE (proxy thread).
-    void retireOne();
+    /// Account a post that went out: the gate, the HCA's signaled count, the
+    /// post counter. postStripe calls it once ibv_post_send took the post.
+    void notePosted(std::uint64_t bytes, std::uint32_t wrs) {
+        gate.posted(bytes, wrs);
+        ++hca_->outstanding;
+        posts.fetch_add(1, std::memory_order_relaxed);
+    }
+    /// A completion of this QP's signaled flag WRITE (proxy thread): the
+    /// oldest post retires.
+    void retireOne() {
+        if (gate.retireOldest()) --hca_->outstanding;
+    }
     /// Move the QP to the error state: every posted request flushes at once
     /// (a dropped group's QPs must drain before they are destroyed).
     void flush();
@@ -137,8 +153,6 @@ private:
     std::shared_ptr<VerbsHca> hca_;
     ibv_qp* qp_ = nullptr;
     std::uint32_t psn_ = 0;
-    std::vector<std::uint64_t> signaledBytes_; ///< ring of bytes per signaled post, in post order
-    std::uint32_t sigHead_ = 0, sigTail_ = 0;
 };
 
 /// Poll one HCA's CQ once (proxy thread). Successful completions retire
