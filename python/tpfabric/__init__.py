@@ -1,0 +1,44 @@
+"""tpfabric: small, fast, deterministic collectives for tensor-parallel workers, from Python.
+
+A pure-Python layer over libtpfabric's C ABI (``<tpfabric/tpfabric.h>``), by ctypes:
+
+* host groups over numpy arrays or CPU tensors: :class:`Group` (``all_gather``,
+  ``all_reduce_sum``, ``all_gather_v``, ``check``, ``abort``, ``close``);
+* the torch communicator an engine opens over its ``torch.distributed``
+  process group: :class:`tpfabric.torch.Communicator` (``import tpfabric.torch``);
+* one exception class per status code (:class:`Error`, :class:`PeerLost`, ...).
+
+Guide: docs/python.md. Importing this package loads the library
+(``$TPF_LIBRARY``, else the one installed beside this package, else
+``libtpfabric.so.0`` through the dynamic loader) and raises ImportError naming
+what it tried when none loads.
+"""
+
+from __future__ import annotations
+
+from ._buffers import ALIGNMENT, DType, aligned, empty, is_aligned, zeros
+from ._group import AllGatherFn, Group, TcpBootstrap, library_path, library_version, status_name
+from .errors import *  # noqa: F401,F403 - Error and one class per status
+from .errors import __all__ as _errors_all
+
+try:
+    from ._build_info import VERSION as __version__  # written by meson install and by the wheel backend
+except ImportError:  # a source tree: the library's release
+    __version__ = library_version()
+
+__all__ = [
+    "ALIGNMENT",
+    "AllGatherFn",
+    "DType",
+    "Group",
+    "TcpBootstrap",
+    "aligned",
+    "empty",
+    "is_aligned",
+    "library_path",
+    "library_version",
+    "status_name",
+    "zeros",
+    "__version__",
+] + list(_errors_all)
+

@@ -1,0 +1,156 @@
+"""Host buffers: what a numpy array or a CPU torch tensor is to the C ABI, and aligned allocation.
+
+The library takes 16-byte aligned buffers (``Misaligned`` otherwise). numpy's
+own allocations are aligned on 64-bit Linux, but a slice such as ``a[1:]``
+of a float32 array is not: :func:`empty` and :func:`aligned` give buffers
+that always are.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Union
+
+from . import _lib
+
+if TYPE_CHECKING:  # numpy is needed only by empty()/zeros()/aligned() and by callers passing arrays
+    import numpy as np
+
+ALIGNMENT = 16
+"""Every buffer address must be a multiple of this many bytes."""
+
+
+class DType(enum.IntEnum):
+    """Element types of the sums (``enum tpf_dtype``)."""
+
+    F32 = _lib.DTYPE_F32
+    F16 = _lib.DTYPE_F16
+    BF16 = _lib.DTYPE_BF16
+
+
+DTypeLike = Union[DType, str]
+
+_DTYPE_NAMES = {
+    "float32": DType.F32, "f32": DType.F32, "float": DType.F32,
+    "float16": DType.F16, "f16": DType.F16, "half": DType.F16,
+    "bfloat16": DType.BF16, "bf16": DType.BF16,
+}
+# The element types an array may have for each DType: numpy has no bfloat16,
+# so bf16 data travels as uint16 (or int16) views, or ml_dtypes' bfloat16.
+_STORAGE = {
+    DType.F32: ("float32",),
+    DType.F16: ("float16",),
+    DType.BF16: ("bfloat16", "uint16", "int16"),
+}
+
+
+def as_dtype(d: DTypeLike) -> DType:
+    """``DType`` from a DType or a name (``"float32"``, ``"f16"``, ``"bfloat16"``, ...)."""
+    if isinstance(d, DType):
+        return d
+    key = str(d).replace("torch.", "").replace("numpy.", "").lower()
+    if key not in _DTYPE_NAMES:
+        raise ValueError(f"dtype {d!r}: the sums take float32, float16 and bfloat16")
+    return _DTYPE_NAMES[key]
+
+
+class HostBuffer(NamedTuple):
+    """One host buffer as the C ABI sees it."""
+
+    ptr: int
+    nbytes: int
+    count: int  # elements
+    itemsize: int
+    dtype: str  # numpy / torch element type name without prefix: "float32", "uint16", "bfloat16"
+
+
+def host_buffer(x: Any, what: str, *, writable: bool = False) -> HostBuffer:
+    """Describe ``x`` (a numpy array or a CPU torch tensor), refusing what the library cannot take.
+
+    Raises TypeError for other objects and ValueError for non-contiguous,
+    read-only (when ``writable``) or non-CPU buffers. Alignment is left to the
+    library, which raises :class:`tpfabric.Misaligned`.
+    """
+    iface = getattr(x, "__array_interface__", None)
+    if iface is not None:  # numpy (or anything exposing the array interface)
+        flags = getattr(x, "flags", None)
+        if flags is not None and not flags["C_CONTIGUOUS"]:
+            raise ValueError(f"{what}: the array is not C-contiguous (np.ascontiguousarray, or tpfabric.aligned)")
+        ptr, readonly = iface["data"]
+        if writable and readonly:
+            raise ValueError(f"{what}: the array is read-only")
+        dtype = x.dtype
+        return HostBuffer(int(ptr or 0), int(x.nbytes), int(x.size), int(dtype.itemsize), str(dtype.name))
+    if hasattr(x, "data_ptr") and hasattr(x, "is_contiguous") and type(x).__module__.startswith("torch"):
+        if x.device.type != "cpu":
+            raise ValueError(f"{what}: a {x.device} tensor on a host group (use tpfabric.torch.Communicator)")
+        if not x.is_contiguous():
+            raise ValueError(f"{what}: the tensor is not contiguous (.contiguous())")
+        n, size = int(x.numel()), int(x.element_size())
+        return HostBuffer(int(x.data_ptr()), n * size, n, size, str(x.dtype).replace("torch.", ""))
+    raise TypeError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(x).__name__}")
+
+
+def reduce_dtype(buf: HostBuffer, dtype: Optional[DTypeLike], what: str) -> DType:
+    """The DType of a sum over ``buf``: ``dtype`` if given (checked against the storage), else the array's own."""
+    if dtype is None:
+        if buf.dtype in ("uint16", "int16"):
+            raise ValueError(f"{what}: a {buf.dtype} array: numpy has no bfloat16; pass dtype='bfloat16' for bf16 data")
+        if buf.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"{what}: {buf.dtype}: the sums take float32, float16 and bfloat16")
+        return _DTYPE_NAMES[buf.dtype]
+    d = as_dtype(dtype)
+    if buf.dtype not in _STORAGE[d]:
+        raise ValueError(f"{what}: a {buf.dtype} array cannot hold {d.name} data (expected {' or '.join(_STORAGE[d])})")
+    return d
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    import numpy as np
+
+    if isinstance(dtype, DType):
+        dtype = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16"}[dtype]
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        return np.dtype(np.uint16)  # numpy has no bfloat16: its bits, as the sums take them
+    return np.dtype(dtype)
+
+
+def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> "np.ndarray":
+    """An uninitialised C-contiguous numpy array whose data starts on an ``align``-byte boundary.
+
+    ``dtype="bfloat16"`` gives uint16 storage (numpy has no bfloat16); pass
+    ``dtype="bfloat16"`` to :meth:`Group.all_reduce_sum` with it.
+    """
+    import numpy as np
+
+    if align < ALIGNMENT or align & (align - 1):
+        raise ValueError(f"align {align}: a power of two of at least {ALIGNMENT}")
+    dt = _numpy_dtype(dtype)
+    shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + align + 1, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % align
+    # [skip : skip + 1][:0]: numpy gives an empty slice the base's address, an empty slice of a non-empty one its own.
+    return raw[skip : skip + max(nbytes, 1)][:nbytes].view(dt).reshape(shape_t)
+
+
+def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> "np.ndarray":
+    """As :func:`empty`, filled with zeros."""
+    a = empty(shape, dtype, align=align)
+    a.fill(0)
+    return a
+
+
+def aligned(a: "np.ndarray", *, align: int = 64) -> "np.ndarray":
+    """``a`` itself when C-contiguous and 16-byte aligned, else an aligned copy (write results back yourself)."""
+    if a.flags["C_CONTIGUOUS"] and a.ctypes.data % ALIGNMENT == 0:
+        return a
+    out = empty(a.shape, a.dtype, align=align)
+    out[...] = a
+    return out
+
+
+def is_aligned(x: Any) -> bool:
+    """Whether a numpy array or tensor's data address is 16-byte aligned."""
+    ptr = x.data_ptr() if hasattr(x, "data_ptr") else x.__array_interface__["data"][0]
+    return int(ptr) % ALIGNMENT == 0

@@ -1,0 +1,367 @@
+"""Group: one rank's membership of a tpfabric group, over the C ABI.
+
+Host groups take numpy arrays or CPU torch tensors (``all_gather``,
+``all_reduce_sum``, ``all_gather_v``); device groups take raw device pointers
+and a stream (the ``*_raw`` methods), as :mod:`tpfabric.torch` uses them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+from . import _lib
+from ._buffers import DType, DTypeLike, as_dtype, host_buffer, reduce_dtype
+from .errors import Closed, Error, error_class
+
+_L = _lib.lib
+_TIMEOUT, _PEER_LOST = 3, 4
+
+AllGatherFn = Callable[[bytes], bytes]
+"""A Python bootstrap: takes this rank's record, returns every rank's in rank order (world * len(record) bytes)."""
+
+
+def raise_status(code: int, context: str = "") -> None:
+    """Raise the exception of ``code`` with this thread's ``tpf_last_error()`` (no-op for TPF_OK)."""
+    if code == _lib.OK:
+        return
+    detail = _lib.last_error()  # first: any later call into the library may replace it
+    cls = error_class(code)
+    name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
+    if not detail.startswith(name):
+        detail = f"{name}: {_L.tpf_strerror(code).decode()}"
+    if context:
+        detail = f"{detail} ({context})"
+    if code == 2:  # Misaligned
+        detail += "; allocate with tpfabric.empty() or copy with tpfabric.aligned()"
+    raise cls(detail, code, name)
+
+
+class TcpBootstrap:
+    """The library's TCP bootstrap: rank 0 listens on ``host_port`` ("127.0.0.1:29500"), the others connect.
+
+    For CPU tools and tests; engines pass their own all-gather instead. Only
+    needed while a :class:`Group` opens: close it (or use ``with``) after.
+    """
+
+    def __init__(self, rank: int, world: int, host_port: str, timeout_ms: int = 0) -> None:
+        handle = ctypes.c_void_p()
+        self._handle: Optional[int] = None
+        raise_status(_L.tpf_tcp_bootstrap_create(rank, world, host_port.encode(), timeout_ms, ctypes.byref(handle)))
+        self._handle = handle.value
+        self.rank, self.world = rank, world
+
+    def close(self) -> None:
+        """Free the bootstrap (its sockets). Idempotent."""
+        if self._handle:
+            _L.tpf_tcp_bootstrap_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "TcpBootstrap":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class _Trampoline:
+    """A Python all-gather as a ``tpf_allgather_fn``. An exception inside it becomes a failing
+    status (the open then fails, and raises with the exception as its cause), never a crash."""
+
+    def __init__(self, raw: Callable[[int, int, int], None]) -> None:
+        self.raw = raw
+        self.error: Optional[BaseException] = None
+        self.cfunc = _lib.ALLGATHER_FN(self._call)  # kept here: ctypes must not collect it during the open
+
+    def _call(self, ctx: Optional[int], mine: Optional[int], out: Optional[int], nbytes: int) -> int:
+        try:
+            self.raw(mine or 0, out or 0, nbytes)
+            return _lib.OK
+        except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt too: nothing may unwind through C
+            if self.error is None:
+                self.error = e
+            if isinstance(e, Error) and e.code > 0:
+                return e.code
+            return _TIMEOUT if isinstance(e, TimeoutError) else _PEER_LOST
+
+
+def bytes_allgather(fn: AllGatherFn, world: int) -> Callable[[int, int, int], None]:
+    """A raw (pointer) all-gather over a Python one of bytes."""
+
+    def raw(mine: int, out: int, nbytes: int) -> None:
+        got = fn(ctypes.string_at(mine, nbytes) if nbytes else b"")
+        if len(got) != world * nbytes:
+            raise ValueError(f"the bootstrap returned {len(got)} bytes, expected world * {nbytes} = {world * nbytes}")
+        if nbytes:
+            ctypes.memmove(out, got, len(got))
+
+    return raw
+
+
+_BUFFERS = {"host": _lib.BUFFERS_HOST, "device": _lib.BUFFERS_DEVICE}
+_FALLBACK = {"default": _lib.FALLBACK_DEFAULT, "nccl": _lib.FALLBACK_NCCL, "error": _lib.FALLBACK_ERROR}
+_GPU_ROUTE = {"default": _lib.GPU_ROUTE_DEFAULT, "auto": _lib.GPU_ROUTE_AUTO, "ipc": _lib.GPU_ROUTE_IPC, "proxy": _lib.GPU_ROUTE_PROXY}
+
+
+def _choice(table: dict, value: str, what: str) -> int:
+    if value not in table:
+        raise ValueError(f"{what}={value!r}: one of {', '.join(table)}")
+    return table[value]
+
+
+class Group:
+    """One rank's membership of a group; opening is collective (every rank, same world and max_bytes).
+
+    Args:
+        rank, world: this rank and the group's size (1..16).
+        max_bytes: the largest shard this rank will pass (all-gather: bytes a
+            rank; sum: count * element size); the group's cap is the minimum
+            over ranks and daemons (:attr:`agreed_cap`).
+        bootstrap: how the ranks exchange their open records: a
+            :class:`TcpBootstrap`, a ``"host:port"`` string (a TcpBootstrap
+            made and freed here), or a Python callable ``f(mine: bytes) ->
+            bytes`` returning every rank's record in rank order.
+        buffers: ``"host"`` (numpy arrays, CPU tensors) or ``"device"`` (CUDA
+            pointers on a stream: the ``*_raw`` methods; needs a CUDA build).
+        socket_path: the daemon's socket (default ``$TPF_SOCKET``, else
+            ``/run/tpfabric/tpfabricd.sock``).
+        timeout_ms, open_timeout_ms, spin_us, max_blocks: as ``tpf_open_options`` (0: the default).
+        fallback: ``"default"``, ``"nccl"`` or ``"error"`` (``tpf_open_options.fallback``).
+        gpu_route: ``"default"``, ``"auto"``, ``"ipc"`` or ``"proxy"``.
+
+    Raises:
+        tpfabric.Error: the open failed; the subclass names why (``Unavailable``
+            with the reason, ``ConfigError``, ``Timeout``, ...), the same on every rank.
+
+    A group is used by one thread at a time. Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        max_bytes: int,
+        bootstrap: Union[TcpBootstrap, str, AllGatherFn],
+        *,
+        buffers: str = "host",
+        socket_path: Optional[str] = None,
+        timeout_ms: int = 0,
+        open_timeout_ms: int = 0,
+        spin_us: int = 0,
+        fallback: str = "default",
+        gpu_route: str = "default",
+        max_blocks: int = 0,
+    ) -> None:
+        self._h: Optional[int] = None
+        opts = _lib.OpenOptions()
+        _L.tpf_open_options_init(ctypes.byref(opts))
+        opts.buffers = _choice(_BUFFERS, buffers, "buffers")
+        opts.fallback = _choice(_FALLBACK, fallback, "fallback")
+        opts.gpu_route = _choice(_GPU_ROUTE, gpu_route, "gpu_route")
+        socket_bytes = socket_path.encode() if socket_path else None
+        opts.socket_path = socket_bytes
+        opts.timeout_ms, opts.open_timeout_ms, opts.spin_us, opts.max_blocks = timeout_ms, open_timeout_ms, spin_us, max_blocks
+        self.buffers = buffers
+
+        owned: Optional[TcpBootstrap] = None
+        trampoline: Optional[_Trampoline] = None
+        if isinstance(bootstrap, str):
+            bootstrap = owned = TcpBootstrap(rank, world, bootstrap)
+        if isinstance(bootstrap, TcpBootstrap):
+            if bootstrap._handle is None:
+                raise ValueError("the TcpBootstrap is closed")
+            fn = ctypes.cast(_L.tpf_tcp_bootstrap_allgather, ctypes.c_void_p)
+            ctx: Optional[int] = bootstrap._handle
+        elif isinstance(bootstrap, _RawAllGather):
+            trampoline = _Trampoline(bootstrap.fn)
+            fn, ctx = ctypes.cast(trampoline.cfunc, ctypes.c_void_p), None
+        elif callable(bootstrap):
+            trampoline = _Trampoline(bytes_allgather(bootstrap, world))
+            fn, ctx = ctypes.cast(trampoline.cfunc, ctypes.c_void_p), None
+        else:
+            raise TypeError(f"bootstrap: a TcpBootstrap, 'host:port' or a callable, got {type(bootstrap).__name__}")
+        handle = ctypes.c_void_p()
+        try:
+            code = _L.tpf_group_open(rank, world, max_bytes, fn, ctx, ctypes.byref(opts), ctypes.byref(handle))
+            if code != _lib.OK:
+                try:
+                    raise_status(code)
+                except Error as e:
+                    if trampoline is not None and trampoline.error is not None:
+                        raise e from trampoline.error
+                    raise
+        finally:
+            if owned is not None:
+                owned.close()
+        self._h = handle.value
+        # Read once: fixed for the group's life, and read on every call below.
+        self.rank: int = int(_L.tpf_rank(self._h))
+        self.world: int = int(_L.tpf_world(self._h))
+        self.agreed_cap: int = int(_L.tpf_agreed_cap(self._h))
+        """The largest shard (bytes) the fabric takes: the minimum over every rank's max_bytes and every daemon's."""
+        self.path: str = _L.tpf_path(self._h).decode()
+        """``"fabric"``, or ``"nccl"`` for a device group that fell back to its NCCL communicator."""
+
+    # -- state -----------------------------------------------------------------------------------------
+    def _handle(self) -> int:
+        if self._h is None:
+            raise Closed("Closed: the group was closed", 25, "Closed")
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._h is None
+
+    def fits(self, nbytes: int) -> bool:
+        """``nbytes <= agreed_cap``: the same answer on every rank."""
+        return nbytes <= self.agreed_cap
+
+    def route(self, peer: int) -> str:
+        """How this rank reaches ``peer``: ``"self"``, ``"shm"``, ``"verbs"``, ``"ipc"`` (``"none"`` out of range)."""
+        return _L.tpf_route(self._handle(), peer).decode()
+
+    def check(self) -> None:
+        """Raise the group's recorded failure, if any (device groups: after synchronising the stream)."""
+        raise_status(_L.tpf_check(self._handle()))
+
+    def abort(self) -> None:
+        """End every rank's waits with ``Aborted`` and break the group (raises ``DaemonLost`` if the daemon could not be told)."""
+        raise_status(_L.tpf_abort(self._handle()))
+
+    def close(self) -> None:
+        """Leave the group and free it. Idempotent. Device groups: every call must have finished (synchronise first)."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            _L.tpf_group_close(h)
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is None:
+            return
+        if self.buffers == "device":  # its calls may still run on a stream we cannot synchronise here
+            warnings.warn("tpfabric.Group (device) collected without close(); leaked", ResourceWarning, stacklevel=1)
+            return
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h is None else f"path={self.path} cap={self.agreed_cap}"
+        return f"<tpfabric.Group rank {getattr(self, 'rank', '?')} of {getattr(self, 'world', '?')} {self.buffers} {state}>"
+
+    # -- host buffers ------------------------------------------------------------------------------------
+    def all_gather(self, out: Any, inp: Any) -> None:
+        """``out`` (world * inp's bytes, same dtype) gets every rank's ``inp`` in rank order.
+
+        Host groups; ``inp`` and ``out`` are numpy arrays or CPU tensors,
+        C-contiguous and 16-byte aligned (:class:`tpfabric.Misaligned`
+        otherwise); inp's bytes at most :attr:`agreed_cap`
+        (:class:`tpfabric.CapMismatch`). A failed call writes nothing into out.
+        """
+        i = host_buffer(inp, "inp")
+        o = host_buffer(out, "out", writable=True)
+        if o.dtype != i.dtype:
+            raise ValueError(f"out is {o.dtype}, inp {i.dtype}: all_gather takes one dtype")
+        if o.nbytes != self.world * i.nbytes:
+            raise ValueError(f"out has {o.nbytes} bytes, expected world * {i.nbytes} = {self.world * i.nbytes}")
+        raise_status(_L.tpf_all_gather(self._handle(), i.ptr, o.ptr, i.nbytes))
+
+    def all_reduce_sum(self, out: Any, inp: Any, dtype: Optional[DTypeLike] = None) -> None:
+        """``out`` = the sum over ranks of ``inp``, added in rank order, bit-identical on every rank.
+
+        float32, float16 or bfloat16 (numpy: a uint16 array with
+        ``dtype="bfloat16"``); f16/bf16 accumulate in f32 and round once.
+        ``out`` may be ``inp``. Host groups; buffers as for :meth:`all_gather`.
+        """
+        i = host_buffer(inp, "inp")
+        o = host_buffer(out, "out", writable=True)
+        d = reduce_dtype(i, dtype, "inp")
+        if o.dtype != i.dtype or o.nbytes != i.nbytes:
+            raise ValueError(f"out ({o.count} x {o.dtype}) must match inp ({i.count} x {i.dtype})")
+        raise_status(_L.tpf_all_reduce_sum(self._handle(), i.ptr, o.ptr, i.count, int(d)))
+
+    def all_gather_v(self, out: Any, inp: Any, counts: Sequence[int]) -> None:
+        """All-gather with a length per rank: ``counts[r]`` elements from rank r, packed in rank order into ``out``.
+
+        ``counts`` (world entries, elements of inp's dtype) must be the same on
+        every rank (else :class:`tpfabric.GroupMismatch` everywhere); this
+        rank's ``inp`` has ``counts[rank]`` elements and ``out`` ``sum(counts)``.
+        """
+        i = host_buffer(inp, "inp")
+        o = host_buffer(out, "out", writable=True)
+        if len(counts) != self.world:
+            raise ValueError(f"counts has {len(counts)} entries, world is {self.world}")
+        if o.dtype != i.dtype:
+            raise ValueError(f"out is {o.dtype}, inp {i.dtype}: all_gather_v takes one dtype")
+        if i.count != counts[self.rank]:
+            raise ValueError(f"inp has {i.count} elements, counts[{self.rank}] is {counts[self.rank]}")
+        if o.count != sum(counts):
+            raise ValueError(f"out has {o.count} elements, sum(counts) is {sum(counts)}")
+        raise_status(_L.tpf_all_gather_v(self._handle(), i.ptr, o.ptr, _counts(counts, i.itemsize)))
+
+    # -- raw pointers (device groups on a stream; host groups with stream None) -----------------------------
+    def all_gather_raw(self, send: int, recv: int, nbytes: int, stream: Optional[int] = None) -> None:
+        """``tpf_all_gather`` (host group, ``stream`` None) or ``tpf_all_gather_async`` on ``stream`` (a cudaStream_t as an int)."""
+        if self.buffers == "device":
+            raise_status(_L.tpf_all_gather_async(self._handle(), send, recv, nbytes, stream))
+        else:
+            raise_status(_L.tpf_all_gather(self._handle(), send, recv, nbytes))
+
+    def all_reduce_sum_raw(self, send: int, recv: int, count: int, dtype: DTypeLike, stream: Optional[int] = None) -> None:
+        """``tpf_all_reduce_sum`` / ``tpf_all_reduce_sum_async`` as :meth:`all_gather_raw`."""
+        d = int(as_dtype(dtype))
+        if self.buffers == "device":
+            raise_status(_L.tpf_all_reduce_sum_async(self._handle(), send, recv, count, d, stream))
+        else:
+            raise_status(_L.tpf_all_reduce_sum(self._handle(), send, recv, count, d))
+
+    def all_gather_v_raw(self, send: int, recv: int, counts_bytes: Sequence[int], stream: Optional[int] = None) -> None:
+        """``tpf_all_gather_v`` / ``tpf_all_gather_v_async``; ``counts_bytes`` in bytes, world entries."""
+        if len(counts_bytes) != self.world:
+            raise ValueError(f"counts has {len(counts_bytes)} entries, world is {self.world}")
+        c = _counts(counts_bytes, 1)
+        if self.buffers == "device":
+            raise_status(_L.tpf_all_gather_v_async(self._handle(), send, recv, c, stream))
+        else:
+            raise_status(_L.tpf_all_gather_v(self._handle(), send, recv, c))
+
+
+class _RawAllGather:
+    """A bootstrap over pointers: ``fn(mine_ptr, out_ptr, nbytes)`` fills out with world * nbytes (tpfabric.torch)."""
+
+    def __init__(self, fn: Callable[[int, int, int], None]) -> None:
+        self.fn = fn
+
+
+def _counts(counts: Sequence[int], itemsize: int) -> "ctypes.Array[ctypes.c_size_t]":
+    if any(c < 0 for c in counts):
+        raise ValueError(f"counts {list(counts)}: negative")
+    return (ctypes.c_size_t * len(counts))(*[int(c) * itemsize for c in counts])
+
+
+def library_version() -> str:
+    """The loaded library's release (``tpf_version()``)."""
+    return _L.tpf_version().decode()
+
+
+def library_path() -> str:
+    """The library file (or soname) that was loaded."""
+    return _lib.path
+
+
+def status_name(code: int) -> str:
+    """``tpf_status_name``: ``"PeerLost"`` for 4."""
+    return _L.tpf_status_name(code).decode()
+
+
+__all__: List[str] = [
+    "Group", "TcpBootstrap", "DType", "AllGatherFn", "library_version", "library_path", "status_name", "raise_status",
+]

@@ -1,0 +1,179 @@
+"""Loading libtpfabric.so.0 and declaring its C ABI (``<tpfabric/tpfabric.h>``) for ctypes.
+
+Where the library is looked for, first match wins:
+
+1. ``$TPF_LIBRARY``: a path to the library file. When set, nothing else is tried.
+2. The library installed beside this package by ``meson install`` (the
+   relation between the two directories is recorded at install time, so a
+   ``--destdir`` tree or a moved prefix still finds its own library).
+3. The dynamic loader's search for ``libtpfabric.so.0`` (``LD_LIBRARY_PATH``,
+   ``ld.so.cache``, the system directories).
+
+Failing all, ImportError names every place tried and why each failed.
+At load, the layout of ``tpf_open_options`` and the status names are
+checked against the library (``check_abi``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import List, Optional, Tuple
+
+SONAME = "libtpfabric.so.0"
+
+# enum tpf_dtype, tpf_buffers, tpf_fallback, tpf_gpu_route (tpfabric.h)
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+BUFFERS_HOST, BUFFERS_DEVICE = 0, 1
+FALLBACK_DEFAULT, FALLBACK_NCCL, FALLBACK_ERROR = 0, 1, 2
+GPU_ROUTE_DEFAULT, GPU_ROUTE_AUTO, GPU_ROUTE_IPC, GPU_ROUTE_PROXY = 0, 1, 2, 3
+OK = 0
+
+#: tpf_status (*tpf_allgather_fn)(void* ctx, const void* mine, void* out, size_t bytes)
+ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class OpenOptions(ctypes.Structure):
+    """``tpf_open_options``; initialised by ``tpf_open_options_init`` (which sets struct_size)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("buffers", ctypes.c_int32),
+        ("socket_path", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_uint32),
+        ("open_timeout_ms", ctypes.c_uint32),
+        ("spin_us", ctypes.c_uint32),
+        ("fallback", ctypes.c_int32),
+        ("gpu_route", ctypes.c_int32),
+        ("max_blocks", ctypes.c_uint32),
+        ("nccl_comm", ctypes.c_void_p),
+    ]
+
+
+_c = ctypes
+_vp, _sz, _st, _u32, _u64, _i32 = _c.c_void_p, _c.c_size_t, _c.c_int32, _c.c_uint32, _c.c_uint64, _c.c_int32
+_group_pp = _c.POINTER(_c.c_void_p)
+
+# name: (restype, argtypes). Every function of tpfabric.h.
+_PROTOTYPES = {
+    "tpf_open_options_init": (None, [_c.POINTER(OpenOptions)]),
+    "tpf_group_open": (_st, [_u32, _u32, _u64, _vp, _vp, _c.POINTER(OpenOptions), _group_pp]),
+    "tpf_group_close": (None, [_vp]),
+    "tpf_all_gather": (_st, [_vp, _vp, _vp, _sz]),
+    "tpf_all_gather_v": (_st, [_vp, _vp, _vp, _c.POINTER(_sz)]),
+    "tpf_all_reduce_sum": (_st, [_vp, _vp, _vp, _sz, _i32]),
+    "tpf_all_gather_async": (_st, [_vp, _vp, _vp, _sz, _vp]),
+    "tpf_all_reduce_sum_async": (_st, [_vp, _vp, _vp, _sz, _i32, _vp]),
+    "tpf_all_gather_v_async": (_st, [_vp, _vp, _vp, _c.POINTER(_sz), _vp]),
+    "tpf_check": (_st, [_vp]),
+    "tpf_abort": (_st, [_vp]),
+    "tpf_agreed_cap": (_u64, [_vp]),
+    "tpf_fits": (_c.c_int, [_vp, _sz]),
+    "tpf_path": (_c.c_char_p, [_vp]),
+    "tpf_route": (_c.c_char_p, [_vp, _u32]),
+    "tpf_rank": (_u32, [_vp]),
+    "tpf_world": (_u32, [_vp]),
+    "tpf_tcp_bootstrap_create": (_st, [_u32, _u32, _c.c_char_p, _u32, _c.POINTER(_vp)]),
+    "tpf_tcp_bootstrap_destroy": (None, [_vp]),
+    "tpf_tcp_bootstrap_allgather": (_st, [_vp, _vp, _vp, _sz]),
+    "tpf_status_name": (_c.c_char_p, [_st]),
+    "tpf_strerror": (_c.c_char_p, [_st]),
+    "tpf_last_error": (_c.c_char_p, []),
+    "tpf_version": (_c.c_char_p, []),
+}
+
+
+def _installed_candidates() -> List[str]:
+    """The library beside a ``meson install`` of this package, from ``_build_info`` (absent in a source tree or a wheel)."""
+    try:
+        from . import _build_info  # type: ignore[attr-defined]
+    except ImportError:
+        return []
+    libdir = getattr(_build_info, "LIBDIR", None)
+    pkgdir = getattr(_build_info, "PKGDIR", None)
+    if not libdir:
+        return []
+    found = []
+    if pkgdir:
+        here = os.path.dirname(os.path.abspath(__file__))
+        found.append(os.path.normpath(os.path.join(here, os.path.relpath(libdir, pkgdir), SONAME)))
+    found.append(os.path.join(libdir, SONAME))
+    return list(dict.fromkeys(found))
+
+
+def _load() -> Tuple[ctypes.CDLL, str]:
+    tried: List[str] = []
+    override = os.environ.get("TPF_LIBRARY", "")
+    if override:
+        try:
+            return ctypes.CDLL(override), override
+        except OSError as e:
+            raise ImportError(
+                f"tpfabric: TPF_LIBRARY={override} could not be loaded ({e}); "
+                "point TPF_LIBRARY at libtpfabric.so.0, or unset it to use the installed library"
+            ) from e
+    for path in _installed_candidates():
+        if not os.path.exists(path):
+            tried.append(f"{path} (beside the installed package: no such file)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    try:
+        return ctypes.CDLL(SONAME), SONAME
+    except OSError as e:
+        tried.append(f"{SONAME} through the dynamic loader ({e})")
+    raise ImportError(
+        "tpfabric: libtpfabric.so.0 not found. Tried: "
+        + "; ".join(tried)
+        + ". Install the library (meson install, docs/integration.md), add its directory to LD_LIBRARY_PATH, "
+        "or set TPF_LIBRARY=/path/to/libtpfabric.so.0"
+    )
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    missing = []
+    for name, (res, args) in _PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = res
+        fn.argtypes = args
+    if missing:
+        raise ImportError(f"tpfabric: the loaded library lacks {', '.join(missing)}; it is older than this package")
+
+
+def check_abi(lib: ctypes.CDLL) -> None:
+    """What a C compiler would check: the options struct's size, and every status name against the exceptions."""
+    opts = OpenOptions()
+    lib.tpf_open_options_init(ctypes.byref(opts))
+    if opts.struct_size != ctypes.sizeof(OpenOptions):
+        raise ImportError(
+            f"tpfabric: tpf_open_options is {opts.struct_size} bytes in the library, "
+            f"{ctypes.sizeof(OpenOptions)} here; the package and the library are of different releases"
+        )
+    from .errors import error_class
+
+    code = 1
+    while True:
+        name = lib.tpf_status_name(code).decode()
+        if name == "Unknown":
+            break
+        cls = error_class(code)
+        if cls.name not in (name, "Unknown"):
+            raise ImportError(f"tpfabric: status {code} is {name} in the library but {cls.name} here")
+        code += 1
+
+
+lib, path = _load()
+_declare(lib)
+check_abi(lib)
+
+
+def last_error() -> str:
+    """``tpf_last_error()`` of this thread, decoded."""
+    raw: Optional[bytes] = lib.tpf_last_error()
+    return raw.decode(errors="replace") if raw else ""

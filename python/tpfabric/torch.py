@@ -1,0 +1,350 @@
+"""The torch communicator: tpfabric collectives over an engine's ``torch.distributed`` process group.
+
+::
+
+    import torch, torch.distributed as dist
+    from tpfabric.torch import Communicator
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(local_rank)
+    comm = Communicator()                 # collective: every rank of the group
+    y = comm.all_reduce(x)                # in place, on torch.cuda.current_stream()
+
+Opening exchanges the group's records through ``torch.distributed`` itself
+(``all_gather_into_tensor`` of a byte tensor on the group's device for NCCL,
+on the CPU for gloo): no extra port, no second NCCL communicator. Every call
+runs on ``torch.cuda.current_stream()`` and can be captured in a CUDA graph.
+
+A call the fabric does not take goes to ``torch.distributed`` on the same
+stream, so the caller never branches: above the agreed cap, a dtype the sums
+do not take, a non-contiguous or misaligned tensor, a tensor on another
+device, or every call when the group fell back at open (no daemon,
+``TPF_DISABLE=1`` on any rank, ...). The conditions that depend on the tensor
+itself (contiguity, alignment, device) must be the same on every rank, as
+they are in SPMD code where every rank makes the same calls on the same
+shapes; sizes and dtypes decide alike on every rank by construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._group import Group, _RawAllGather, raise_status
+from .errors import Closed, Unavailable
+
+__all__ = ["Communicator"]
+
+_log = logging.getLogger("tpfabric")
+_L = _lib.lib
+_OK, _MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT = 0, 2, 7, 28
+_REFUSED = (_MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT)  # returned at once, nothing launched, group usable
+_SUM_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
+_FALLBACK_ERROR_MARK = "(TPF_FALLBACK=error)"  # the library's Unavailable detail when some rank asked for errors
+
+
+def _bootstrap_over(group: "dist.ProcessGroup", world: int, device: torch.device, into_tensor: bool) -> _RawAllGather:
+    """The open records' all-gather through torch.distributed, on ``device`` (CUDA for NCCL, CPU for gloo)."""
+
+    def allgather(mine: int, out: int, nbytes: int) -> None:
+        if nbytes == 0:
+            return
+        src = torch.empty(nbytes, dtype=torch.uint8)
+        ctypes.memmove(src.data_ptr(), mine, nbytes)
+        src = src.to(device)
+        dst = torch.empty(world * nbytes, dtype=torch.uint8, device=device)
+        if into_tensor:
+            dist.all_gather_into_tensor(dst, src, group=group)
+        else:
+            dist.all_gather(list(dst.chunk(world)), src, group=group)
+        dst = dst.cpu()
+        ctypes.memmove(out, dst.data_ptr(), world * nbytes)
+
+    return _RawAllGather(allgather)
+
+
+class Communicator:
+    """tpfabric all-gather and all-reduce sum over a ``torch.distributed`` process group.
+
+    Args:
+        group: the process group (default: the world group). Opening is
+            collective over it: every rank constructs its Communicator with
+            the same ``max_bytes``, in the same order relative to other
+            collectives on the group.
+        device: where the tensors live. Default: the current CUDA device when
+            the group's backend is NCCL, else the CPU. A CUDA device opens a
+            device group (calls on ``torch.cuda.current_stream()``); the CPU a
+            host group (blocking calls, as for tests and CPU engines).
+        max_bytes: the largest shard this rank will pass to the fabric
+            (all-gather: input bytes; all-reduce: tensor bytes). The group's
+            cap (:attr:`agreed_cap`) is the minimum over ranks and daemons;
+            anything above goes to torch.distributed.
+        fallback: when the fabric path is unavailable at open: True, every
+            call goes to torch.distributed (:attr:`path` is
+            ``"torch.distributed"``); False, the open raises
+            :class:`tpfabric.Unavailable` on every rank. None (default):
+            ``$TPF_FALLBACK`` (``error`` means False) of every rank, voted by
+            the library: any rank asking for errors makes it an error everywhere.
+            ``TPF_DISABLE=1`` on any rank always falls back.
+        socket_path, timeout_ms, open_timeout_ms, gpu_route, max_blocks: as
+            :class:`tpfabric.Group` (``tpf_open_options``).
+
+    Raises:
+        tpfabric.Error: the open failed for a reason that is not a fallback
+            (``ConfigError`` for a bad ``TPF_*`` variable on any rank,
+            ``Timeout``, ...), on every rank alike.
+    """
+
+    def __init__(
+        self,
+        group: Optional["dist.ProcessGroup"] = None,
+        device: Union[torch.device, str, int, None] = None,
+        max_bytes: int = 512 * 1024,
+        *,
+        fallback: Optional[bool] = None,
+        socket_path: Optional[str] = None,
+        timeout_ms: int = 0,
+        open_timeout_ms: int = 0,
+        gpu_route: str = "default",
+        max_blocks: int = 0,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("tpfabric.torch.Communicator: torch.distributed is not initialised (init_process_group)")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank: int = dist.get_rank(self.group)
+        self.world: int = dist.get_world_size(self.group)
+        self.backend: str = str(dist.get_backend(self.group)).lower()
+        self.device: torch.device = self._device_of(device)
+        self._cuda = self.device.type == "cuda"
+        # CUDA tensors go to NCCL where the group has it ("nccl", "cpu:gloo,cuda:nccl"), the rest to gloo.
+        self._nccl = "nccl" in self.backend
+        self._g: Optional[Group] = None
+        self._h: Optional[int] = None
+        self._closed = False
+        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62}  # smallest size the library refused
+        self.reason: Optional[str] = None
+        """Why the group fell back to torch.distributed at open (None when it did not)."""
+        self.calls = {"fabric": 0, "torch.distributed": 0}
+        """Calls issued each way (in a graph: when captured, not per replay)."""
+
+        # The open's records: on the CPU where gloo serves the group, else on a GPU for NCCL.
+        boot_device = torch.device("cpu")
+        if "gloo" not in self.backend and self._nccl:
+            boot_device = self.device if self._cuda else torch.device("cuda", torch.cuda.current_device())
+        policy = "default" if fallback is None else ("nccl" if fallback else "error")
+        try:
+            ctx = torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+            with ctx:
+                self._g = Group(
+                    self.rank,
+                    self.world,
+                    max_bytes,
+                    _bootstrap_over(self.group, self.world, boot_device, boot_device.type == "cuda"),
+                    buffers="device" if self._cuda else "host",
+                    socket_path=socket_path,
+                    timeout_ms=timeout_ms,
+                    open_timeout_ms=open_timeout_ms,
+                    fallback=policy,
+                    gpu_route=gpu_route,
+                    max_blocks=max_blocks,
+                )
+        except Unavailable as e:
+            if e.detail.endswith(_FALLBACK_ERROR_MARK):
+                raise
+            self.reason = e.detail
+            _log.warning("tpfabric: rank %d: fabric path unavailable (%s); torch.distributed takes this group's calls",
+                         self.rank, e.detail)
+        if self._g is not None:
+            self._h = self._g._handle()
+
+    def _device_of(self, device: Union[torch.device, str, int, None]) -> torch.device:
+        if device is None:
+            if "nccl" in self.backend and torch.cuda.is_available():
+                return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cpu")
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if d.type == "cuda" and d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+        if d.type not in ("cuda", "cpu"):
+            raise ValueError(f"device {d}: cuda or cpu")
+        return d
+
+    # -- what the group is -----------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """``"fabric"`` when tpfabric takes the calls that fit, ``"torch.distributed"`` when the group fell back."""
+        return "fabric" if self._g is not None else "torch.distributed"
+
+    @property
+    def agreed_cap(self) -> int:
+        """The largest shard in bytes the fabric takes (0 after a fallback)."""
+        return self._g.agreed_cap if self._g is not None else 0
+
+    @property
+    def disabled(self) -> bool:
+        """True when every call goes to torch.distributed (fell back at open, or closed)."""
+        return self._g is None
+
+    def should_use(self, tensor: torch.Tensor, op: str = "all_reduce") -> bool:
+        """Whether the fabric takes ``op`` (``"all_reduce"`` or ``"all_gather"``) of ``tensor``; otherwise torch.distributed does.
+
+        The communicator decides by itself; this is for engines that want to
+        know (as vLLM's ``should_custom_ar``), never needed for correctness.
+        """
+        if self._h is None or op not in self._refused:
+            return False
+        if op == "all_reduce" and tensor.dtype not in _SUM_DTYPES:
+            return False
+        return self._takes(tensor, tensor.numel() * tensor.element_size(), op)
+
+    def _takes(self, t: torch.Tensor, nbytes: int, op: str) -> bool:
+        return (
+            t.device == self.device
+            and t.is_contiguous()
+            and t.data_ptr() % 16 == 0
+            and nbytes <= self._g.agreed_cap  # type: ignore[union-attr]
+            and nbytes < self._refused[op]
+        )
+
+    def _stream(self) -> Optional[int]:
+        return torch.cuda.current_stream(self.device).cuda_stream if self._cuda else None
+
+    def _live(self) -> None:
+        if self._closed:
+            raise Closed("Closed: the communicator was closed", 25, "Closed")
+
+    def _settle(self, code: int, nbytes: int, op: str) -> bool:
+        """True when the library took the call; False when it refused it at once (torch.distributed then); raises otherwise."""
+        if code == _OK:
+            return True
+        if code in _REFUSED:
+            if code == _CAP_MISMATCH:  # below the cap: the group's NCCL crossover; decided alike on every rank
+                self._refused[op] = min(self._refused[op], nbytes)
+            return False
+        raise_status(code, f"{op} of {nbytes} bytes")
+        return False
+
+    # -- collectives -------------------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Sum ``tensor`` over the group; in place (``out`` None) or into ``out``. Returns the result tensor.
+
+        float32, float16 and bfloat16 through the fabric (added in rank order,
+        bit-identical on every rank); any other dtype, and anything the fabric
+        does not take, through ``torch.distributed.all_reduce`` on the same stream.
+        """
+        self._live()
+        dst = tensor if out is None else out
+        if out is not None and (out.dtype != tensor.dtype or out.numel() != tensor.numel()):
+            raise ValueError(f"out ({out.numel()} x {out.dtype}) must match tensor ({tensor.numel()} x {tensor.dtype})")
+        if tensor.numel() == 0:
+            return dst
+        h = self._h
+        if h is not None and tensor.dtype in _SUM_DTYPES:
+            nbytes = tensor.numel() * tensor.element_size()
+            if self._takes(tensor, nbytes, "all_reduce") and self._takes(dst, nbytes, "all_reduce"):
+                dt, send, recv = _SUM_DTYPES[tensor.dtype], tensor.data_ptr(), dst.data_ptr()
+                if self._cuda:
+                    code = _L.tpf_all_reduce_sum_async(h, send, recv, tensor.numel(), dt, self._stream())
+                else:
+                    code = _L.tpf_all_reduce_sum(h, send, recv, tensor.numel(), dt)
+                if self._settle(code, nbytes, "all_reduce"):
+                    self.calls["fabric"] += 1
+                    return dst
+        # torch.distributed takes contiguous tensors only: a staged copy for the others. Gloo has no
+        # bfloat16 in many torch releases: it sums those in float32, rounded once at the end.
+        widen = tensor.dtype == torch.bfloat16 and not (self._nccl and tensor.is_cuda)
+        if widen:
+            work = tensor.float()
+        else:
+            work = dst if dst.is_contiguous() else torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
+            if work is not tensor:
+                work.copy_(tensor)
+        self.calls["torch.distributed"] += 1
+        dist.all_reduce(work, group=self.group)
+        if work is not dst:
+            dst.copy_(work)
+        return dst
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+        """``out`` (world * inp.numel() elements, inp's dtype, any shape) gets every rank's ``inp`` in rank order.
+
+        As ``torch.distributed.all_gather_into_tensor``, which takes what the fabric does not. Returns ``out``.
+        """
+        self._live()
+        if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
+            raise ValueError(
+                f"out ({out.numel()} x {out.dtype}) must hold world * inp ({self.world} x {inp.numel()} x {inp.dtype})"
+            )
+        h = self._h
+        nbytes = inp.numel() * inp.element_size()
+        if nbytes == 0:
+            return out
+        if h is not None and self._takes(inp, nbytes, "all_gather") and self._takes(out, nbytes, "all_gather"):
+            if self._cuda:
+                code = _L.tpf_all_gather_async(h, inp.data_ptr(), out.data_ptr(), nbytes, self._stream())
+            else:
+                code = _L.tpf_all_gather(h, inp.data_ptr(), out.data_ptr(), nbytes)
+            if self._settle(code, nbytes, "all_gather"):
+                self.calls["fabric"] += 1
+                return out
+        # As bytes: every dtype gathers alike (gloo has no bfloat16 in older torch), contiguous as torch.distributed needs.
+        work = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        dst, src = work.view(-1).view(torch.uint8), inp.contiguous().view(-1).view(torch.uint8)
+        self.calls["torch.distributed"] += 1
+        if self._nccl and dst.is_cuda:
+            dist.all_gather_into_tensor(dst, src, group=self.group)
+        else:  # gloo: the list form (all_gather_into_tensor is NCCL's in older torch)
+            dist.all_gather(list(dst.chunk(self.world)), src, group=self.group)
+        if work is not out:
+            out.copy_(work)
+        return out
+
+    # -- failures and the end --------------------------------------------------------------------------------
+    def check(self, synchronize: bool = True) -> None:
+        """Raise the group's recorded failure (``tpfabric.PeerLost``, ``Timeout``, ...), if any.
+
+        Device groups record a failed wait on the device: with ``synchronize``
+        (default) the current stream is synchronised first. Nothing to report
+        after a fallback.
+        """
+        self._live()
+        if self._g is None:
+            return
+        if synchronize and self._cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+        self._g.check()
+
+    def abort(self) -> None:
+        """End every rank's waits with ``tpfabric.Aborted`` and break the group (fabric path only)."""
+        self._live()
+        if self._g is not None:
+            self._g.abort()
+
+    def close(self) -> None:
+        """Leave the group (synchronising this device first). Idempotent; later calls raise ``tpfabric.Closed``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._g is not None:
+            if self._cuda:
+                torch.cuda.synchronize(self.device)
+            self._g.close()
+            self._g, self._h = None, None
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<tpfabric.torch.Communicator rank {self.rank} of {self.world} on {self.device} "
+            f"path={self.path} cap={self.agreed_cap}{' closed' if self._closed else ''}>"
+        )
