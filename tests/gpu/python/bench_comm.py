@@ -1,0 +1,96 @@
+"""One rank of the tpfabric.torch benchmark: µs per call inside a CUDA graph, the Communicator beside torch.distributed (NCCL).
+
+    bench_comm.py --socket PATH [--calls 100] [--replays 20]
+
+One process per GPU (tests/gpu/python/run.sh starts them; torch.distributed
+from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each size 4 KiB ..
+512 KiB (a rank's shard for the all-gather, the tensor for the bf16 sum),
+each way captures --calls back-to-back calls on the same buffers into one
+torch.cuda.graph, replays it once to warm up, then times --replays replays
+with CUDA events; a call's time is the total over replays x calls. Rank 0
+prints the table (ROW lines) with the path the Communicator's calls took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+import torch
+
+if not torch.cuda.is_available():
+    print("SKIP: no CUDA device visible to torch")
+    sys.exit(77)
+
+import torch.distributed as dist  # noqa: E402
+
+from tpfabric.torch import Communicator  # noqa: E402
+
+SIZES = [4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10]
+
+
+def per_call_us(fn: Callable[[], None], calls: int, replays: int) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) * 1000.0 / (replays * calls)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--replays", type=int, default=20)
+    a = ap.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl")
+    comm = Communicator(socket_path=a.socket)
+    if rank == 0:
+        print(f"INFO {comm!r}; {torch.cuda.get_device_name(dev)}; torch {torch.__version__}; "
+              f"{a.calls} calls a graph, {a.replays} replays", flush=True)
+        print("ROW op size_bytes tpfabric_us torch_nccl_us ratio path", flush=True)
+    for op in ("all_gather", "all_reduce_bf16"):
+        for size in SIZES:
+            if op == "all_gather":
+                x = torch.zeros(size, dtype=torch.uint8, device=dev)
+                y = torch.empty(world * size, dtype=torch.uint8, device=dev)
+                ours: Callable[[], None] = lambda: comm.all_gather_into_tensor(y, x)  # noqa: E731
+                theirs: Callable[[], None] = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
+            else:
+                x = torch.zeros(size // 2, dtype=torch.bfloat16, device=dev)  # zeros: no overflow over many calls
+                ours = lambda: comm.all_reduce(x)  # noqa: E731
+                theirs = lambda: dist.all_reduce(x)  # noqa: E731
+            before = dict(comm.calls)
+            t_ours = per_call_us(ours, a.calls, a.replays)
+            path = "fabric" if comm.calls["torch.distributed"] == before["torch.distributed"] else "torch.distributed"
+            t_theirs = per_call_us(theirs, a.calls, a.replays)
+            if rank == 0:
+                print(f"ROW {op} {size} {t_ours:.2f} {t_theirs:.2f} {t_ours / t_theirs:.2f} {path}", flush=True)
+    comm.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

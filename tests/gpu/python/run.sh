@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# tpfabric.torch on the GPU machine: the Communicator over torch.distributed
+# with the carried library and daemon. One function, tpf_python_gpu_suite,
+# for tests/gpu/run.sh to call (sourced), or run alone from the repo root:
+#   bash tests/gpu/python/run.sh [BIN [LOGDIR]]
+# BIN: the carried binaries ($TPF_GPU_BIN, default .carry/gpu: tpfabricd and
+# lib/libtpfabric.so.0, as docs/development.md "The GPU machine" carries
+# them); LOGDIR: logs ($TPF_GPU_LOG, else $OUT, else build-gpu-device).
+#   1. several GPUs (nvidia-smi -L lists N >= 2), no MPS: one rank per GPU,
+#      an NCCL process group, W = N: comm_rank.py data, graph, fallback (a
+#      stopped daemon), disable (TPF_DISABLE=1 on the last rank; the daemon
+#      must see no connection); then bench_comm.py (TPF_GPU_NO_BENCH=1 skips).
+#   2. always: every rank on GPU 0 under MPS (run.sh's MPS daemon when
+#      CUDA_MPS_PIPE_DIRECTORY is set, else a private one), a gloo process
+#      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
+#      and 4: the same four scenarios.
+# Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
+# The ranks import torch before tpfabric, so libtpfabric's libcudart.so.13
+# and libnccl.so.2 are torch's own (already loaded, same sonames); the
+# carried lib/ stays off their LD_LIBRARY_PATH.
+
+tpf_python_gpu_suite() {
+  local bin=${1:-${TPF_GPU_BIN:-.carry/gpu}} logdir=${2:-${TPF_GPU_LOG:-${OUT:-build-gpu-device}}}
+  local rc=0 py=python3 dir tmp ngpu w scen own_mps=
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP python: no GPU"; return 77; }
+  mkdir -p "$logdir"
+  dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  [ -x "$bin/tpfabricd" ] && [ -f "$bin/lib/libtpfabric.so.0" ] || { echo "FAIL python: no $bin/tpfabricd or $bin/lib/libtpfabric.so.0"; return 1; }
+  bin=$(cd "$bin" && pwd)
+  local -a pyenv=(env -u LD_LIBRARY_PATH "PYTHONPATH=$dir/../../../python" "TPF_LIBRARY=$bin/lib/libtpfabric.so.0"
+                  NCCL_NVLS_ENABLE=0 GLOO_SOCKET_IFNAME=lo)
+  if ! "${pyenv[@]}" "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 77)'; then
+    echo "SKIP python: torch with CUDA not importable by $py"; return 77
+  fi
+  "${pyenv[@]}" "$py" -c 'import torch, tpfabric; print("python:", torch.__version__, "tpfabric", tpfabric.__version__, tpfabric.library_path())' ||
+    { echo "FAIL python: import tpfabric"; return 1; }
+  tmp=$(mktemp -d)
+  ngpu=$(nvidia-smi -L | grep -c '^GPU')
+
+  # _daemon NAME [--log-level debug]: the carried tpfabricd on $tmp/NAME.sock (pid in $_dpid)
+  local _dpid
+  _daemon() {
+    local name=$1; shift
+    "$bin/tpfabricd" --socket "$tmp/$name.sock" --foreground "$@" >"$logdir/py-tpfabricd-$name.log" 2>&1 &
+    _dpid=$!
+    for _ in $(seq 100); do [ -S "$tmp/$name.sock" ] && return 0; sleep 0.1; done
+    echo "tpfabricd did not start:"; cat "$logdir/py-tpfabricd-$name.log"; return 1
+  }
+  # _ranks TAG W BACKEND SOCKET PROGRAM ARGS...: W rank processes; fails unless every one exits 0.
+  _ranks() {
+    local tag=$1 w=$2 backend=$3 sock=$4 prog=$5; shift 5
+    local port=$((20000 + RANDOM % 30000)) pids=() r ok=0 log="$logdir/py-$tag.log"
+    : >"$log"
+    for ((r = 0; r < w; r++)); do
+      RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 \
+        "${pyenv[@]}" "$py" "$dir/$prog" --socket "$sock" "$@" >>"$log" 2>&1 &
+      pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || ok=1; done
+    return $ok
+  }
+  # _suite LABEL W BACKEND: the four scenarios.
+  _suite() {
+    local label=$1 w=$2 backend=$3 st tag before
+    _daemon "$label-w$w" || { rc=1; return; }
+    local live=$_dpid
+    for scen in data graph; do
+      tag=$label-$scen-w$w
+      if _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario $scen; then st=PASS; else st=FAIL; rc=1; fi
+      echo "$st python $label W=$w $scen"
+      grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+      [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    done
+    kill "$live"; wait "$live" 2>/dev/null
+    # fallback: a daemon that died (its socket file stays; connect is refused)
+    _daemon "$label-stopped-w$w" && kill -9 "$_dpid" && wait "$_dpid" 2>/dev/null
+    tag=$label-fallback-w$w
+    if _ranks "$tag" "$w" "$backend" "$tmp/$label-stopped-w$w.sock" comm_rank.py --backend "$backend" --scenario fallback; then st=PASS; else st=FAIL; rc=1; fi
+    echo "$st python $label W=$w fallback (daemon stopped)"
+    grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    # TPF_DISABLE=1 on the last rank: every rank falls back and no rank connects to the daemon
+    _daemon "$label-disabled-w$w" --log-level debug || { rc=1; return; }
+    tag=$label-disable-w$w
+    if _ranks "$tag" "$w" "$backend" "$tmp/$label-disabled-w$w.sock" comm_rank.py --backend "$backend" --scenario disable \
+         --disable-rank $((w - 1)); then st=PASS; else st=FAIL; rc=1; fi
+    if grep -q "connected (pid" "$logdir/py-tpfabricd-$label-disabled-w$w.log"; then
+      st=FAIL; rc=1; echo "    ! a rank connected to the daemon despite TPF_DISABLE=1"
+    fi
+    echo "$st python $label W=$w disable (TPF_DISABLE=1 on rank $((w - 1)))"
+    grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    kill "$_dpid"; wait "$_dpid" 2>/dev/null
+  }
+
+  if [ "$ngpu" -ge 2 ]; then
+    (
+      unset CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY # one process per GPU, no MPS
+      _suite pergpu "$ngpu" nccl
+      if [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
+        _daemon bench || exit 1
+        echo "== python benchmark (tests/gpu/python/bench_comm.py, W=$ngpu, NCCL group): $(date -u +%FT%TZ)"
+        if _ranks bench "$ngpu" nccl "$tmp/bench.sock" bench_comm.py; then grep -h '^ROW\|^INFO' "$logdir/py-bench.log"
+        else echo "FAIL python benchmark"; grep -hv 'NCCL INFO' "$logdir/py-bench.log" | head -30 | sed 's/^/    ! /'; rc=1; fi
+        kill "$_dpid"; wait "$_dpid" 2>/dev/null
+      fi
+      exit $rc
+    ) || rc=1
+  fi
+  (
+    export CUDA_VISIBLE_DEVICES=0
+    if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+      export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d || { echo "FAIL python: MPS did not start"; exit 1; }
+      own_mps=1
+    fi
+    for w in 2 4; do _suite mps "$w" gloo; done
+    [ -n "$own_mps" ] && { echo quit | nvidia-cuda-mps-control; sleep 1; }
+    exit $rc
+  ) || rc=1
+  rm -rf "$tmp"
+  return $rc
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  cd "$(dirname "$0")/../../.." || exit 1
+  tpf_python_gpu_suite "$@"
+  exit $?
+fi
