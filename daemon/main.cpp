@@ -92,7 +92,8 @@ int run(DaemonConfig cfg, bool foreground) {
                             [&](std::uint32_t handle, std::uint32_t rank, Error why) {
                                 boost::asio::post(io, [&, handle, rank, why] { groupsPtr->peerFailed(handle, rank, why); });
                             }});
-    GroupTable groups(io, cfg, nodeId, proxy);
+    Negotiations negotiations(io, cfg, nodeId);
+    GroupTable groups(io, cfg, nodeId, proxy, negotiations);
     groupsPtr = &groups;
 
     // The verbs wire: every discovered HCA opened once, shared by all groups.
@@ -107,13 +108,13 @@ int run(DaemonConfig cfg, bool foreground) {
         }
         verbsHcas.push_back(*h);
     }
-    PeerService peers(io, cfg, nodeId, groups);
+    PeerService peers(io, cfg, nodeId, negotiations);
     if (auto s = peers.start(); !s) {
         spdlog::critical("{}", s.error().describe());
         return s.code() == Errc::ConfigError ? 2 : 1;
     }
     proxy.setHcas(verbsHcas);
-    groups.attachVerbs(verbsHcas, &peers);
+    negotiations.attach(verbsHcas, &peers);
     const auto endpoint = endpointBytes(cfg.peerListen, hcas);
 
     client_proto::HelloReply hello{};

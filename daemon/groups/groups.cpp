@@ -13,8 +13,9 @@ namespace {
 std::string shortId(const GroupId& id) { return id.shortHex(); }
 } // namespace
 
-GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy)
-    : io_(io), cfg_(cfg), nodeId_(nodeId), proxy_(proxy) {}
+GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy,
+                       Negotiations& negotiations)
+    : io_(io), cfg_(cfg), nodeId_(nodeId), proxy_(proxy), negotiations_(negotiations) {}
 
 void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
     Verdict v{};
@@ -26,7 +27,7 @@ void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
 
 void GroupTable::refuseAll(Group& g, Errc code, const std::string& why) {
     spdlog::warn("group {}: unavailable: {}: {}", shortId(g.id), errcName(code), why);
-    if (g.state == State::Pending) tellRefused(g.id, g.roster, code, why);
+    if (g.state == State::Pending) negotiations_.tellRefused(g.id, g.roster, code, why);
     for (auto& [rank, m] : g.members) refuse(*m.link, code, why);
     g.members.clear();
 }
@@ -44,7 +45,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         if (groups_.size() >= cfg_.maxGroups) {
             const std::string why = "daemon serves its maximum of " + std::to_string(cfg_.maxGroups) +
                                     " groups (daemon.max_groups)";
-            tellRefused(id, m.roster, Errc::Unavailable, why);
+            negotiations_.tellRefused(id, m.roster, Errc::Unavailable, why);
             return refuse(link, Errc::Unavailable, why);
         }
         Group g;
@@ -60,6 +61,8 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         g.openTimer->async_wait([this, id](const boost::system::error_code& ec) {
             if (!ec) openTimedOut(id);
         });
+        const std::uint32_t everyRank = (1u << f.world) - 1;
+        if ((g.localMask & everyRank) != everyRank) g.negotiation = negotiations_.create(*this, id, m.roster);
         it = groups_.emplace(id, std::move(g)).first;
         spdlog::info("group {}: opening, world {}, local ranks mask {:#x}", shortId(id), f.world, it->second.localMask);
     }
@@ -92,15 +95,10 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     if ((g.everJoined & g.localMask) == g.localMask) tryOpen(g);
 }
 
-void GroupTable::attachVerbs(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers) {
-    hcas_ = std::move(hcas);
-    peers_ = peers;
-}
-
 void GroupTable::tryOpen(Group& g) {
     g.openTimer->cancel();
     const GroupId id = g.id;
-    const bool remote = (g.localMask | ~(~0u << g.world)) != g.localMask;
+    const bool remote = g.negotiation != nullptr;
     for (std::uint32_t r = 0; r < g.world; ++r) {
         if (g.roster[r].maxBytes > cfg_.maxBytes)
             return refuseAll(g, Errc::CapMismatch,
@@ -108,19 +106,14 @@ void GroupTable::tryOpen(Group& g) {
                                  " bytes, above this daemon's daemon.max_bytes " + std::to_string(cfg_.maxBytes)),
                    eraseIfEmpty(id);
     }
-    if (remote && (!peers_ || !peers_->enabled()))
-        return refuseAll(g, Errc::Unavailable, "ranks are on other nodes and this daemon has no peer link (set peer.listen)"),
-               eraseIfEmpty(id);
-    if (remote && hcas_.empty())
-        return refuseAll(g, Errc::Unavailable, "ranks are on other nodes and this daemon has no usable HCA "
-                                               "(verbs.hcas, TPF_HCA; see tpfabricctl status)"),
-               eraseIfEmpty(id);
+    if (const auto why = remote ? negotiations_.unavailable() : std::nullopt)
+        return refuseAll(g, why->code, why->detail), eraseIfEmpty(id);
     std::vector<std::uint64_t> caps;
     for (const auto& e : g.roster) caps.push_back(e.maxBytes);
     g.agreedCap = agreedCap(caps.data(), caps.size());
     // Across nodes a shard is striped over every HCA pair (pairing checks both
     // nodes have as many); within one node there is one stripe.
-    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote ? std::uint32_t(hcas_.size()) : 1);
+    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote ? negotiations_.hcaCount() : 1);
     if (!layout) return refuseAll(g, layout.code(), layout.error().detail), eraseIfEmpty(id);
     g.layout = *layout;
     const std::uint64_t need = std::uint64_t(std::popcount(g.localMask)) * g.layout.totalBytes();
@@ -142,7 +135,39 @@ void GroupTable::tryOpen(Group& g) {
         m.ring = *ring;
     }
     if (!remote) return finishOpen(g);
-    if (auto s = startNegotiation(g); !s) return failNegotiation(g, s.code(), s.error().detail);
+    g.state = State::Negotiating;
+    NegotiationPlan plan{g.handle, g.layout, {}};
+    for (auto& [rank, m] : g.members)
+        plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region});
+    g.negotiation->start(std::move(plan)); // a refusal comes back through negotiationRefused, maybe at once
+}
+
+void GroupTable::negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) {
+    auto it = groups_.find(id);
+    if (it == groups_.end() || it->second.state != State::Negotiating) return;
+    it->second.verbs = std::move(wire);
+    finishOpen(it->second);
+}
+
+// Every other node was told; refuse every local rank, drop the group.
+void GroupTable::negotiationRefused(const GroupId& id, Errc code, const std::string& why) {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return;
+    it->second.state = State::Broken;
+    refuseAll(it->second, code, why);
+    eraseIfEmpty(id);
+}
+
+void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
+                                   bool seenHere) {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    if (seenHere) {
+        if (g.state == State::Open) breakGroup(g, code, rank, why, false);
+    } else if (g.state == State::Open || code == Errc::Aborted) {
+        breakGroup(g, code, rank, why, false, false); // counted where it was seen
+    }
 }
 
 // Every rank's regions exist and, across nodes, every QP is up: hand the
@@ -183,19 +208,11 @@ void GroupTable::openTimedOut(const GroupId& id) {
     auto it = groups_.find(id);
     if (it == groups_.end()) return;
     Group& g = it->second;
-    if (g.state == State::Negotiating) {
-        std::string slow;
-        for (const auto& n : g.nodes)
-            if (!n.selfReady || !n.remoteReady)
-                slow += (slow.empty() ? "" : ", ") + endpointText(n.addr, n.port) + " (" +
-                        (n.session ? n.session->state() : std::string("not connected")) + ")";
-        return failNegotiation(g, Errc::Timeout, "peer daemon(s) " + slow + " did not complete negotiation in time (daemon.open_timeout_ms, or verbs.qp_timeout_ms once our QPs were up)");
-    }
-    if (g.state != State::Pending) return;
+    if (g.state != State::Pending) return; // a negotiation times out by itself
     std::uint32_t missing = 0;
     while (missing < g.world && !((g.localMask & ~g.everJoined) >> missing & 1u)) ++missing;
     refuseAll(g, Errc::Timeout, "rank " + std::to_string(missing) + " did not join within the open timeout");
-    groups_.erase(it);
+    erase(it);
 }
 
 GroupTable::Group* GroupTable::findByLink(MemberLink& link, std::uint32_t* rank) {
@@ -225,7 +242,7 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     if (g->state == State::Pending || g->state == State::Negotiating) {
         // The group can no longer complete: tell the ranks already waiting.
         if (g->state == State::Negotiating)
-            return failNegotiation(*g, Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
+            return g->negotiation->fail(Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
         refuseAll(*g, Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
         return eraseIfEmpty(id);
     }
@@ -284,11 +301,7 @@ void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::
     if (g.state == State::Broken && code != Errc::Aborted) return;
     if (g.state != State::Broken) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
     if (g.state == State::Open && fault) countBroken(g, code);
-    if (tellPeers && g.state != State::Broken) {
-        const Bytes v = verdictMessage(peer_proto::kPeerBroken, g.id, code, rank, why);
-        for (auto& n : g.nodes)
-            if (n.session) n.session->send(v);
-    }
+    if (tellPeers && g.state != State::Broken && g.negotiation) g.negotiation->tellBroken(code, rank, why);
     g.state = State::Broken;
     g.lastError = Error{code, why};
     if (g.proxyGroup) g.proxyGroup->broken.store(true, std::memory_order_release);
@@ -325,7 +338,12 @@ void GroupTable::eraseIfEmpty(const GroupId& id) {
     auto it = groups_.find(id);
     if (it == groups_.end() || !it->second.members.empty()) return;
     spdlog::info("group {}: closed", shortId(id));
-    closePeers(it->second);
+    erase(it);
+}
+
+void GroupTable::erase(std::map<GroupId, Group>::iterator it) {
+    if (it->second.negotiation) it->second.negotiation->close();
+    negotiations_.dropParked(it->first);
     const bool published = it->second.proxyGroup != nullptr;
     groups_.erase(it);
     if (published) publishProxyTable();

@@ -22,6 +22,8 @@ using namespace peer_proto;
 namespace {
 constexpr std::string_view kAuthLabel = "tpfabric peer auth v1";
 
+constexpr const char* kLinkStateNames[] = {"connecting", "handshake", "negotiating", "ready", "closed", "failed", "waiting"};
+
 tcp::endpoint toEndpoint(const std::uint8_t (&addr)[16], std::uint16_t port) {
     boost::asio::ip::address_v6::bytes_type b;
     std::memcpy(b.data(), addr, 16);
@@ -30,6 +32,11 @@ tcp::endpoint toEndpoint(const std::uint8_t (&addr)[16], std::uint16_t port) {
     return {v6, port};
 }
 } // namespace
+
+const char* linkStateName(LinkState s) {
+    const auto i = std::size_t(s);
+    return i < std::size(kLinkStateNames) ? kLinkStateNames[i] : "unknown";
+}
 
 std::string endpointText(const std::uint8_t (&addr)[16], std::uint16_t port) {
     const auto ep = toEndpoint(addr, port);
@@ -60,7 +67,7 @@ PeerSession::PeerSession(boost::asio::io_context& io, tcp::socket socket, PeerHa
     if (accepted_) {
         auto ep = socket_.remote_endpoint(ec);
         if (!ec) endpoint_ = ep.address().to_string() + ":" + std::to_string(ep.port());
-        state_ = "handshake";
+        state_ = LinkState::Handshake;
     }
 }
 
@@ -74,7 +81,7 @@ void PeerSession::connect(const tcp::endpoint& endpoint, const NodeId& remote, s
     auto self = shared_from_this();
     timer_.expires_after(std::chrono::milliseconds(timeoutMs));
     timer_.async_wait([this, self, timeoutMs](const boost::system::error_code& ec) {
-        if (!ec && state_ == "connecting")
+        if (!ec && state_ == LinkState::Connecting)
             fail(Error{Errc::Timeout, "no TCP connection to peer daemon " + endpoint_ + " within " +
                                           std::to_string(timeoutMs) + " ms (peer.connect_timeout_ms)"});
     });
@@ -85,7 +92,7 @@ void PeerSession::connect(const tcp::endpoint& endpoint, const NodeId& remote, s
             return fail(Error{Errc::PeerLost, "cannot connect to peer daemon " + endpoint_ + ": " + ec.message() +
                                                   " (is tpfabricd running there with peer.listen set?)"});
         socket_.set_option(tcp::no_delay(true));
-        state_ = "handshake";
+        state_ = LinkState::Handshake;
         handshake();
     });
 }
@@ -137,7 +144,7 @@ void PeerSession::onMessage(const MsgHeader& h, ByteView payload) {
     if (h.opcode == kPeerGroup) {
         auto rec = decodePeerGroup(payload);
         if (!rec) return fail(rec.error());
-        state_ = "negotiating";
+        state_ = LinkState::Negotiating;
         handler_.peerRecord(self, std::move(*rec));
     } else if (h.opcode == kPeerReady || h.opcode == kPeerBroken) {
         auto v = decodeFixed<PeerVerdict>(payload, "PeerVerdict");
@@ -186,7 +193,7 @@ void PeerSession::onAuth(ByteView payload) {
 
 void PeerSession::established() {
     phase_ = Phase::Records;
-    state_ = "negotiating";
+    state_ = LinkState::Negotiating;
     spdlog::info("peer link {} to node {} established{}", endpoint_, remote_.shortHex(), key_ ? " (cluster key proven)" : "");
     if (!first_.empty()) send(std::move(first_));
     if (onlyFirst_) return finish();
@@ -235,7 +242,7 @@ void PeerSession::flush() {
 void PeerSession::fail(Error why) {
     if (done_) return;
     done_ = true;
-    state_ = "failed";
+    state_ = LinkState::Failed;
     lastError_ = why;
     const bool auth = why.code == Errc::AuthFailed || why.code == Errc::BadMagic || why.code == Errc::VersionMismatch;
     if (auth) spdlog::error("peer link {}: {}", endpoint_, why.describe());
@@ -249,7 +256,7 @@ void PeerSession::fail(Error why) {
 void PeerSession::close() {
     if (done_) return;
     done_ = true;
-    state_ = "closed";
+    state_ = LinkState::Closed;
     boost::system::error_code ec;
     timer_.cancel();
     socket_.shutdown(tcp::socket::shutdown_both, ec);

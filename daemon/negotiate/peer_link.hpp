@@ -1,9 +1,10 @@
-// Daemon <-> daemon links (DESIGN.md §3): one TCP connection per group and
-// remote node, on the Asio loop. The daemon with the smaller node id connects,
-// the other accepts. Both send PeerHello; with a cluster key both prove it
-// (PeerAuth, HMAC-SHA-256 with libsodium) before any other record; then the
-// records of proto/peer_msg.hpp: PeerGroup each way, PeerReady each way, and
-// PeerBroken when a group breaks. A closed or failed link is reported once.
+// Daemon <-> daemon links (docs/design.md, "3. Negotiation"): one TCP
+// connection per group and remote node, on the Asio loop. The daemon with the
+// smaller node id connects, the other accepts. Both send PeerHello; with a
+// cluster key both prove it (PeerAuth, HMAC-SHA-256 with libsodium) before any
+// other record; then the records of proto/peer_msg.hpp: PeerGroup each way,
+// PeerReady each way, and PeerBroken when a group breaks. A closed or failed
+// link is reported once.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -26,6 +27,19 @@
 namespace tpf::daemon {
 
 class PeerSession;
+
+/// Where a link to another node's daemon stands (status: peers[].state).
+enum class LinkState : std::uint8_t {
+    Connecting,  ///< TCP connect under way (the connecting side)
+    Handshake,   ///< hellos and, with a cluster key, the HMAC proofs
+    Negotiating, ///< group records exchanged, queue pairs coming up
+    Ready,       ///< every queue pair up on both sides
+    Closed,
+    Failed,      ///< PeerSession::lastError() says why
+    Waiting,     ///< no link yet: the other node connects and has not (a node's state, never a session's)
+};
+/// "connecting", "handshake", "negotiating", "ready", "closed", "failed", "waiting".
+const char* linkStateName(LinkState s);
 
 /// What a link reports; implemented by the group table (control thread).
 class PeerHandler {
@@ -60,9 +74,8 @@ public:
     bool accepted() const { return accepted_; }
     const NodeId& remoteNode() const { return remote_; }
     std::string endpointText() const { return endpoint_; }
-    /// connecting, handshake, negotiating, ready, closed, failed
-    const std::string& state() const { return state_; }
-    void setState(std::string s) { state_ = std::move(s); }
+    LinkState state() const { return state_; }
+    void setState(LinkState s) { state_ = s; }
     const Error& lastError() const { return lastError_; }
 
 private:
@@ -88,7 +101,7 @@ private:
     std::optional<std::vector<std::uint8_t>> key_;
     bool accepted_;
     std::string endpoint_;
-    std::string state_ = "connecting";
+    LinkState state_ = LinkState::Connecting;
     Error lastError_;
     bool done_ = false; ///< closed or failed: no more reports
     enum class Phase { Hello, Auth, Records } phase_ = Phase::Hello;

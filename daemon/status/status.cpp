@@ -76,14 +76,57 @@ nlohmann::json GroupTable::metricsStatus() const {
         ++byState[int(g.state)];
         for (const auto& [r, m] : g.members)
             if (m.ring) calls.add(readStats(m.ring->view.stats()));
-        if (g.verbs)
-            for (const auto& l : g.verbs->links) qps += l ? 1 : 0; // as peers[].qps lists them
+        if (const VerbsGroup* wire = g.negotiation ? g.negotiation->wire() : nullptr)
+            for (const auto& l : wire->links) qps += l ? 1 : 0; // as peers[].qps lists them
     }
     calls.toJson(out);
     nlohmann::json states = nlohmann::json::object();
     for (int s = 0; s < 4; ++s) states[stateName(s)] = byState[s];
     out["groups"] = std::move(states);
     out["queue_pairs"] = qps;
+    return out;
+}
+
+nlohmann::json GroupTable::peersStatus() const {
+    const auto ranksText = [](std::uint32_t mask) {
+        std::string s;
+        for (std::uint32_t r = 0; r < 32; ++r)
+            if (mask >> r & 1u) s += (s.empty() ? "" : ",") + std::to_string(r);
+        return s;
+    };
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [id, g] : groups_) {
+        if (!g.negotiation) continue;
+        const VerbsGroup* wire = g.negotiation->wire();
+        for (const auto& n : g.negotiation->nodes()) {
+            nlohmann::json qps = nlohmann::json::array();
+            if (wire)
+                for (const auto& l : wire->links) {
+                    if (!l || !(n.ranks >> l->remoteRank & 1u)) continue;
+                    qps.push_back({{"local_rank", l->localRank},
+                                   {"remote_rank", l->remoteRank},
+                                   {"rail", l->rail},
+                                   {"hca", l->hca().name()},
+                                   {"qpn", l->qpn()},
+                                   {"remote_qpn", l->remote.qpn},
+                                   {"posts", l->posts.load(std::memory_order_relaxed)},
+                                   {"inflight_cap", l->gate.cap()},
+                                   {"inflight_high_water", l->gate.highWater()}});
+                }
+            const LinkState state = n.session ? n.session->state()
+                                    : g.state == State::Negotiating ? LinkState::Waiting
+                                                                    : LinkState::Closed;
+            out.push_back({{"group", id.hex()},
+                           {"node_id", n.node.hex()},
+                           {"endpoint", endpointText(n.addr, n.port)},
+                           {"role", n.weConnect ? "connect" : "accept"},
+                           {"ranks", ranksText(n.ranks)},
+                           {"state", linkStateName(state)},
+                           {"qps", qps},
+                           {"last_error", n.session && n.session->lastError().code != Errc::Ok ? n.session->lastError().describe()
+                                                                                              : std::string()}});
+        }
+    }
     return out;
 }
 

@@ -1,0 +1,153 @@
+// The negotiation of one group whose ranks span nodes (docs/design.md,
+// "3. Negotiation", steps 3-7): its local regions registered on every HCA,
+// one RC QP per (local rank, remote rank, HCA), a PeerGroup record to each
+// other node's daemon over a peer link, HCA pairing by subnet, QPs connected
+// from the exchanged records, PeerReady both ways. The group opens when every
+// node is ready and is refused on every node otherwise. Once open, the same
+// links carry PeerBroken both ways.
+//
+// Owned by the group table, which it tells what happened through
+// NegotiationEvents only; it never sees the table. Negotiations (this
+// folder) routes each peer link's reports to the negotiation of its group.
+// Control thread only.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/ids.hpp"
+#include "daemon/config/config.hpp"
+#include "daemon/negotiate/peer_link.hpp"
+#include "daemon/verbs/qp_index.hpp"
+#include "daemon/verbs/verbs_group.hpp"
+#include "proto/client_msg.hpp"
+#include "proto/layout.hpp"
+#include "proto/peer_msg.hpp"
+
+namespace tpf::daemon {
+
+class Negotiations;
+
+/// What a negotiation tells the group table that owns it, by group id.
+class NegotiationEvents {
+public:
+    virtual ~NegotiationEvents() = default;
+    /// Every node is ready: the group opens on `wire`. Once per negotiation.
+    virtual void negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) = 0;
+    /// The group cannot open: every other node was told why; refuse every
+    /// local rank. Once per negotiation, and nothing follows it.
+    virtual void negotiationRefused(const GroupId& id, Errc code, const std::string& why) = 0;
+    /// After negotiationReady: the group broke on another node (`seenHere`
+    /// false, a PeerBroken naming `rank`) or its link to one died (`seenHere`
+    /// true: a fault this daemon saw).
+    virtual void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
+                                   bool seenHere) = 0;
+};
+
+/// A local rank's region as the negotiation registers it.
+struct LocalRegion {
+    std::uint32_t rank = 0;
+    std::uint8_t* base = nullptr;       ///< the daemon's mapping
+    std::uint64_t bytes = 0;            ///< Layout::totalBytes()
+    std::shared_ptr<const void> memory; ///< keeps the mapping alive while registered
+};
+
+/// What the group table fixed when the last local rank joined.
+struct NegotiationPlan {
+    std::uint32_t handle = 0; ///< the group's handle, named in proxy reports of its QPs
+    Layout layout{};          ///< stripes = this node's HCAs
+    std::vector<LocalRegion> regions;
+};
+
+/// The daemon of another node serving ranks of the group.
+struct NodeLink {
+    NodeId node{};
+    std::uint32_t ranks = 0;  ///< bit r: rank r is on that node
+    std::uint8_t addr[16] = {};
+    std::uint16_t port = 0;
+    bool weConnect = false;   ///< our node id is the smaller one
+    std::shared_ptr<PeerSession> session;
+    bool selfReady = false;   ///< our QPs towards it are up and PeerReady sent
+    bool remoteReady = false; ///< its PeerReady (ok) arrived
+    Bytes ourRecord;          ///< PeerGroup we send it
+};
+
+class Negotiation : public std::enable_shared_from_this<Negotiation> {
+public:
+    enum class Phase {
+        Waiting,     ///< local ranks still joining; links for the group are parked
+        Negotiating, ///< start() ran: records, QPs, verdicts
+        Ready,       ///< negotiationReady was told; links carry PeerBroken
+        Stopped,     ///< refused, broken before it was ready, or closed
+    };
+
+    /// Call Negotiations::create, which registers it.
+    Negotiation(Negotiations& desk, NegotiationEvents& events, const GroupId& id,
+                std::vector<client_proto::RosterEntry> roster);
+    ~Negotiation();
+    Negotiation(const Negotiation&) = delete;
+    Negotiation& operator=(const Negotiation&) = delete;
+
+    /// Every local rank joined: bring up the wire and talk to every other
+    /// node. A failure, now or later, comes back as negotiationRefused.
+    void start(NegotiationPlan plan);
+    /// Give up (a local rank left, the open cannot complete): every node
+    /// hears why (PeerReady with the error), then negotiationRefused.
+    void fail(Errc code, const std::string& why);
+    /// The group broke on this node: every node hears it (PeerBroken). A
+    /// negotiation still running stops.
+    void tellBroken(Errc code, std::uint32_t rank, const std::string& why);
+    /// The group is gone here: links finish, nothing more is reported.
+    void close();
+
+    const GroupId& id() const { return id_; }
+    Phase phase() const { return phase_; }
+    const std::vector<NodeLink>& nodes() const { return nodes_; }
+    /// The group's verbs wire: its queue pairs as they come up, then as the
+    /// proxy posts on them (null before start()).
+    const VerbsGroup* wire() const { return wire_.get(); }
+    /// Whether `node` serves a rank of the roster.
+    bool inRoster(const NodeId& node) const;
+    NodeLink* nodeOf(const NodeId& node);
+
+    // From Negotiations, for a link of this group's.
+    /// The remote's PeerGroup record on link `s` (Negotiating only).
+    void takeLink(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerGroup& rec);
+    /// PeerReady or PeerBroken on the link of node `n` (n.session).
+    void verdict(NodeLink& n, std::uint16_t opcode, const peer_proto::PeerVerdict& v);
+    /// Link `s` of a node of the group failed (why.code AuthFailed: a
+    /// handshake refused, maybe before the link was attached).
+    void linkLost(const PeerSession& s, const Error& why);
+
+private:
+    Status bringUp();
+    Status buildWire();
+    Bytes recordFor(const NodeLink& n) const;
+    void attach(NodeLink& n, const std::shared_ptr<PeerSession>& s);
+    void takeRecord(NodeLink& n, const peer_proto::PeerGroup& rec);
+    Status connectQps(NodeLink& n, const peer_proto::PeerGroup& rec);
+    void maybeReady();
+    void armTimer(std::uint32_t ms);
+    void timedOut();
+
+    Negotiations& desk_;
+    NegotiationEvents& events_;
+    GroupId id_;
+    std::uint32_t world_;
+    std::uint32_t localMask_ = 0;
+    std::vector<client_proto::RosterEntry> roster_;
+    Phase phase_ = Phase::Waiting;
+    NegotiationPlan plan_;
+    std::vector<NodeLink> nodes_;
+    std::shared_ptr<VerbsGroup> wire_;
+    QpTable<std::unique_ptr<QpLink>> qpsByHca_; ///< lanes are this node's HCAs, until paired
+    boost::asio::steady_timer timer_;
+    std::uint64_t timerGen_ = 0;
+};
+
+} // namespace tpf::daemon

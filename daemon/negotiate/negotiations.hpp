@@ -1,0 +1,102 @@
+// Every negotiation of this daemon, and what arrives from other nodes before
+// a group negotiates here: the reports of every peer link go to the
+// negotiation of their group, a link whose group's local ranks have not all
+// joined is parked until they have, and refusals are remembered for the open
+// timeout (a node's failed handshake, a group refused here or elsewhere), so
+// that a group they concern is refused at once, not at its open timeout.
+// Control thread only.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/ids.hpp"
+#include "daemon/config/config.hpp"
+#include "daemon/negotiate/negotiation.hpp"
+#include "daemon/negotiate/peer_link.hpp"
+#include "daemon/verbs/qp.hpp"
+
+namespace tpf::daemon {
+
+class Negotiations : public PeerHandler {
+public:
+    Negotiations(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self);
+
+    /// The verbs wire: the opened HCAs and the peer service. Without both a
+    /// group spanning nodes cannot open.
+    void attach(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers);
+    /// Why no group spanning nodes can open here, or nothing when one can.
+    std::optional<Error> unavailable() const;
+    /// HCAs a group spanning nodes stripes over (every one of this node's).
+    std::uint32_t hcaCount() const { return std::uint32_t(hcas_.size()); }
+
+    /// The negotiation of cross-node group `id`, whose local ranks start
+    /// joining now; the caller owns it.
+    std::shared_ptr<Negotiation> create(NegotiationEvents& events, const GroupId& id,
+                                        const std::vector<client_proto::RosterEntry>& roster);
+    /// Group `id` was refused here before it negotiated: every other node of
+    /// its roster hears why, once (on a link opened for that alone, or on one
+    /// it parked here), and so does any link that comes for it later.
+    void tellRefused(const GroupId& id, const std::vector<client_proto::RosterEntry>& roster, Errc code,
+                     const std::string& why);
+    /// Group `id` is gone here: links parked for it are dropped.
+    void dropParked(const GroupId& id);
+
+    // PeerHandler
+    void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) override;
+    void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) override;
+    void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) override;
+
+private:
+    friend class Negotiation;
+    struct Parked {
+        std::shared_ptr<PeerSession> session;
+        peer_proto::PeerGroup record;
+        std::uint64_t sinceNs;
+    };
+    struct Refusal {
+        Error why;
+        std::uint64_t atNs;
+    };
+    /// A group refused before negotiation: by this node (`ours`: told to
+    /// every other node of the roster, and to links that come for it later),
+    /// or by another (its PeerReady came before our ranks joined).
+    struct GroupRefusal {
+        Error why;
+        std::uint64_t atNs;
+        bool ours;
+    };
+    static constexpr std::size_t kMaxRefusedGroups = 1024;
+
+    Negotiation* find(const GroupId& id) const;
+    /// The refusal of group `id` by this node (`ours`) or another, while it
+    /// is younger than the open timeout.
+    const Error* refusedGroup(const GroupId& id, bool ours);
+    void rememberRefusal(const GroupId& id, Error why, bool ours);
+    /// A node's last failed handshake, while younger than the open timeout.
+    const Error* refusalOf(const NodeId& node) const;
+    /// The parked link of `node` for group `id`, taken out of the park.
+    std::optional<Parked> takeParked(const GroupId& id, const NodeId& node);
+    bool expired(std::uint64_t sinceNs) const;
+
+    boost::asio::io_context& io_;
+    const DaemonConfig& cfg_;
+    NodeId self_;
+    std::vector<std::shared_ptr<VerbsHca>> hcas_;
+    PeerService* peers_ = nullptr;
+    std::map<GroupId, Negotiation*> active_; ///< registered by Negotiation, until close()
+    std::vector<Parked> parked_;             ///< accepted links whose group has not reached negotiation here yet
+    std::map<NodeId, Refusal> refusals_;     ///< failed handshakes of nodes that connect to us (wrong key)
+    std::map<GroupId, GroupRefusal> refusedGroups_;
+};
+
+/// A PeerReady (ok when code is Ok) or PeerBroken record about group `id`, encoded.
+Bytes verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::uint32_t missingRank,
+                     const std::string& why);
+
+} // namespace tpf::daemon
