@@ -15,10 +15,12 @@
 
 #include "common/shm.hpp"
 #include "daemon/config/config.hpp"
-#include "daemon/groups/groups.hpp"
-#include "daemon/verbs/hca.hpp"
-#include "daemon/proxy/proxy.hpp"
 #include "daemon/control/server.hpp"
+#include "daemon/groups/groups.hpp"
+#include "daemon/negotiate/negotiations.hpp"
+#include "daemon/proxy/proxy.hpp"
+#include "daemon/status/status.hpp"
+#include "daemon/verbs/hca.hpp"
 #include "tpf_config.h"
 
 #if TPF_HAVE_SYSTEMD
@@ -135,40 +137,9 @@ int run(DaemonConfig cfg, bool foreground) {
     };
 
     Server* serverPtr = nullptr;
-    auto statusJson = [&]() -> std::string {
-        const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - startedSteady).count();
-        nlohmann::json hcaList = nlohmann::json::array();
-        for (const auto& h : hcas) {
-            std::string name;
-            getText(h.device, name);
-            hcaList.push_back({{"device", name}, {"port", h.port}, {"state", portStateName(livePortState(h))},
-                               {"gid", gidText(h.gid)}, {"gid_index", h.gidIndex}, {"ip", hcaIp(h)},
-                               {"subnet", hcaSubnetText(h)}, {"mtu", h.mtu}, {"speed_mbps", h.speedMbps}});
-        }
-        nlohmann::json doc = {
-            {"status_version", 2},
-            {"daemon",
-             {{"version", TPF_VERSION},
-              {"pid", ::getpid()},
-              {"uptime_s", uptime},
-              {"started_unix_ns", hello.startedUnixNs},
-              {"node_id", nodeId.hex()},
-              {"socket", socketPath},
-              {"config_source", cfg.source},
-              {"proxy",
-               {{"state", proxy.sleeping() ? "sleeping" : "polling"},
-                {"cpu", proxy.cpu()},
-                {"doorbells", proxy.doorbells()},
-                {"busy_ns", proxy.busyNs()}}}}},
-            {"hcas", hcaList},
-            {"peers", groups.peersStatus()},
-            {"groups", groups.status()},
-            {"regions", {{"count", groups.regionCount()}, {"host_bytes", groups.hostRegionBytes()}, {"device_bytes", 0}}},
-            {"clients", serverPtr ? serverPtr->clients() : 0},
-            {"metrics", groups.metricsStatus()},
-        };
-        return doc.dump();
-    };
+    const StatusSources statusSources{cfg, nodeId, socketPath, hello.startedUnixNs, startedSteady, hcas, proxy, groups,
+                                      [&] { return serverPtr ? serverPtr->clients() : 0; }};
+    auto statusJson = [&] { return statusDocument(statusSources).dump(); };
 
     Server server(io, cfg, groups, statusJson, hello, nodeCard);
     serverPtr = &server;

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,11 +107,6 @@ public:
     const Lifetime& lifetime() const { return lifetime_; }
     std::size_t regionCount() const;
     std::uint64_t hostRegionBytes() const;
-    nlohmann::json status() const;
-    nlohmann::json peersStatus() const;
-    /// The status document's "metrics": lifetime counters, the calls of
-    /// ranks gone plus those of current members, groups by state, queue pairs.
-    nlohmann::json metricsStatus() const;
 
 private:
     struct PendingBreak {

@@ -1,13 +1,13 @@
 // Daemon-lifetime counters for `tpfabricctl metrics` (docs/operations.md,
 // "Metrics"): what the group table saw happen since the daemon started,
 // kept after the groups it counts are gone. The status document carries
-// them under "metrics" (docs/status.md). Control thread only.
+// them under "metrics" (docs/status.md; daemon/status/ renders them).
+// Control thread only.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include <tpfabric/error.hpp>
@@ -31,10 +31,6 @@ struct CallTotals {
     /// Add one rank's stats (a private copy: readStats).
     void add(const RankStats& s);
     void add(const CallTotals& t);
-    /// The "calls" and "call_errors" members of the status document's
-    /// "metrics": assigned ops by name, errors by Errc name (an index that
-    /// names no Errc this daemon knows prints as "Errc<n>").
-    void toJson(nlohmann::json& out) const;
 };
 
 /// What happened to groups and opens since the daemon started.
@@ -53,9 +49,11 @@ public:
 
     /// Calls of ranks that have left.
     const CallTotals& calls() const { return calls_; }
-    /// The counters of the status document's "metrics" (groups_opened,
-    /// groups_broken, open_refusals, open_fallbacks).
-    void toJson(nlohmann::json& out) const;
+    std::uint64_t groupsOpened() const { return groupsOpened_; }
+    const std::map<Errc, std::uint64_t>& groupsBroken() const { return broken_; }
+    const std::map<Errc, std::uint64_t>& openRefusals() const { return refused_; }
+    /// By (reason, OpenReport outcome).
+    const std::map<std::pair<Errc, std::uint16_t>, std::uint64_t>& openFallbacks() const { return fallbacks_; }
 
 private:
     std::uint64_t groupsOpened_ = 0;

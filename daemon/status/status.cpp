@@ -1,15 +1,36 @@
-// The status document (docs/status.md): groups' part here, the daemon's part
-// in main.cpp.
-#include "daemon/groups/groups.hpp"
+// The status document (see status.hpp; its fields: docs/status.md).
+#include "daemon/status/status.hpp"
+
+#include <unistd.h>
+
+#include "daemon/verbs/hca.hpp"
 #include "proto/ring.hpp"
+#include "tpf_config.h"
 
 namespace tpf::daemon {
 
 namespace {
-const char* stateName(int s) {
-    static const char* const names[] = {"pending", "negotiating", "open", "broken"}; // GroupTable::State order
-    return s >= 0 && s < 4 ? names[s] : "unknown";
+
+using State = GroupTable::State;
+
+const char* stateName(State s) {
+    switch (s) {
+    case State::Pending: return "pending";
+    case State::Negotiating: return "negotiating";
+    case State::Open: return "open";
+    case State::Broken: return "broken";
+    }
+    return "unknown";
 }
+constexpr State kStates[] = {State::Pending, State::Negotiating, State::Open, State::Broken};
+
+std::string ranksText(std::uint32_t mask) {
+    std::string s;
+    for (std::uint32_t r = 0; r < 32; ++r)
+        if (mask >> r & 1u) s += (s.empty() ? "" : ",") + std::to_string(r);
+    return s;
+}
+
 double percentileUs(const std::uint64_t (&hist)[kLatencyBuckets], std::uint64_t total, double q) {
     if (total == 0) return 0.0;
     const std::uint64_t target = std::uint64_t(double(total) * q + 0.5);
@@ -20,11 +41,76 @@ double percentileUs(const std::uint64_t (&hist)[kLatencyBuckets], std::uint64_t 
     }
     return double(latencyBucketFloor(kLatencyBuckets - 1)) / 1000.0;
 }
-} // namespace
 
-nlohmann::json GroupTable::status() const {
+nlohmann::json daemonPart(const StatusSources& s) {
+    const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.startedSteady).count();
+    return {{"version", TPF_VERSION},
+            {"pid", ::getpid()},
+            {"uptime_s", uptime},
+            {"started_unix_ns", s.startedUnixNs},
+            {"node_id", s.nodeId.hex()},
+            {"socket", s.socketPath},
+            {"config_source", s.cfg.source},
+            {"proxy",
+             {{"state", s.proxy.sleeping() ? "sleeping" : "polling"},
+              {"cpu", s.proxy.cpu()},
+              {"doorbells", s.proxy.doorbells()},
+              {"busy_ns", s.proxy.busyNs()}}}};
+}
+
+nlohmann::json hcasPart(const std::vector<client_proto::HcaCard>& hcas) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& h : hcas) {
+        std::string name;
+        getText(h.device, name);
+        out.push_back({{"device", name}, {"port", h.port}, {"state", portStateName(livePortState(h))},
+                       {"gid", gidText(h.gid)}, {"gid_index", h.gidIndex}, {"ip", hcaIp(h)},
+                       {"subnet", hcaSubnetText(h)}, {"mtu", h.mtu}, {"speed_mbps", h.speedMbps}});
+    }
+    return out;
+}
+
+// One entry per (group, other node): its link and the queue pairs to its ranks.
+nlohmann::json peersPart(const GroupTable& table) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [id, g] : table.groups()) {
+        if (!g.negotiation) continue;
+        const VerbsGroup* wire = g.negotiation->wire();
+        for (const auto& n : g.negotiation->nodes()) {
+            nlohmann::json qps = nlohmann::json::array();
+            if (wire)
+                for (const auto& l : wire->links) {
+                    if (!l || !(n.ranks >> l->remoteRank & 1u)) continue;
+                    qps.push_back({{"local_rank", l->localRank},
+                                   {"remote_rank", l->remoteRank},
+                                   {"rail", l->rail},
+                                   {"hca", l->hca().name()},
+                                   {"qpn", l->qpn()},
+                                   {"remote_qpn", l->remote.qpn},
+                                   {"posts", l->posts.load(std::memory_order_relaxed)},
+                                   {"inflight_cap", l->gate.cap()},
+                                   {"inflight_high_water", l->gate.highWater()}});
+                }
+            const LinkState state = n.session ? n.session->state()
+                                    : g.state == State::Negotiating ? LinkState::Waiting
+                                                                    : LinkState::Closed;
+            const bool failed = n.session && n.session->lastError().code != Errc::Ok;
+            out.push_back({{"group", id.hex()},
+                           {"node_id", n.node.hex()},
+                           {"endpoint", endpointText(n.addr, n.port)},
+                           {"role", n.weConnect ? "connect" : "accept"},
+                           {"ranks", ranksText(n.ranks)},
+                           {"state", linkStateName(state)},
+                           {"qps", qps},
+                           {"last_error", failed ? n.session->lastError().describe() : std::string()}});
+        }
+    }
+    return out;
+}
+
+nlohmann::json groupsPart(const GroupTable& table) {
     nlohmann::json groups = nlohmann::json::array();
-    for (const auto& [id, g] : groups_) {
+    for (const auto& [id, g] : table.groups()) {
         std::uint64_t calls = 0, bytes = 0, errors = 0, hist[kLatencyBuckets] = {};
         nlohmann::json ranks = nlohmann::json::array();
         for (std::uint32_t r = 0; r < g.world; ++r) {
@@ -52,7 +138,7 @@ nlohmann::json GroupTable::status() const {
         for (auto h : hist) total += h;
         groups.push_back({{"id", id.hex()},
                           {"world", g.world},
-                          {"state", stateName(int(g.state))},
+                          {"state", stateName(g.state)},
                           {"agreed_cap", g.agreedCap},
                           {"slot_bytes", g.layout.slotBytes},
                           {"stripes", g.layout.stripes},
@@ -66,68 +152,81 @@ nlohmann::json GroupTable::status() const {
     return groups;
 }
 
-nlohmann::json GroupTable::metricsStatus() const {
-    nlohmann::json out = nlohmann::json::object();
-    lifetime_.toJson(out);
-    CallTotals calls = lifetime_.calls(); // ranks gone, then current members
-    std::uint64_t byState[4] = {};
+std::string errcText(std::uint32_t code) {
+    Errc e;
+    if (errcFromWire(code, e)) return std::string(errcName(e));
+    return "Errc" + std::to_string(code); // a newer client's code, still kept apart
+}
+
+// "calls" by assigned op name, "call_errors" by Errc name.
+void callsJson(const CallTotals& t, nlohmann::json& out) {
+    nlohmann::json calls = nlohmann::json::object();
+    for (std::uint32_t o = 0; o < kStatsOps; ++o) {
+        const char* name = statsOpName(o);
+        if (!name) continue; // a slot no release assigned yet
+        const CallTotals::Op& op = t.ops[o];
+        calls[name] = {{"calls", op.calls},
+                       {"bytes", op.bytes},
+                       {"errors", op.errors},
+                       {"latency_sum_ns", op.latencyNs},
+                       {"latency_buckets", op.latency}};
+    }
+    nlohmann::json errors = nlohmann::json::object();
+    for (std::uint32_t c = 1; c < kStatsErrcSlots; ++c)
+        if (t.errorsByCode[c]) errors[errcText(c)] = t.errorsByCode[c];
+    out["calls"] = std::move(calls);
+    out["call_errors"] = std::move(errors);
+}
+
+// Lifetime counters; calls of ranks gone plus those of current members;
+// groups by state; queue pairs (as peers[].qps lists them).
+nlohmann::json metricsPart(const GroupTable& table) {
+    const Lifetime& life = table.lifetime();
+    const auto byName = [](const std::map<Errc, std::uint64_t>& m) {
+        nlohmann::json j = nlohmann::json::object();
+        for (const auto& [code, n] : m) j[std::string(errcName(code))] = n;
+        return j;
+    };
+    nlohmann::json fallbacks = nlohmann::json::array();
+    for (const auto& [key, n] : life.openFallbacks())
+        fallbacks.push_back({{"reason", std::string(errcName(key.first))},
+                             {"outcome", key.second == client_proto::kOutcomeNccl ? "nccl" : "unavailable"},
+                             {"count", n}});
+    nlohmann::json out = {{"groups_opened", life.groupsOpened()},
+                          {"groups_broken", byName(life.groupsBroken())},
+                          {"open_refusals", byName(life.openRefusals())},
+                          {"open_fallbacks", std::move(fallbacks)}};
+    CallTotals calls = life.calls();
+    std::map<State, std::uint64_t> byState;
     std::uint64_t qps = 0;
-    for (const auto& [id, g] : groups_) {
-        ++byState[int(g.state)];
+    for (const auto& [id, g] : table.groups()) {
+        ++byState[g.state];
         for (const auto& [r, m] : g.members)
             if (m.ring) calls.add(readStats(m.ring->view.stats()));
         if (const VerbsGroup* wire = g.negotiation ? g.negotiation->wire() : nullptr)
-            for (const auto& l : wire->links) qps += l ? 1 : 0; // as peers[].qps lists them
+            for (const auto& l : wire->links) qps += l ? 1 : 0;
     }
-    calls.toJson(out);
+    callsJson(calls, out);
     nlohmann::json states = nlohmann::json::object();
-    for (int s = 0; s < 4; ++s) states[stateName(s)] = byState[s];
+    for (State s : kStates) states[stateName(s)] = byState[s];
     out["groups"] = std::move(states);
     out["queue_pairs"] = qps;
     return out;
 }
 
-nlohmann::json GroupTable::peersStatus() const {
-    const auto ranksText = [](std::uint32_t mask) {
-        std::string s;
-        for (std::uint32_t r = 0; r < 32; ++r)
-            if (mask >> r & 1u) s += (s.empty() ? "" : ",") + std::to_string(r);
-        return s;
+} // namespace
+
+nlohmann::json statusDocument(const StatusSources& s) {
+    return {
+        {"status_version", 2},
+        {"daemon", daemonPart(s)},
+        {"hcas", hcasPart(s.hcas)},
+        {"peers", peersPart(s.groups)},
+        {"groups", groupsPart(s.groups)},
+        {"regions", {{"count", s.groups.regionCount()}, {"host_bytes", s.groups.hostRegionBytes()}, {"device_bytes", 0}}},
+        {"clients", s.clients ? s.clients() : 0},
+        {"metrics", metricsPart(s.groups)},
     };
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& [id, g] : groups_) {
-        if (!g.negotiation) continue;
-        const VerbsGroup* wire = g.negotiation->wire();
-        for (const auto& n : g.negotiation->nodes()) {
-            nlohmann::json qps = nlohmann::json::array();
-            if (wire)
-                for (const auto& l : wire->links) {
-                    if (!l || !(n.ranks >> l->remoteRank & 1u)) continue;
-                    qps.push_back({{"local_rank", l->localRank},
-                                   {"remote_rank", l->remoteRank},
-                                   {"rail", l->rail},
-                                   {"hca", l->hca().name()},
-                                   {"qpn", l->qpn()},
-                                   {"remote_qpn", l->remote.qpn},
-                                   {"posts", l->posts.load(std::memory_order_relaxed)},
-                                   {"inflight_cap", l->gate.cap()},
-                                   {"inflight_high_water", l->gate.highWater()}});
-                }
-            const LinkState state = n.session ? n.session->state()
-                                    : g.state == State::Negotiating ? LinkState::Waiting
-                                                                    : LinkState::Closed;
-            out.push_back({{"group", id.hex()},
-                           {"node_id", n.node.hex()},
-                           {"endpoint", endpointText(n.addr, n.port)},
-                           {"role", n.weConnect ? "connect" : "accept"},
-                           {"ranks", ranksText(n.ranks)},
-                           {"state", linkStateName(state)},
-                           {"qps", qps},
-                           {"last_error", n.session && n.session->lastError().code != Errc::Ok ? n.session->lastError().describe()
-                                                                                              : std::string()}});
-        }
-    }
-    return out;
 }
 
 } // namespace tpf::daemon
