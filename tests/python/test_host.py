@@ -1,0 +1,269 @@
+"""Host groups from Python against the real tpfabricd: W = 2, 3, 4 rank processes.
+
+Gathers byte-exact, sums bit-exact against refs.py's rank-order reference and
+identical on every rank, all-gather-v, and failures as named exceptions: a
+killed peer (PeerLost), abort (Aborted), misaligned buffers (Misaligned), a
+size above the cap (CapMismatch), TPF_DISABLE=1 on one rank (Unavailable on
+every rank, no daemon contacted), no daemon (Unavailable), a bad TPF_*
+variable (ConfigError on every rank), and a Python bootstrap over files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import List, Tuple
+
+import numpy as np
+import pytest
+
+import refs
+from tpf_testing import Daemon, free_port, run_ranks
+
+CAP = 65536
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def rank_data(rank: int, world: int, sock: str, port: int) -> Tuple[str, bool]:
+    import tpfabric
+
+    with tpfabric.TcpBootstrap(rank, world, f"127.0.0.1:{port}", 20000) as boot:
+        g = tpfabric.Group(rank, world, CAP, boot, socket_path=sock, timeout_ms=10000)
+    with g:
+        assert (g.rank, g.world, g.agreed_cap, g.path) == (rank, world, CAP, "fabric")
+        assert g.route(rank) == "self" and g.route((rank + 1) % world) == "shm" and g.route(world) == "none"
+        seen = []
+        # Gathers: byte-exact, sizes 16 B .. the cap, odd ones too.
+        for call, nbytes in enumerate([16, 100, 4096, 4099, CAP]):
+            inp = tpfabric.empty(nbytes, "uint8")
+            inp[:] = refs.pattern(rank, call, nbytes)
+            out = tpfabric.empty(world * nbytes, "uint8")
+            out.fill(0xA5)
+            g.all_gather(out, inp)
+            want = np.concatenate([refs.pattern(q, call, nbytes) for q in range(world)])
+            assert np.array_equal(out, want), f"all_gather of {nbytes} bytes differs"
+            seen.append(out)
+        # In place: this rank's shard already where it belongs in out.
+        out = tpfabric.empty((world, 256), "uint8")
+        out[rank] = refs.pattern(rank, 9, 256)
+        g.all_gather(out, out[rank])
+        assert np.array_equal(out.reshape(-1), np.concatenate([refs.pattern(q, 9, 256) for q in range(world)]))
+        # float32 data through a gather keeps its dtype and shape
+        f = refs.values_f32(rank, 1, 1000)
+        inp32 = tpfabric.aligned(f)
+        out32 = tpfabric.empty((world, 1000), "float32")
+        g.all_gather(out32, inp32)
+        assert np.array_equal(out32.view(np.uint32), np.stack([refs.values_f32(q, 1, 1000) for q in range(world)]).view(np.uint32))
+
+        # Sums, against the rank-order reference, bit for bit.
+        order_matters = False
+        for call, count in [(2, 1000), (3, 33), (4, CAP // 4)]:
+            rows = [refs.values_f32(q, call, count) for q in range(world)]
+            out = tpfabric.empty(count, "float32")
+            g.all_reduce_sum(out, tpfabric.aligned(rows[rank]))
+            assert np.array_equal(out.view(np.uint32), refs.sum_f32(rows).view(np.uint32)), f"f32 sum of {count}"
+            order_matters = order_matters or refs.reversed_sum_differs(rows)
+            seen.append(out)
+        for call, count in [(5, 4096), (6, 7)]:
+            rows16 = [refs.values_f16(q, call, count) for q in range(world)]
+            out16 = tpfabric.empty(count, "float16")
+            g.all_reduce_sum(out16, tpfabric.aligned(rows16[rank]))
+            assert np.array_equal(out16.view(np.uint16), refs.sum_f16(rows16).view(np.uint16)), f"f16 sum of {count}"
+            rowsb = [refs.values_bf16(q, call, count) for q in range(world)]
+            outb = tpfabric.empty(count, "bfloat16")
+            g.all_reduce_sum(outb, tpfabric.aligned(rowsb[rank]), dtype="bfloat16")
+            assert np.array_equal(outb, refs.sum_bf16(rowsb)), f"bf16 sum of {count}"
+            seen += [out16, outb]
+        # In place.
+        rows = [refs.values_f32(q, 7, 512) for q in range(world)]
+        x = tpfabric.aligned(rows[rank].copy())
+        g.all_reduce_sum(x, x)
+        assert np.array_equal(x.view(np.uint32), refs.sum_f32(rows).view(np.uint32))
+
+        # all-gather-v: uneven rows, one empty, packed in rank order.
+        counts = [0 if q == 1 else 100 + 37 * q for q in range(world)]
+        inp = tpfabric.empty(counts[rank], "uint8")
+        inp[:] = refs.pattern(rank, 11, counts[rank])
+        out = tpfabric.empty(sum(counts), "uint8")
+        g.all_gather_v(out, inp, counts)
+        assert np.array_equal(out, np.concatenate([refs.pattern(q, 11, counts[q]) for q in range(world)]))
+        # ... in float32 elements
+        counts = [3 + q for q in range(world)]
+        rows = [refs.values_f32(q, 12, counts[q]) for q in range(world)]
+        out = tpfabric.empty(sum(counts), "float32")
+        g.all_gather_v(out, tpfabric.aligned(rows[rank]), counts)
+        assert np.array_equal(out.view(np.uint32), np.concatenate(rows).view(np.uint32))
+        seen.append(out)
+        g.check()
+    return _digest(*seen), order_matters
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_data(daemon: Daemon, world: int) -> None:
+    results = run_ranks(rank_data, world, daemon.socket, free_port())
+    digests = {d for d, _ in results}
+    assert len(digests) == 1, "ranks hold different results"
+    if world > 2:  # the inputs are such that another order of addition would show
+        assert all(order for _, order in results)
+
+
+def rank_refusals(rank: int, world: int, sock: str, port: int) -> None:
+    import tpfabric
+
+    with tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock) as g:
+        raw = tpfabric.empty(4096 + 64, "uint8")
+        out = tpfabric.empty(world * 4096, "uint8")
+        with pytest.raises(tpfabric.Misaligned, match="^Misaligned: .*16-byte aligned") as e:
+            g.all_gather(out[: world * 100], raw[1:101])
+        assert (e.value.code, e.value.name) == (2, "Misaligned")
+        with pytest.raises(tpfabric.Misaligned):
+            g.all_reduce_sum(tpfabric.empty(40, "uint8")[4:].view(np.float32), raw[4:40].view(np.float32))
+        with pytest.raises(tpfabric.CapMismatch, match="^CapMismatch: 4100 bytes above the agreed cap of 4096") as c:
+            g.all_gather(tpfabric.empty(world * 4100, "uint8"), tpfabric.empty(4100, "uint8"))
+        assert (c.value.code, c.value.name) == (7, "CapMismatch")
+        with pytest.raises(tpfabric.CapMismatch):
+            g.all_gather_v(tpfabric.empty(5000 * world, "uint8"), tpfabric.empty(5000, "uint8"), [5000] * world)
+        g.check()  # refusals leave the group usable; every rank calls on
+        inp = tpfabric.empty(64, "uint8")
+        inp[:] = refs.pattern(rank, 0, 64)
+        g.all_gather(out[: world * 64], inp)
+        assert np.array_equal(out[: world * 64], np.concatenate([refs.pattern(q, 0, 64) for q in range(world)]))
+        # all-gather-v counts that disagree between ranks: GroupMismatch everywhere, nothing written
+        counts = [16] * world
+        counts[0] = 16 + 16 * rank
+        out[:] = 0xA5
+        with pytest.raises(tpfabric.GroupMismatch):
+            g.all_gather_v(out[: sum(counts)], tpfabric.empty(counts[rank], "uint8"), counts)
+        assert (out == 0xA5).all()
+
+
+def test_refusals(daemon: Daemon) -> None:
+    run_ranks(rank_refusals, 2, daemon.socket, free_port())
+
+
+def rank_killed(rank: int, world: int, sock: str, port: int) -> str:
+    import tpfabric
+
+    g = tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock, timeout_ms=5000)
+    inp = tpfabric.zeros(256, "uint8")
+    out = tpfabric.empty(256 * world, "uint8")
+    for call in range(20):
+        g.all_gather(out, inp)
+    if rank == world - 1:
+        os._exit(0)  # dies without closing
+    start = time.monotonic()
+    with pytest.raises(tpfabric.PeerLost) as e:
+        for call in range(1000):
+            g.all_gather(out, inp)
+    assert time.monotonic() - start < 5, "PeerLost took too long"
+    assert str(e.value).startswith("PeerLost") and e.value.code == 4
+    with pytest.raises(tpfabric.PeerLost):
+        g.check()
+    with pytest.raises(tpfabric.PeerLost):  # broken stays broken
+        g.all_gather(out, inp)
+    g.close()
+    return e.value.name
+
+
+def test_killed_peer(daemon: Daemon) -> None:
+    names = run_ranks(rank_killed, 3, daemon.socket, free_port(), may_exit=[2])
+    assert names[:2] == ["PeerLost", "PeerLost"]
+
+
+def rank_abort(rank: int, world: int, sock: str, port: int) -> None:
+    import tpfabric
+
+    with tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock) as g:
+        inp, out = tpfabric.zeros(64, "uint8"), tpfabric.empty(64 * world, "uint8")
+        for _ in range(10):
+            g.all_gather(out, inp)
+        if rank == 1:
+            g.abort()
+            with pytest.raises(tpfabric.Aborted):
+                g.check()
+        else:
+            with pytest.raises(tpfabric.Aborted):
+                for _ in range(1000):
+                    g.all_gather(out, inp)
+            with pytest.raises(tpfabric.Aborted):
+                g.check()
+
+
+def test_abort(daemon: Daemon) -> None:
+    run_ranks(rank_abort, 3, daemon.socket, free_port())
+
+
+def rank_open_fails(rank: int, world: int, sock: str, port: int, want: str, text: str) -> str:
+    import tpfabric
+
+    with pytest.raises(tpfabric.Error) as e:
+        tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock)
+    assert e.value.name == want, str(e.value)
+    assert text in str(e.value), str(e.value)
+    return str(e.value)
+
+
+def test_disable_on_one_rank(daemon: Daemon) -> None:
+    before = daemon.connections()
+    run_ranks(rank_open_fails, 3, daemon.socket, free_port(), "Unavailable", "TPF_DISABLE=1 on rank 2",
+              env={2: {"TPF_DISABLE": "1"}})
+    assert before > 0, "the earlier tests' ranks should have connected"
+    assert daemon.connections() == before, "a rank contacted the daemon despite TPF_DISABLE=1"
+
+
+def test_no_daemon(daemon: Daemon) -> None:
+    nothing = os.path.join(daemon.dir, "nothing-here.sock")
+    run_ranks(rank_open_fails, 2, nothing, free_port(), "Unavailable", "DaemonUnreachable")
+
+
+def test_bad_variable_on_one_rank(daemon: Daemon) -> None:
+    msgs = run_ranks(rank_open_fails, 2, daemon.socket, free_port(), "ConfigError", "",
+                     env={0: {"TPF_FALLBACK": "ncll"}})
+    assert "TPF_FALLBACK=ncll" in msgs[0] and "rank 0 has an invalid TPF_* variable" in msgs[1]
+
+
+class FileStore:
+    """An engine-style bootstrap in Python: records through files in a shared directory."""
+
+    def __init__(self, rank: int, world: int, directory: str) -> None:
+        self.rank, self.world, self.dir, self.seq = rank, world, directory, 0
+
+    def __call__(self, mine: bytes) -> bytes:
+        seq, self.seq = self.seq, self.seq + 1
+        tmp = os.path.join(self.dir, f"{seq}-{self.rank}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(mine)
+        os.rename(tmp, os.path.join(self.dir, f"{seq}-{self.rank}.rec"))
+        rows: List[bytes] = []
+        deadline = time.monotonic() + 30
+        for q in range(self.world):
+            path = os.path.join(self.dir, f"{seq}-{q}.rec")
+            while not os.path.exists(path):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {q}'s record {seq} did not come")
+                time.sleep(0.001)
+            with open(path, "rb") as f:
+                rows.append(f.read())
+        return b"".join(rows)
+
+
+def rank_python_bootstrap(rank: int, world: int, sock: str, directory: str) -> None:
+    import tpfabric
+
+    with tpfabric.Group(rank, world, 8192, FileStore(rank, world, directory), socket_path=sock) as g:
+        inp = tpfabric.empty(8192, "uint8")
+        inp[:] = refs.pattern(rank, 3, 8192)
+        out = tpfabric.empty(8192 * world, "uint8")
+        g.all_gather(out, inp)
+        assert np.array_equal(out, np.concatenate([refs.pattern(q, 3, 8192) for q in range(world)]))
+
+
+def test_python_bootstrap(daemon: Daemon, tmp_path: "os.PathLike[str]") -> None:
+    run_ranks(rank_python_bootstrap, 3, daemon.socket, str(tmp_path))

@@ -1,0 +1,271 @@
+"""torch (CPU build) against the real tpfabricd: CPU tensors on host groups, and the Communicator over gloo.
+
+The Communicator opens through torch.distributed itself (a gloo group: its
+records cross as CPU byte tensors) and takes the calls that fit; the rest,
+and every call after a fallback, go to torch.distributed. Which way each call
+went is counted by wrapping torch.distributed's collectives in the rank, so
+a call that silently took the other path fails the test. Sums that go
+through the fabric are checked bit for bit against refs.py; those through
+gloo use integer-valued data, exact in any order of addition.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import refs
+from tpf_testing import Daemon, free_port, run_ranks
+
+
+def _torch_of(a: np.ndarray, bf16: bool = False) -> Any:
+    import torch
+
+    if bf16:  # bf16 bits (uint16) -> a bfloat16 tensor
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _bits(t: Any) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy().view({4: np.uint32, 2: np.uint16, 1: np.uint8, 8: np.uint64}[t.element_size()])
+
+
+def rank_host_tensors(rank: int, world: int, sock: str, port: int) -> None:
+    import torch
+
+    import tpfabric
+
+    with tpfabric.Group(rank, world, 16384, f"127.0.0.1:{port}", socket_path=sock) as g:
+        inp = _torch_of(refs.values_f32(rank, 1, 1000))
+        out = torch.empty(world, 1000)
+        g.all_gather(out, inp)
+        want = np.stack([refs.values_f32(q, 1, 1000) for q in range(world)])
+        assert np.array_equal(_bits(out), want.view(np.uint32))
+        rows = [refs.values_f32(q, 2, 999) for q in range(world)]
+        x = _torch_of(rows[rank])
+        g.all_reduce_sum(x, x)
+        assert np.array_equal(_bits(x), refs.sum_f32(rows).view(np.uint32))
+        rows16 = [refs.values_f16(q, 3, 4096) for q in range(world)]
+        y = torch.empty(4096, dtype=torch.float16)
+        g.all_reduce_sum(y, _torch_of(rows16[rank]))
+        assert np.array_equal(_bits(y), refs.sum_f16(rows16).view(np.uint16))
+        rowsb = [refs.values_bf16(q, 4, 4096) for q in range(world)]
+        z = torch.empty(4096, dtype=torch.bfloat16)
+        g.all_reduce_sum(z, _torch_of(rowsb[rank], bf16=True))  # dtype from the tensor
+        assert np.array_equal(_bits(z), refs.sum_bf16(rowsb))
+        with pytest.raises(ValueError, match="not contiguous"):
+            g.all_gather(out, torch.zeros(1000, 2)[:, 0])
+
+
+def test_host_group_takes_cpu_tensors(daemon: Daemon) -> None:
+    run_ranks(rank_host_tensors, 2, daemon.socket, free_port())
+
+
+def _init_gloo(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+class _Counted:
+    """Counts calls of torch.distributed's collectives (the Communicator calls them through the module)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.calls: Dict[str, int] = {}
+        for name in ("all_reduce", "all_gather", "all_gather_into_tensor"):
+            real = getattr(dist, name)
+
+            def counted(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
+                self.calls[_name] = self.calls.get(_name, 0) + 1
+                return _real(*a, **k)
+
+            setattr(dist, name, counted)
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def _ints(rank: int, n: int, dtype: Any) -> Any:
+    """Small integers: sums exact in any order, in f32 and f16."""
+    import torch
+
+    return ((torch.arange(n) * 7 + rank * 3) % 23 - 11).to(dtype)
+
+
+def _int_sum(world: int, n: int, dtype: Any) -> Any:
+    return sum(_ints(q, n, dtype).double() for q in range(world)).to(dtype)
+
+
+def rank_communicator(rank: int, world: int, sock: str, port: int) -> Dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import tpfabric
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    count = _Counted()
+    comm = Communicator(max_bytes=16384, socket_path=sock)
+    assert (comm.path, comm.agreed_cap, comm.reason, comm.device) == ("fabric", 16384, None, torch.device("cpu"))
+    opened_with = count.total()
+    assert opened_with > 0, "the open's records did not cross through torch.distributed"
+
+    # Through the fabric: bit-exact rank-order sums, in place and out of place; no torch.distributed call.
+    before = count.total()
+    rows = [refs.values_f32(q, 1, 4096) for q in range(world)]  # 16 KiB: the cap itself
+    x = _torch_of(rows[rank])
+    assert comm.should_use(x)
+    assert comm.all_reduce(x) is x
+    assert np.array_equal(_bits(x), refs.sum_f32(rows).view(np.uint32))
+    rows16 = [refs.values_f16(q, 2, 1000) for q in range(world)]
+    src = _torch_of(rows16[rank])
+    out = torch.empty_like(src)
+    assert comm.all_reduce(src, out=out) is out
+    assert np.array_equal(_bits(out), refs.sum_f16(rows16).view(np.uint16))
+    assert np.array_equal(_bits(src), rows16[rank].view(np.uint16)), "out of place changed the input"
+    rowsb = [refs.values_bf16(q, 3, 2048) for q in range(world)]
+    xb = _torch_of(rowsb[rank], bf16=True)
+    comm.all_reduce(xb)
+    assert np.array_equal(_bits(xb), refs.sum_bf16(rowsb))
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+        inp = (torch.arange(300) * (rank + 3)).to(dtype)
+        got = torch.empty(world * 300, dtype=dtype)
+        comm.all_gather_into_tensor(got, inp)
+        assert torch.equal(got.view(world, 300), torch.stack([(torch.arange(300) * (q + 3)).to(dtype) for q in range(world)]))
+    assert count.total() == before, f"a call that fits went to torch.distributed: {count.calls}"
+    assert comm.calls == {"fabric": 7, "torch.distributed": 0}
+
+    # The same gather through gloo gives the same bytes.
+    inp = _torch_of(refs.values_f32(rank, 4, 500))
+    mine, theirs = torch.empty(world, 500), [torch.empty(500) for _ in range(world)]
+    comm.all_gather_into_tensor(mine, inp)
+    dist.all_gather(theirs, inp)
+    assert np.array_equal(_bits(mine), _bits(torch.stack(theirs)))
+
+    # What the fabric does not take goes to torch.distributed, results still right.
+    routed: List[str] = []
+
+    def through_torch(what: str, call: Any) -> None:
+        n = count.total()
+        call()
+        assert count.total() > n, f"{what}: expected torch.distributed"
+        routed.append(what)
+
+    big = _ints(rank, 8192, torch.float32)  # 32 KiB, above the cap
+    assert not comm.should_use(big)
+    through_torch("above the cap", lambda: comm.all_reduce(big))
+    assert torch.equal(big, _int_sum(world, 8192, torch.float32))
+    ints = _ints(rank, 100, torch.int32)
+    assert not comm.should_use(ints)
+    through_torch("int32 sum", lambda: comm.all_reduce(ints))
+    assert torch.equal(ints, _int_sum(world, 100, torch.int32))
+    grid = torch.stack([_ints(rank, 64, torch.float16)] * 2, dim=1)  # (64, 2); a column is not contiguous
+    col = grid[:, 1]
+    assert not comm.should_use(col)
+    through_torch("non-contiguous", lambda: comm.all_reduce(col))
+    assert torch.equal(grid[:, 1], _int_sum(world, 64, torch.float16)) and torch.equal(grid[:, 0], _ints(rank, 64, torch.float16))
+    buf = _ints(rank, 65, torch.float32)
+    mis = buf[1:]  # 4 bytes off a 16-byte boundary
+    assert not comm.should_use(mis)
+    through_torch("misaligned", lambda: comm.all_reduce(mis))
+    assert torch.equal(buf[1:], _int_sum(world, 65, torch.float32)[1:])
+    gbig = torch.full((5000,), rank, dtype=torch.float32)  # 20 KB a rank
+    gout = torch.empty(world, 5000)
+    through_torch("gather above the cap", lambda: comm.all_gather_into_tensor(gout, gbig))
+    assert torch.equal(gout, torch.arange(world, dtype=torch.float32)[:, None].expand(world, 5000))
+    assert comm.calls == {"fabric": 8, "torch.distributed": 5}
+    with pytest.raises(ValueError, match="must hold world"):
+        comm.all_gather_into_tensor(torch.empty(3), inp)
+
+    comm.check()
+    with comm:
+        pass
+    with pytest.raises(tpfabric.Closed):
+        comm.all_reduce(x)
+    dist.destroy_process_group()
+    return {"opened_with": opened_with, "routed": routed}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_communicator_over_gloo(daemon: Daemon, world: int) -> None:
+    results = run_ranks(rank_communicator, world, daemon.socket, free_port(), timeout=120)
+    assert len({r["opened_with"] for r in results}) == 1
+
+
+def rank_comm_fallback(rank: int, world: int, sock: str, port: int, why: str) -> str:
+    import torch
+    import torch.distributed as dist
+
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    comm = Communicator(max_bytes=16384, socket_path=sock)
+    assert comm.path == "torch.distributed" and comm.agreed_cap == 0 and comm.disabled
+    assert comm.reason is not None and why in comm.reason, comm.reason
+    count = _Counted()
+    x = _ints(rank, 1000, torch.float32)
+    assert not comm.should_use(x)
+    comm.all_reduce(x)
+    assert torch.equal(x, _int_sum(world, 1000, torch.float32))
+    y = _ints(rank, 100, torch.float16)
+    out = torch.empty_like(y)
+    comm.all_reduce(y, out=out)
+    assert torch.equal(out, _int_sum(world, 100, torch.float16)) and torch.equal(y, _ints(rank, 100, torch.float16))
+    z = _ints(rank, 300, torch.bfloat16)  # gloo has no bfloat16 in torch 1.13: summed in float32
+    comm.all_reduce(z)
+    assert torch.equal(z, _int_sum(world, 300, torch.bfloat16))
+    g = torch.empty(world, 10, dtype=torch.bfloat16)
+    comm.all_gather_into_tensor(g, torch.full((10,), rank, dtype=torch.bfloat16))
+    assert torch.equal(g, torch.arange(world, dtype=torch.bfloat16)[:, None].expand(world, 10))
+    assert count.total() == 4 and comm.calls == {"fabric": 0, "torch.distributed": 4}, count.calls
+    comm.check()  # nothing to report
+    comm.close()
+    dist.destroy_process_group()
+    return comm.reason
+
+
+def test_communicator_disabled_on_one_rank(daemon: Daemon) -> None:
+    before = daemon.connections()
+    reasons = run_ranks(rank_comm_fallback, 3, daemon.socket, free_port(), "TPF_DISABLE=1 on rank 2",
+                        env={2: {"TPF_DISABLE": "1"}}, timeout=120)
+    assert len(set(reasons)) == 1
+    assert daemon.connections() == before, "a rank contacted the daemon despite TPF_DISABLE=1"
+
+
+def test_communicator_without_daemon(daemon: Daemon) -> None:
+    run_ranks(rank_comm_fallback, 2, os.path.join(daemon.dir, "nothing-here.sock"), free_port(), "DaemonUnreachable",
+              timeout=120)
+
+
+def rank_comm_no_fallback(rank: int, world: int, sock: str, port: int) -> None:
+    import torch.distributed as dist
+
+    import tpfabric
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    with pytest.raises(tpfabric.Unavailable, match=r"\(TPF_FALLBACK=error\)$"):
+        Communicator(max_bytes=4096, socket_path=sock, fallback=False)
+    # TPF_FALLBACK=error on rank 1 alone: an error on every rank (fallback=None reads it, the library votes)
+    if rank == 1:
+        os.environ["TPF_FALLBACK"] = "error"
+    with pytest.raises(tpfabric.Unavailable, match=r"\(TPF_FALLBACK=error\)$"):
+        Communicator(max_bytes=4096, socket_path=sock)
+    # ... unless this open says fallback=True on every rank: the explicit option wins over the variable
+    comm = Communicator(max_bytes=4096, socket_path=sock, fallback=True)
+    assert comm.path == "torch.distributed"
+    dist.destroy_process_group()
+
+
+def test_communicator_fallback_error(daemon: Daemon) -> None:
+    run_ranks(rank_comm_no_fallback, 2, os.path.join(daemon.dir, "nothing-here.sock"), free_port(), timeout=120)
