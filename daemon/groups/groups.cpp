@@ -166,7 +166,7 @@ void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t r
     if (seenHere) {
         if (g.state == State::Open) breakGroup(g, code, rank, why, false);
     } else if (g.state == State::Open || code == Errc::Aborted) {
-        breakGroup(g, code, rank, why, false, false); // counted where it was seen
+        breakGroup(g, code, rank, why, false, Cause::Remote);
     }
 }
 
@@ -250,7 +250,8 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     // Counted now: the group may be gone by then (its last member died).
     if (!orderly && g->state == State::Open) countBroken(*g, Errc::PeerLost);
     const std::uint64_t v = publishProxyTable();
-    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group", !orderly});
+    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group",
+                              orderly ? Cause::Closed : Cause::Fault});
     eraseIfEmpty(id);
 }
 
@@ -262,7 +263,7 @@ void GroupTable::drained(std::uint64_t version) {
     pendingBreaks_.erase(split, pendingBreaks_.end());
     for (auto& b : due) {
         auto it = groups_.find(b.id);
-        if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why, true, b.fault);
+        if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why, true, b.cause);
     }
 }
 
@@ -297,10 +298,15 @@ void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, cons
     breakGroup(*g, why.code, remoteRank, why.detail);
 }
 
-void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers, bool fault) {
+void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers,
+                            Cause cause) {
     if (g.state == State::Broken && code != Errc::Aborted) return;
-    if (g.state != State::Broken) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
-    if (g.state == State::Open && fault) countBroken(g, code);
+    // An orderly Close is no fault: the others' next call still fails (PeerLost), but nothing went wrong.
+    if (g.state != State::Broken && cause == Cause::Closed)
+        spdlog::info("group {}: rank {} closed; the group ends for the others", shortId(g.id), rank);
+    else if (g.state != State::Broken)
+        spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
+    if (g.state == State::Open && cause == Cause::Fault) countBroken(g, code);
     if (tellPeers && g.state != State::Broken && g.negotiation) g.negotiation->tellBroken(code, rank, why);
     g.state = State::Broken;
     g.lastError = Error{code, why};

@@ -109,13 +109,19 @@ public:
     std::uint64_t hostRegionBytes() const;
 
 private:
+    /// Why a group breaks, for the log and the metrics.
+    enum class Cause {
+        Fault,  ///< a failure this daemon saw: a warning, counted once per group
+        Closed, ///< a member closed in order: info, not counted
+        Remote, ///< another node reported it: a warning, counted there
+    };
     struct PendingBreak {
         std::uint64_t version;
         GroupId id;
         Errc code;
         std::uint32_t rank;
         std::string why;
-        bool fault; ///< false: a member closed in order (not counted as broken)
+        Cause cause;
     };
 
     Group* findByLink(MemberLink& link, std::uint32_t* rank = nullptr);
@@ -125,10 +131,9 @@ private:
     void tryOpen(Group& g);
     void openTimedOut(const GroupId& id);
     /// Mark `g` broken and tell its members (and, with tellPeers, the other
-    /// nodes). `fault`: a failure this daemon saw, counted once per group in
-    /// the metrics (not an orderly close, nor a break another node reported).
+    /// nodes): their next call fails with `code` naming `rank`.
     void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers = true,
-                    bool fault = true);
+                    Cause cause = Cause::Fault);
     /// Count `g` broken in the metrics, once.
     void countBroken(Group& g, Errc code);
     void finishOpen(Group& g);
