@@ -14,6 +14,8 @@
 #      CUDA_MPS_PIPE_DIRECTORY is set, else a private one), a gloo process
 #      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
 #      and 4: the same four scenarios.
+# TPF_PY_GPU_ONLY=pergpu or mps runs only that part (to split a run under a
+# command time limit); TPF_GPU_NO_BENCH=1 skips the benchmark.
 # Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
 # The ranks import torch before tpfabric, so libtpfabric's libcudart.so.13
 # and libnccl.so.2 are torch's own (already loaded, same sonames); the
@@ -93,7 +95,9 @@ tpf_python_gpu_suite() {
     kill "$_dpid"; wait "$_dpid" 2>/dev/null
   }
 
-  if [ "$ngpu" -ge 2 ]; then
+  local only=${TPF_PY_GPU_ONLY:-}
+  if [ "$only" = pergpu ] && [ "$ngpu" -lt 2 ]; then echo "SKIP python pergpu: $ngpu GPU"; rm -rf "$tmp"; return 77; fi
+  if [ "$ngpu" -ge 2 ] && [ "$only" != mps ]; then
     (
       unset CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY # one process per GPU, no MPS
       _suite pergpu "$ngpu" nccl
@@ -107,7 +111,7 @@ tpf_python_gpu_suite() {
       exit $rc
     ) || rc=1
   fi
-  (
+  [ "$only" = pergpu ] || (
     export CUDA_VISIBLE_DEVICES=0
     if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
       export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
