@@ -83,6 +83,13 @@ void clientSeeds() {
     put("req-refused-session", cat({hello, encode(3, open),
                                     encode(kOpenReport, 4, OpenReport{std::uint16_t(Errc::Unavailable), kOutcomeUnavailable, 0, 0})},
                                    0));
+    // Requests whose first byte / 3 asks for fds (% 3), refused opens (/ 3 & 1) and a
+    // stream read in two parts (/ 6): ShareRegion with its one fd, a refused open, a cut.
+    put("req-share-region", cat({hello, encode(3, open), encode(kShareRegion, 4, ShareRegion{1 << 20, 0, 0}),
+                                 encodeEmpty(kClose, 5)},
+                                3 * 1));
+    put("req-refused-open-abort", cat({hello, encode(3, open), encode(kAbort, 4, Abort{})}, 3 * 3));
+    put("req-two-reads", cat({hello, encode(3, open), encodeEmpty(kClose, 5)}, 3 * 6 * 7));
     // Replies (prefix 1): what the client library decodes.
     put("rep-hello", cat({encode(kHelloReply, 1, hr)}, 1));
     put("rep-nodecard", cat({encode(2, card)}, 1));

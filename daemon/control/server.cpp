@@ -70,15 +70,8 @@ void Connection::onReadable() {
         return close();
     }
     // Handle every whole message.
-    std::size_t used = 0;
-    while (!closing_ && inbuf_.size() - used >= sizeof(MsgHeader)) {
-        auto h = decodeHeader(ByteView(inbuf_).subspan(used), kRequestSpec);
-        if (!h) return refuse(h.code(), h.error().detail);
-        if (inbuf_.size() - used - sizeof(MsgHeader) < h->length) break;
-        const ByteView payload = ByteView(inbuf_).subspan(used + sizeof(MsgHeader), h->length);
-        used += sizeof(MsgHeader) + h->length;
-        if (!handle(*h, payload, infds_.size())) return;
-    }
+    const std::size_t used = dispatch_.feed(ByteView(inbuf_), infds_);
+    if (dispatch_.ended()) return;
     inbuf_.erase(inbuf_.begin(), inbuf_.begin() + std::ptrdiff_t(used));
     watchPartial();
     waitReadable();
@@ -104,86 +97,19 @@ void Connection::watchPartial() {
     });
 }
 
-bool Connection::handle(const MsgHeader& h, ByteView payload, std::size_t fdsWithIt) {
-    // Only ShareRegion carries a file descriptor (exactly one).
-    if (h.opcode == kShareRegion && role_ == kRoleRank) {
-        if (fdsWithIt != 1) return refuse(Errc::BadMessage, "ShareRegion needs exactly 1 file descriptor"), false;
-        UniqueFd fd = std::move(infds_.front());
-        infds_.clear();
-        auto m = decodeFixed<ShareRegion>(payload, "ShareRegion");
-        if (!m) return refuse(m.code(), m.error().detail), false;
-        if (!inGroup_) return refuse(Errc::PermissionDenied, "ShareRegion without an open group"), false;
-        if (auto s = server_.groups_.shareRegion(*this, *m, fd.get()); !s) return refuse(s.code(), s.error().detail), false;
-        return true;
-    }
-    // No other request carries file descriptors.
-    if (fdsWithIt) {
-        refuse(Errc::BadMessage, std::to_string(fdsWithIt) + " file descriptor(s) sent where none belong");
-        return false;
-    }
-    if (role_ == 0 && h.opcode != kHello) {
-        refuse(Errc::BadMessage, "opcode " + std::to_string(h.opcode) + " before Hello");
-        return false;
-    }
-    switch (h.opcode) {
-    case kHello: {
-        if (role_ != 0) return refuse(Errc::BadMessage, "second Hello"), false;
-        auto m = decodeFixed<Hello>(payload, "Hello");
-        if (!m) return refuse(m.code(), m.error().detail), false;
-        role_ = m->role;
-        send(encode(kHelloReply, h.seq, server_.hello_));
-        return true;
-    }
-    case kNodeCardRequest: {
-        if (auto s = expectEmpty(payload, "NodeCardRequest"); !s) return refuse(s.code(), s.error().detail), false;
-        send(encode(h.seq, server_.nodeCard_()));
-        return true;
-    }
-    case kGroupOpen: {
-        if (role_ != kRoleRank) return refuse(Errc::PermissionDenied, "GroupOpen from a control client"), false;
-        if (inGroup_) return refuse(Errc::GroupMismatch, "this connection already joined a group"), false;
-        auto m = decodeGroupOpen(payload);
-        if (!m) return refuse(m.code(), m.error().detail), false;
-        inGroup_ = true;
-        server_.groups_.join(*this, *m);
-        return !closed_;
-    }
-    case kAbort: {
-        auto m = decodeFixed<Abort>(payload, "Abort");
-        if (!m) return refuse(m.code(), m.error().detail), false;
-        if (!inGroup_) return refuse(Errc::PermissionDenied, "Abort without a group"), false;
-        server_.groups_.abort(*this);
-        return true;
-    }
-    case kClose: {
-        if (auto s = expectEmpty(payload, "Close"); !s) return refuse(s.code(), s.error().detail), false;
-        if (inGroup_) server_.groups_.leave(*this, true);
-        inGroup_ = false;
-        send(encodeEmpty(kClosed, h.seq));
-        closing_ = true;
-        flush();
-        return false;
-    }
-    case kOpenReport: {
-        if (role_ != kRoleRank) return refuse(Errc::PermissionDenied, "OpenReport from a control client"), false;
-        if (reported_) return refuse(Errc::BadMessage, "second OpenReport on one connection"), false;
-        auto m = decodeFixed<OpenReport>(payload, "OpenReport");
-        if (!m) return refuse(m.code(), m.error().detail), false;
-        reported_ = true;
-        server_.groups_.openReport(*this, *m);
-        return true;
-    }
-    case kStatusRequest: {
-        auto m = decodeFixed<StatusRequest>(payload, "StatusRequest");
-        if (!m) return refuse(m.code(), m.error().detail), false;
-        send(encodeStatusReply(h.seq, server_.statusJson_()));
-        return true;
-    }
-    default:
-        refuse(Errc::BadMessage, "unknown opcode " + std::to_string(h.opcode));
-        return false;
-    }
+void Connection::finish() {
+    closing_ = true;
+    flush();
 }
+
+HelloReply Connection::helloReply() { return server_.hello_; }
+NodeCard Connection::nodeCard() { return server_.nodeCard_(); }
+std::string Connection::statusJson() { return server_.statusJson_(); }
+void Connection::join(const GroupOpen& m) { server_.groups_.join(*this, m); }
+void Connection::leave() { server_.groups_.leave(*this, true); }
+void Connection::abort() { server_.groups_.abort(*this); }
+void Connection::openReport(const OpenReport& m) { server_.groups_.openReport(*this, m); }
+Status Connection::shareRegion(const ShareRegion& m, int fd) { return server_.groups_.shareRegion(*this, m, fd); }
 
 void Connection::refuse(Errc code, const std::string& why) {
     spdlog::warn("client {} (pid {}, uid {}): refused: {}: {}", id_, pid_, uid_, errcName(code), why);
@@ -197,7 +123,7 @@ void Connection::refuse(Errc code, const std::string& why) {
 }
 
 void Connection::sendVerdict(const Verdict& v, std::vector<int> fds) {
-    if (v.errc != 0) inGroup_ = false; // a refused rank may not abort or signal anything
+    if (v.errc != 0) dispatch_.groupRefused(); // a refused rank may not abort or signal anything
     send(encode(kVerdict, 0, v), fds);
 }
 
@@ -251,8 +177,8 @@ void Connection::close() {
     closed_ = true;
     partialSince_ = 0;
     partial_.cancel();
-    if (inGroup_) server_.groups_.leave(*this, false);
-    inGroup_ = false;
+    if (dispatch_.inGroup()) server_.groups_.leave(*this, false);
+    dispatch_.dropped();
     boost::system::error_code ec;
     socket_.close(ec);
     out_.clear();

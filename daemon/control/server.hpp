@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/fd.hpp"
+#include "daemon/control/dispatch.hpp"
 #include "daemon/groups/groups.hpp"
 #include "proto/client_msg.hpp"
 
@@ -23,8 +24,8 @@ namespace tpf::daemon {
 
 class Server;
 
-/// One client connection.
-class Connection : public MemberLink, public std::enable_shared_from_this<Connection> {
+/// One client connection: its socket, and the group table's MemberLink for it.
+class Connection : public MemberLink, private ControlRequests, public std::enable_shared_from_this<Connection> {
 public:
     Connection(Server& server, boost::asio::local::stream_protocol::socket socket, std::uint64_t id);
     void start();
@@ -45,8 +46,20 @@ private:
     void waitReadable();
     void onReadable();
     void watchPartial();
-    bool handle(const MsgHeader& h, ByteView payload, std::size_t fdsWithIt);
-    void refuse(Errc code, const std::string& why); ///< ErrorReply, log, close after flush
+    // ControlRequests
+    void reply(Bytes message) override { send(std::move(message)); }
+    void refuse(Errc code, const std::string& why) override; ///< ErrorReply, log, close after flush
+    void finish() override;
+    client_proto::HelloReply helloReply() override;
+    client_proto::NodeCard nodeCard() override;
+    std::string statusJson() override;
+    void join(const client_proto::GroupOpen& m) override;
+    void leave() override;
+    void abort() override;
+    void openReport(const client_proto::OpenReport& m) override;
+    Status shareRegion(const client_proto::ShareRegion& m, int fd) override;
+    bool closed() const override { return closed_; }
+
     void send(Bytes bytes, const std::vector<int>& fds = {});
     void flush();
     void close();
@@ -57,9 +70,7 @@ private:
     std::int32_t pid_ = -1;
     std::uint32_t uid_ = ~0u;
     std::uint32_t gid_ = ~0u;
-    std::uint32_t role_ = 0; ///< 0 until Hello
-    bool inGroup_ = false;
-    bool reported_ = false;  ///< sent its OpenReport (one per connection)
+    ControlDispatch dispatch_{*this};
     bool closing_ = false;   ///< no more input; close once output is flushed
     bool closed_ = false;
     bool writing_ = false;
