@@ -138,11 +138,11 @@ void peerSeeds() {
     setText(broken.reason, "rank 3 died");
     const Bytes helloB = encode(kPeerHello, 0, hello), auth = encode(kPeerAuth, 1, PeerAuth{}), group = encode(2, g),
                 readyB = encode(kPeerReady, 3, ready), brokenB = encode(kPeerBroken, 4, broken);
-    put("peer-hello", helloB);
-    put("peer-group", group);
-    Bytes link;
-    for (const Bytes* b : {&helloB, &auth, &group, &readyB, &brokenB}) link.insert(link.end(), b->begin(), b->end());
-    put("peer-link", link);
+    // First byte: where the link starts (% 3: hello, auth, records), keyed (/ 3 & 1).
+    put("peer-hello", cat({helloB}, 0));
+    put("peer-group", cat({group}, 2));
+    put("peer-unkeyed-link", cat({helloB, group, readyB, brokenB}, 0));
+    put("peer-link", cat({helloB, auth, group, readyB, brokenB}, 3));
 }
 
 void ringSeeds() {

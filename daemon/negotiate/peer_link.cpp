@@ -131,35 +131,22 @@ void PeerSession::readNext() {
 }
 
 void PeerSession::onMessage(const MsgHeader& h, ByteView payload) {
-    switch (phase_) {
-    case Phase::Hello:
-        if (h.opcode != kPeerHello) return fail(Error{Errc::BadMessage, "expected PeerHello, got opcode " + std::to_string(h.opcode)});
-        return onHello(payload);
-    case Phase::Auth:
-        if (h.opcode != kPeerAuth) return fail(Error{Errc::AuthFailed, "expected PeerAuth (cluster key proof), got opcode " + std::to_string(h.opcode)});
-        return onAuth(payload);
-    case Phase::Records: break;
-    }
+    auto in = decodePeerInput(phase_, h, payload);
+    if (!in) return fail(in.error());
+    if (phase_ == PeerPhase::Hello) return onHello(std::get<PeerHello>(in->record));
+    if (phase_ == PeerPhase::Auth) return onAuth(std::get<PeerAuth>(in->record));
     auto self = shared_from_this();
-    if (h.opcode == kPeerGroup) {
-        auto rec = decodePeerGroup(payload);
-        if (!rec) return fail(rec.error());
+    if (auto* rec = std::get_if<PeerGroup>(&in->record)) {
         state_ = LinkState::Negotiating;
         handler_.peerRecord(self, std::move(*rec));
-    } else if (h.opcode == kPeerReady || h.opcode == kPeerBroken) {
-        auto v = decodeFixed<PeerVerdict>(payload, "PeerVerdict");
-        if (!v) return fail(v.error());
-        handler_.peerVerdict(self, h.opcode, *v);
     } else {
-        return fail(Error{Errc::BadMessage, "unknown peer opcode " + std::to_string(h.opcode)});
+        handler_.peerVerdict(self, in->opcode, std::get<PeerVerdict>(in->record));
     }
     if (!done_) readNext();
 }
 
-void PeerSession::onHello(ByteView payload) {
-    auto hello = decodeFixed<PeerHello>(payload, "PeerHello");
-    if (!hello) return fail(hello.error());
-    theirHello_ = *hello;
+void PeerSession::onHello(const PeerHello& hello) {
+    theirHello_ = hello;
     const NodeId them = NodeId::of(theirHello_.nodeId);
     if (expectRemote_ && them != remote_)
         return fail(Error{Errc::GroupMismatch, "peer daemon " + endpoint_ + " is node " + them.shortHex() + ", the roster says " +
@@ -177,22 +164,20 @@ void PeerSession::onHello(ByteView payload) {
     const auto m = mac(ourHello_, theirHello_);
     std::memcpy(auth.mac, m.data(), 32);
     send(encode(kPeerAuth, ++seq_, auth));
-    phase_ = Phase::Auth;
+    phase_ = PeerPhase::Auth;
     readNext();
 }
 
-void PeerSession::onAuth(ByteView payload) {
-    auto auth = decodeFixed<PeerAuth>(payload, "PeerAuth");
-    if (!auth) return fail(auth.error());
+void PeerSession::onAuth(const PeerAuth& auth) {
     const auto want = mac(theirHello_, ourHello_);
-    if (sodium_memcmp(want.data(), auth->mac, 32) != 0)
+    if (sodium_memcmp(want.data(), auth.mac, 32) != 0)
         return fail(Error{Errc::AuthFailed, "peer daemon " + endpoint_ + " (node " + remote_.shortHex() +
                                                 ") did not prove the cluster key: its peer.key_file differs from ours"});
     established();
 }
 
 void PeerSession::established() {
-    phase_ = Phase::Records;
+    phase_ = PeerPhase::Records;
     state_ = LinkState::Negotiating;
     spdlog::info("peer link {} to node {} established{}", endpoint_, remote_.shortHex(), key_ ? " (cluster key proven)" : "");
     if (!first_.empty()) send(std::move(first_));

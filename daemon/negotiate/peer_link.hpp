@@ -21,6 +21,7 @@
 
 #include "common/ids.hpp"
 #include "daemon/config/config.hpp"
+#include "daemon/negotiate/peer_input.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/peer_msg.hpp"
 
@@ -83,8 +84,8 @@ private:
     void readHeader(std::size_t want, std::uint16_t opcode);
     void readNext();
     void onMessage(const MsgHeader& h, ByteView payload);
-    void onHello(ByteView payload);
-    void onAuth(ByteView payload);
+    void onHello(const peer_proto::PeerHello& hello);
+    void onAuth(const peer_proto::PeerAuth& auth);
     void established();
     void fail(Error why);
     void flush();
@@ -104,7 +105,7 @@ private:
     LinkState state_ = LinkState::Connecting;
     Error lastError_;
     bool done_ = false; ///< closed or failed: no more reports
-    enum class Phase { Hello, Auth, Records } phase_ = Phase::Hello;
+    PeerPhase phase_ = PeerPhase::Hello;
     peer_proto::PeerHello ourHello_{};
     peer_proto::PeerHello theirHello_{};
     Bytes first_;
