@@ -109,7 +109,13 @@ Result<ClientEnv> readClientEnv() {
 namespace tpf::testing {
 namespace {
 std::atomic<int> sabotagedRank{-1};
-}
+std::vector<std::uint32_t> nodesOfRanks; // set before any open, by test programs only
+std::atomic<bool> countDeviceCalls{true};
+} // namespace
 void setProbeSabotage(int rank) { sabotagedRank.store(rank, std::memory_order_relaxed); }
 int probeSabotage() { return sabotagedRank.load(std::memory_order_relaxed); }
+void setTestNodes(std::vector<std::uint32_t> nodes) { nodesOfRanks = std::move(nodes); }
+const std::vector<std::uint32_t>& testNodes() { return nodesOfRanks; }
+void setDeviceStats(bool on) { countDeviceCalls.store(on, std::memory_order_relaxed); }
+bool deviceStats() { return countDeviceCalls.load(std::memory_order_relaxed); }
 } // namespace tpf::testing

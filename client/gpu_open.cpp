@@ -136,17 +136,22 @@ Status attachHost(Group::Impl& g, GpuPath& p) {
     if (!ring) return ring.error();
     p.ringHost = g.ringMap.data();
     TPF_GPU_TRY(kernels::createDeviceState(&p.state, 0, g.ring.header().subHead));
+    TPF_GPU_TRY(cudaMalloc(&p.stats, sizeof(kernels::DeviceStats)));
+    TPF_GPU_TRY(cudaMemset(p.stats, 0, sizeof(kernels::DeviceStats)));
     auto& v = p.view;
     v.layout = g.layout;
     v.rank = g.rank;
     v.world = g.world;
     std::memcpy(v.routes, g.routes.data(), kMaxWorld);
     v.region = static_cast<std::uint8_t*>(*region);
-    v.control = reinterpret_cast<ControlBlock*>(v.region + g.layout.controlOffset());
+    v.hostRegion = v.region; // stays the host mapping when ipc peers make region the device region
+    v.control = reinterpret_cast<ControlBlock*>(v.hostRegion + g.layout.controlOffset());
     v.ring = static_cast<std::uint8_t*>(*ring);
     v.ringLayout = g.ring.layout();
     v.groupHandle = g.handle;
     v.state = p.state;
+    v.stats = testing::deviceStats() ? p.stats : nullptr;
+    v.ringStats = reinterpret_cast<RankStats*>(v.ring + g.ring.layout().statsOffset());
     v.timeoutNs = std::uint64_t(g.options.timeout.count()) * 1000000ull;
     v.maxBlocks = g.options.maxBlocks;
     return okStatus();
@@ -277,6 +282,7 @@ Status agreeCrossover(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
 
 GpuPath::~GpuPath() {
     if (state) kernels::destroyDeviceState(state);
+    if (stats) (void)TPF_GPU(cudaFree(stats));
     if (scratch) (void)TPF_GPU(cudaFree(scratch));
     auto unmap = [](DeviceMapping& m) {
         if (m.ptr) {
@@ -302,11 +308,20 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
         return okStatus();
     }
     const GpuRoute want = gpuRouteOf(g);
-    bool sameNode = true;
-    for (std::uint32_t q = 0; q < g.world; ++q) sameNode = sameNode && (q == g.rank || g.routes[q] == kRouteShm);
+    // Peers on this node may take ipc; peers on other nodes keep the proxy
+    // route (verbs), in the same call. A test may say which ranks count as
+    // another node (testing::setTestNodes), since one machine is one node.
+    std::uint32_t ipcPeers = 0, otherPeers = 0;
+    const auto& nodes = testing::testNodes();
+    const bool testNodes = nodes.size() >= g.world;
+    for (std::uint32_t q = 0; q < g.world; ++q) {
+        if (q == g.rank) continue;
+        const bool sameNode = g.routes[q] == kRouteShm && (!testNodes || nodes[q] == nodes[g.rank]);
+        (sameNode ? ipcPeers : otherPeers) |= 1u << q;
+    }
 
     Status s = attachHost(g, p);
-    bool ipc = want != GpuRoute::Proxy && sameNode;
+    bool ipc = want != GpuRoute::Proxy && ipcPeers != 0;
     if (s && ipc) {
         const Status own = createOwnRegion(g, p);
         if (!own) {
@@ -317,12 +332,12 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
     if (s = vote(boot, s, "GPU attach", &ipc); !s) return s;
     if (want == GpuRoute::Ipc && !ipc) return Error{Errc::Unsupported, "ipc route requested but a rank has no device region"};
     if (ipc) {
-        bool llAll = p.llWanted;
+        bool llAll = p.llWanted && otherPeers == 0;
         if (s = vote(boot, shareRegions(g, p), "device region sharing", &llAll); !s) return s;
-        p.ipc = true;
-        p.view.region = reinterpret_cast<std::uint8_t*>(p.own.ptr); // control stays in the host region: the daemon writes it
+        p.ipc = otherPeers == 0;
+        p.view.region = reinterpret_cast<std::uint8_t*>(p.own.ptr); // ipc peers deliver here; the rest stays in hostRegion
         for (std::uint32_t q = 0; q < g.world; ++q)
-            if (q != g.rank) {
+            if (ipcPeers >> q & 1u) {
                 g.routes[q] = kRouteIpc;
                 p.view.routes[q] = kRouteIpc;
                 p.view.peerRegions[q] = reinterpret_cast<std::uint8_t*>(p.peers[q].ptr);
@@ -336,8 +351,13 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
     if (s = vote(boot, s, "device view"); !s) return s;
     if (p.comm)
         if (s = vote(boot, agreeCrossover(g, p, boot), "NCCL crossover"); !s) return s;
-    if (!g.options.skipProbe)
+    if (!g.options.skipProbe) {
         if (s = vote(boot, probe(g, p, boot), "load-time probe"); !s) return s;
+        // The probe's calls are not the engine's: the counts start at zero.
+        TPF_GPU_TRY(cudaMemset(p.stats, 0, sizeof(kernels::DeviceStats)));
+        TPF_GPU_TRY(cudaDeviceSynchronize());
+        std::memset(static_cast<void*>(&g.ring.stats()), 0, sizeof(RankStats));
+    }
     return okStatus();
 }
 

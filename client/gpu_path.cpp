@@ -58,8 +58,9 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstrea
     u.pitch = padded;
     u.rows = g.world;
     for (std::uint32_t r = 0; r < g.world; ++r) u.bytes[r] = bytes, u.offset[r] = std::uint64_t(r) * bytes;
+    const kernels::CallTag tag{kStatsAllGather, 1, bytes};
     TPF_GPU_TRY(cudaMemcpyAsync(p.scratch, send, bytes, cudaMemcpyDeviceToDevice, stream));
-    TPF_GPU_TRY(kernels::launchAllGather(p.view, p.scratch, rows, padded, stream));
+    TPF_GPU_TRY(kernels::launchAllGather(p.view, p.scratch, rows, padded, stream, &tag));
     return TPF_GPU(kernels::launchUnpackRows(p.view, rows, recv, u, stream));
 }
 
@@ -92,8 +93,9 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     u.pitch = padded;
     u.rows = 1;
     u.bytes[0] = bytes;
+    const kernels::CallTag tag{kStatsAllReduceSum, 1, bytes};
     TPF_GPU_TRY(cudaMemcpyAsync(p.scratch, send, bytes, cudaMemcpyDeviceToDevice, stream));
-    TPF_GPU_TRY(kernels::launchAllReduceSum(p.view, p.scratch, out, padded / dtypeSize(type), type, stream));
+    TPF_GPU_TRY(kernels::launchAllReduceSum(p.view, p.scratch, out, padded / dtypeSize(type), type, stream, &tag));
     return TPF_GPU(kernels::launchUnpackRows(p.view, out, recv, u, stream));
 }
 
@@ -142,13 +144,24 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
     u.rows = g.world;
     u.headers = 1;
     u.countsHash = header.countsHash;
+    u.statsOp = kStatsAllGatherV;
+    u.statsBytes = counts[g.rank];
+    const kernels::CallTag tag{kStatsAllGatherV, 1, counts[g.rank], 1};
     for (std::uint32_t r = 0; r < g.world; ++r) u.bytes[r] = counts[r], u.offset[r] = offset[r];
     TPF_GPU_TRY(kernels::launchPackRow(p.scratch, &header, send, counts[g.rank], stream));
-    TPF_GPU_TRY(kernels::launchAllGather(p.view, p.scratch, rows, padded, stream));
+    TPF_GPU_TRY(kernels::launchAllGather(p.view, p.scratch, rows, padded, stream, &tag));
     return TPF_GPU(kernels::launchUnpackRows(p.view, rows, recv, u, stream));
 }
 
+void gpuFlushStats(Group::Impl& g) {
+    if (!g.gpu || g.nccl || g.world == 1 || !g.gpu->stats || !g.ring.layout().entries) return;
+    kernels::DeviceStats d;
+    if (cudaMemcpy(&d, g.gpu->stats, sizeof d, cudaMemcpyDeviceToHost) == cudaSuccess)
+        kernels::publishDeviceStats(d, g.ring.stats());
+}
+
 Status gpuCheck(Group::Impl& g) {
+    gpuFlushStats(g); // every count up to here, for the daemon's status and metrics
     if (g.failure.code != Errc::Ok) return g.failure;
     if (!g.gpu || g.nccl || g.world == 1) return okStatus();
     // Only a failed call counts: the daemon also writes the control block when
@@ -170,6 +183,10 @@ Status gpuCheck(Group::Impl& g) {
                                             std::to_string(f.epoch) + " within " + std::to_string(g.options.timeout.count()) + " ms";
         break;
     case Errc::Aborted: why = "a rank aborted the group"; break;
+    case Errc::DaemonLost:
+        why = "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait (the daemon died or hung); "
+              "restart it and reopen (ipc-only groups do not need it)";
+        break;
     default:
         why = f.missingPeer == kNoPeer ? std::string("reported by the daemon")
                                        : "rank " + std::to_string(f.missingPeer) + " is gone (" + std::string(errcName(f.error)) + ")";

@@ -38,6 +38,8 @@ struct GpuPath {
     /// Staged calls (kernels/staging.hpp: sizes not a multiple of 16, all-gather-v):
     /// one send row and `world` receive rows of layout.slotBytes each, device memory.
     std::uint8_t* scratch = nullptr;
+    /// Device-side counts of this rank's calls (kernels publish them to the ring's RankStats).
+    kernels::DeviceStats* stats = nullptr;
 
     ~GpuPath();
 };

@@ -17,6 +17,7 @@ Status Group::allGatherV(const void*, void*, std::span<const std::size_t>, CUstr
 void* ncclCommOf(Bootstrap&) { return nullptr; }
 Status gpuAttach(Group::Impl&, Bootstrap&) { return noCuda(); }
 Status gpuFallback(Group::Impl&, void*) { return noCuda(); }
+void gpuFlushStats(Group::Impl&) {}
 Status gpuCheck(Group::Impl& g) { return g.failure.code != Errc::Ok ? Status(g.failure) : okStatus(); }
 
 } // namespace tpf

@@ -262,6 +262,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
 void Group::close() {
     if (!impl_ || impl_->closed) return;
     impl_->closed = true;
+    gpuFlushStats(*impl_); // the daemon folds the ring's counts when this rank leaves
     impl_->gpu.reset(); // unregisters the mappings below; waits for nothing
     if (impl_->socket) {
         // Orderly leave; a dead daemon or a timeout changes nothing here.

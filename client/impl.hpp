@@ -89,6 +89,16 @@ namespace testing {
 /// installed library cannot be made to fail its probe.
 void setProbeSabotage(int rank);
 int probeSabotage();
+/// Test hook of Device groups on one machine: a node index per rank (empty:
+/// the daemon's view). Ranks of another index are treated as another node's:
+/// their route stays the proxy while same-index peers take ipc, as in a
+/// group spanning nodes. Internal, not exported.
+void setTestNodes(std::vector<std::uint32_t> nodes);
+const std::vector<std::uint32_t>& testNodes();
+/// Benchmark hook: Device groups opened after setDeviceStats(false) do not
+/// count their calls (to measure what counting costs). Internal.
+void setDeviceStats(bool on);
+bool deviceStats();
 } // namespace testing
 
 /// GPU hooks of Group::open (client/gpu_open.cpp; client/gpu_stub.cpp without CUDA).
@@ -102,6 +112,8 @@ inline void* fallbackComm(const Options& o, Bootstrap& boot) { return o.ncclComm
 Status gpuAttach(Group::Impl& g, Bootstrap& boot);
 /// What a kernel recorded (readFailure), made the group's sticky failure.
 Status gpuCheck(Group::Impl& g);
+/// The device's call counts into the ring's RankStats (check() and close()).
+void gpuFlushStats(Group::Impl& g);
 /// The group takes NCCL for every call (comm from ncclCommOf).
 Status gpuFallback(Group::Impl& g, void* comm);
 

@@ -3,6 +3,7 @@
 #include "kernels/collectives.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/collectives_kernel.cuh"
 #include "kernels/ll_kernel.cuh"
@@ -79,29 +80,31 @@ LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
 
 template <Op op, std::uint32_t kPer>
 cudaError_t launchLl(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t n16, std::uint32_t blocks,
-                     std::uint32_t threads, cudaStream_t stream) {
+                     std::uint32_t threads, const CallTag& tag, cudaStream_t stream) {
     const auto* s = static_cast<const std::uint8_t*>(send);
     auto* r = static_cast<std::uint8_t*>(recv);
-    if (v.world == 2) detail::llKernel<op, kPer, 1><<<blocks, threads, 0, stream>>>(v, s, r, n16);
-    else detail::llKernel<op, kPer, kLlHeld / kPer><<<blocks, threads, 0, stream>>>(v, s, r, n16);
+    if (v.world == 2) detail::llKernel<op, kPer, 1><<<blocks, threads, 0, stream>>>(v, s, r, n16, tag);
+    else detail::llKernel<op, kPer, kLlHeld / kPer><<<blocks, threads, 0, stream>>>(v, s, r, n16, tag);
     return cudaGetLastError();
 }
 
 template <Op op>
 cudaError_t launchLlFor(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes, LlGrid g,
-                        cudaStream_t stream) {
+                        const CallTag& tag, cudaStream_t stream) {
     switch (g.per) {
-    case 1: return launchLl<op, 1>(v, send, recv, bytes / 16, g.blocks, g.threads, stream);
-    case 2: return launchLl<op, 2>(v, send, recv, bytes / 16, g.blocks, g.threads, stream);
-    default: return launchLl<op, 4>(v, send, recv, bytes / 16, g.blocks, g.threads, stream);
+    case 1: return launchLl<op, 1>(v, send, recv, bytes / 16, g.blocks, g.threads, tag, stream);
+    case 2: return launchLl<op, 2>(v, send, recv, bytes / 16, g.blocks, g.threads, tag, stream);
+    default: return launchLl<op, 4>(v, send, recv, bytes / 16, g.blocks, g.threads, tag, stream);
     }
 }
 
 template <Op op>
-cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes, cudaStream_t stream) {
-    if (const LlGrid g = llGridFor(v, bytes); g.per != 0) return launchLlFor<op>(v, send, recv, bytes, g, stream);
+cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes, const CallTag* tag,
+                   cudaStream_t stream) {
+    const CallTag t = tag ? *tag : CallTag{op == Op::Gather ? kStatsAllGather : kStatsAllReduceSum, 1, bytes};
+    if (const LlGrid g = llGridFor(v, bytes); g.per != 0 && !t.flagPath) return launchLlFor<op>(v, send, recv, bytes, g, t, stream);
     detail::collectiveKernel<op><<<gridFor(v, bytes), kThreadsPerBlock, 0, stream>>>(
-        v, static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16);
+        v, static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16, t);
     return cudaGetLastError();
 }
 
@@ -131,7 +134,8 @@ Errc validateView(const DeviceGroupView& v) {
         if (route == kRouteIpc && v.peerRegions[r] == nullptr) return Errc::BadMessage;
         proxy |= route == kRouteShm || route == kRouteVerbs;
     }
-    if (proxy && (v.ring == nullptr || !RingLayout::validEntries(v.ringLayout.entries))) return Errc::BadMessage;
+    if (proxy && (v.ring == nullptr || v.hostRegion == nullptr || !RingLayout::validEntries(v.ringLayout.entries)))
+        return Errc::BadMessage;
     if (v.layout.slotBytes > 0xffffffffull && proxy) return Errc::OutOfRange; // Doorbell.bytes is u32
     return Errc::Ok;
 }
@@ -147,21 +151,21 @@ Errc validateAllReduceSum(const DeviceGroupView& v, const void* send, const void
 }
 
 cudaError_t launchAllGather(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const CallTag* tag) {
     if (!viewUsable(v) || checkCall(v, send, recv, bytes) != Errc::Ok) return cudaErrorInvalidValue;
     if (bytes == 0) return cudaSuccess;
-    return launch<Op::Gather>(v, send, recv, bytes, stream);
+    return launch<Op::Gather>(v, send, recv, bytes, tag, stream);
 }
 
 cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t count,
-                               DType dtype, cudaStream_t stream) {
+                               DType dtype, cudaStream_t stream, const CallTag* tag) {
     if (!viewUsable(v) || validateAllReduceSum(v, send, recv, count, dtype) != Errc::Ok) return cudaErrorInvalidValue;
     const std::uint64_t bytes = count * dtypeSize(dtype);
     if (bytes == 0) return cudaSuccess;
     switch (dtype) {
-    case DType::F32: return launch<Op::SumF32>(v, send, recv, bytes, stream);
-    case DType::F16: return launch<Op::SumF16>(v, send, recv, bytes, stream);
-    case DType::BF16: return launch<Op::SumBF16>(v, send, recv, bytes, stream);
+    case DType::F32: return launch<Op::SumF32>(v, send, recv, bytes, tag, stream);
+    case DType::F16: return launch<Op::SumF16>(v, send, recv, bytes, tag, stream);
+    case DType::BF16: return launch<Op::SumBF16>(v, send, recv, bytes, tag, stream);
     }
     return cudaErrorInvalidValue;
 }
@@ -170,7 +174,8 @@ cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, st
                                cudaStream_t stream) {
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == kRouteShm || v.routes[r] == kRouteVerbs;
-    if (!viewUsable(v) || !proxy || v.ring == nullptr || v.layout.slotBytes < 16) return cudaErrorInvalidValue;
+    if (!viewUsable(v) || !proxy || v.ring == nullptr || v.hostRegion == nullptr || v.layout.slotBytes < 16)
+        return cudaErrorInvalidValue;
     detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps);
     return cudaGetLastError();
 }
@@ -243,6 +248,19 @@ cudaError_t readFailure(const DeviceGroupView& v, CallFailure& out) {
     out.missingPeer = cb.missingPeer;
     out.epoch = cb.epoch;
     return cudaSuccess;
+}
+
+void publishDeviceStats(const DeviceStats& d, RankStats& r) {
+    const auto put = [](auto& field, auto v) { std::atomic_ref(field).store(v, std::memory_order_relaxed); };
+    for (std::uint32_t o = 0; o < kStatsOps; ++o) {
+        put(r.ops[o].calls, d.ops[o].calls);
+        put(r.ops[o].bytes, d.ops[o].bytes);
+        put(r.ops[o].errors, d.ops[o].errors);
+        put(r.ops[o].latencyNs, d.ops[o].latencyNs);
+        for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) put(r.ops[o].latency[b], d.ops[o].latency[b]);
+    }
+    for (std::uint32_t c = 0; c < kStatsErrcSlots; ++c) put(r.errorsByCode[c], d.errorsByCode[c]);
+    if (d.lastError) put(r.lastError, d.lastError);
 }
 
 } // namespace tpf::kernels

@@ -68,6 +68,41 @@ static_assert(sizeof(DeviceState) == 128);
 static_assert(std::is_trivially_copyable_v<DeviceState>);
 inline constexpr std::uint64_t kVerdictFailed = 1ull << 63;
 
+/// Counts of this rank's device calls (calls, bytes, errors by name), kept
+/// in device memory by the kernels and published into the ring's RankStats
+/// (host memory the daemon reads for status and metrics) by the host at
+/// check() and close() (publishDeviceStats). A call counts itself and its
+/// bytes with fire-and-forget atomics while it waits for its peers (taken
+/// back if it fails); nothing is counted at a kernel's end, where the call's
+/// completion would wait for it. Latencies are not counted: timing a call
+/// on the device and keeping it cost 1.0 us a call at 4 KiB (37 %, two
+/// H200s, 2026-11-30), more than they are worth; the host path has them.
+struct DeviceStats {
+    OpStats ops[kStatsOps];
+    std::uint64_t errorsByCode[kStatsErrcSlots];
+    std::uint32_t lastError; ///< Errc of the last failed call
+    std::uint32_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<DeviceStats>);
+
+/// The host's publish: every total of `stats` (a copy read back after the
+/// stream synchronised) into the ring's RankStats (host memory). Totals, not
+/// increments: publishing again counts nothing twice.
+void publishDeviceStats(const DeviceStats& stats, RankStats& ring);
+
+/// What one call counts as (staged calls pass the caller's op and bytes to
+/// the collective kernel that moves their padded rows).
+struct CallTag {
+    std::uint32_t op = 0;       ///< StatsOp
+    std::uint32_t record = 1;   ///< 0: not counted
+    std::uint64_t bytes = 0;    ///< this rank's bytes of the call
+    std::uint32_t flagPath = 0; ///< 1: never the LL path. All-gather-v: ranks whose counts differ stage
+                                ///< different sizes, and an LL wait for lines a shorter sender never
+                                ///< wrote would only end at the timeout; flags end every rank's wait,
+                                ///< so the row headers can name the mismatch.
+    std::uint32_t reserved = 0;
+};
+
 /// Everything one rank's kernels need to know about its group. Trivially
 /// copyable: it is passed by value as a kernel argument, so a captured graph
 /// holds a copy (build the view once per group; it never changes).
@@ -78,8 +113,11 @@ struct DeviceGroupView {
     std::uint32_t rank = 0;                   ///< this rank
     std::uint32_t world = 0;                  ///< ranks in the group, == layout.world
     std::uint8_t routes[kMaxWorld] = {};      ///< client_proto::Route per rank; kRouteSelf (0) at `rank`
-    std::uint8_t* region = nullptr;           ///< own region (Layout::totalBytes bytes)
-    ControlBlock* control = nullptr;          ///< own control block, normally region + layout.controlOffset()
+    std::uint8_t* region = nullptr;           ///< own region where ipc peers deliver: the device region of an
+                                              ///< ipc group, else == hostRegion (Layout::totalBytes bytes)
+    std::uint8_t* hostRegion = nullptr;       ///< own host region (the daemon's memfd, mapped): where the shard is
+                                              ///< staged for the proxy and proxy-route peers' rows and flags land
+    ControlBlock* control = nullptr;          ///< own control block, in the host region (the daemon writes it)
     std::uint8_t* peerRegions[kMaxWorld] = {};///< regions of ipc peers (route kRouteIpc), nullptr for the others
     std::uint8_t* ring = nullptr;             ///< command ring mapping (RingHeader at 0); needed iff a shm/verbs peer exists
     RingLayout ringLayout{};                  ///< entries of that ring
@@ -90,6 +128,8 @@ struct DeviceGroupView {
     std::uint32_t llChunks = 0;               ///< LL calls above one block: 256-thread blocks of this many chunks a thread (1, 2, 4); 0: the measured grid
     Layout ll{};                              ///< LL area's layout (2 x 8 data bytes per 16-byte line); world 0: no LL path
     std::uint64_t llOffset = 0;               ///< where the LL area starts in every ipc region (own and peers')
+    DeviceStats* stats = nullptr;             ///< device memory, zeroed; nullptr: calls are not counted
+    RankStats* ringStats = nullptr;           ///< the ring's RankStats (mapped host memory) the counts are published to
 };
 static_assert(std::is_trivially_copyable_v<DeviceGroupView>);
 
@@ -138,8 +178,9 @@ inline std::uint64_t regionBytesWithLl(const Layout& l) {
 void enableLowLatency(DeviceGroupView& view);
 
 /// Checks a view once at set-up: world/rank/layout agree, routes are valid
-/// (self exactly at rank), every ipc peer has a region, a ring exists when a
-/// shm/verbs peer does, state/region/control set, timeout > 0. Ok or
+/// (self exactly at rank), every ipc peer has a region, a ring and the host
+/// region exist when a shm/verbs peer does, state/region/control set,
+/// timeout > 0. Routes may mix: ipc to some peers, the proxy to others. Ok or
 /// OutOfRange / BadMessage / Misaligned naming nothing further.
 Errc validateView(const DeviceGroupView& view);
 
@@ -158,14 +199,14 @@ Errc validateAllReduceSum(const DeviceGroupView& view, const void* send, const v
 /// nothing and returns cudaSuccess (every rank skips alike; the epoch does
 /// not move). A failed wait is not a launch error: read it with readFailure.
 cudaError_t launchAllGather(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t bytes,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const CallTag* tag = nullptr);
 
 /// All-reduce sum of `count` elements of `dtype` from `send` into `recv`
 /// (count elements), summed in rank order 0..W-1 (bit-identical on every
 /// rank): f32 adds in f32; f16/bf16 add in f32 from float(x0) and round to
 /// nearest even once. Same contract as launchAllGather otherwise.
 cudaError_t launchAllReduceSum(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t count,
-                               DType dtype, cudaStream_t stream);
+                               DType dtype, cudaStream_t stream, const CallTag* tag = nullptr);
 
 /// Benchmark of the proxy hop alone (bench/gpu --mode hop): `iters` calls of
 /// a 16-byte shard by one warp of one launch, no output and no launch per

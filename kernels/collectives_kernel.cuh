@@ -13,6 +13,9 @@ namespace tpf::kernels::detail {
 enum class Op : std::uint32_t { Gather, SumF32, SumF16, SumBF16 };
 
 constexpr std::uint32_t kUnroll = 4;
+/// How long a proxy-route wait tolerates a silent daemon heartbeat before it
+/// ends DaemonLost (the proxy beats every 1 ms while such a group is open).
+constexpr std::uint64_t kDaemonSilentNs = 500ull * 1000 * 1000;
 constexpr std::uint32_t kWarp = 32;
 
 __device__ __forceinline__ bool isProxy(std::uint8_t route) { return proxyCarries(route); }
@@ -113,20 +116,36 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
     const std::uint32_t S = v.layout.stripes;
     const std::uint32_t n = v.world * S;
     const std::uint64_t t0 = globalTimerNs();
+    // A proxy-route wait also watches the daemon's heartbeat (RingHeader,
+    // host memory): the proxy beats every millisecond while a Device group
+    // with proxy peers is open, so a beat that stops for kDaemonSilentNs
+    // means the daemon died or hung: DaemonLost, not a Timeout at the end.
+    bool watchBeat = false;
+    for (std::uint32_t r = 0; r < v.world; ++r) watchBeat |= isProxy(v.routes[r]);
+    watchBeat = watchBeat && v.ring != nullptr;
+    const auto* beat = watchBeat ? &reinterpret_cast<const RingHeader*>(v.ring)->heartbeatNs : nullptr;
+    std::uint64_t lastBeat = 0, beatSeen = t0;
     for (;;) {
         // Control words first: relaxed loads issue without waiting, so their
         // latency overlaps the flags' acquire loads.
-        std::uint32_t daemonErr = 0, aborted = 0, ringFull = 0;
+        std::uint32_t daemonErr = 0, aborted = 0, ringFull = 0, silent = 0;
         if (lane == 0) {
             daemonErr = ldRelaxedSys(&v.control->error);
             aborted = ldRelaxedSys(&v.control->abort);
             ringFull = ldRelaxedGpu(&v.state->ringFullEpoch) == e;
+            if (beat) {
+                const std::uint64_t b = ldRelaxedSys(beat), now = globalTimerNs();
+                if (b != lastBeat) lastBeat = b, beatSeen = now;
+                silent = now - beatSeen > kDaemonSilentNs;
+            }
         }
         std::uint32_t missing = kNoPeer;
         for (std::uint32_t f = lane; f < n; f += kWarp) {
             const std::uint32_t src = f / S;
             if (src == v.rank) continue;
-            const auto* flag = reinterpret_cast<const std::uint64_t*>(v.region + v.layout.flagOffset(p, src, f % S));
+            // A proxy-route peer's flag lands in the host region (the daemon writes it), an ipc peer's in region.
+            const std::uint8_t* base = isProxy(v.routes[src]) ? v.hostRegion : v.region;
+            const auto* flag = reinterpret_cast<const std::uint64_t*>(base + v.layout.flagOffset(p, src, f % S));
 #if TPF_POLL_RELAXED
             if (ldRelaxedSys(flag) < e && src < missing) missing = src;
 #else
@@ -137,16 +156,21 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
         daemonErr = __shfl_sync(0xffffffffu, daemonErr, 0);
         aborted = __shfl_sync(0xffffffffu, aborted, 0);
         ringFull = __shfl_sync(0xffffffffu, ringFull, 0);
-        std::uint32_t code = 0;
-        if (daemonErr != 0) code = daemonErr;
-        else if (aborted != 0) code = std::uint32_t(Errc::Aborted), missing = kNoPeer;
-        else if (ringFull != 0) code = std::uint32_t(Errc::Timeout), missing = v.rank;
-        else if (missing == kNoPeer) {
+        silent = __shfl_sync(0xffffffffu, silent, 0);
+        // Every flag arrived: the call is whole, whatever the daemon recorded
+        // since (a peer that delivered and then left, an abort after the
+        // last shard); the next call sees the record. As the host path.
+        if (missing == kNoPeer) {
 #if TPF_POLL_RELAXED
             fenceAcqRelSys(); // relaxed polls + this fence: the acquire pattern
 #endif
             return 0;
         }
+        std::uint32_t code = 0;
+        if (daemonErr != 0) code = daemonErr;
+        else if (aborted != 0) code = std::uint32_t(Errc::Aborted), missing = kNoPeer;
+        else if (ringFull != 0) code = std::uint32_t(Errc::Timeout), missing = v.rank;
+        else if (silent != 0) code = std::uint32_t(Errc::DaemonLost), missing = kNoPeer;
         const std::uint64_t waited = globalTimerNs() - t0;
         if (code == 0 && waited > v.timeoutNs) code = std::uint32_t(Errc::Timeout);
         if (code != 0) {
@@ -177,6 +201,29 @@ __device__ bool awaitVerdict(const DeviceGroupView& v, std::uint64_t e) {
             return false;
         }
     }
+}
+
+using U64 = unsigned long long;
+
+/// One thread of a call, while the call waits for its peers anyway: count
+/// the call and its bytes (taken back if it fails). Fire-and-forget atomics:
+/// the thread does not wait for them, and they complete during the wait.
+__device__ void countCall(const DeviceGroupView& v, const CallTag& tag) {
+    DeviceStats* d = v.stats;
+    if (d == nullptr || !tag.record || tag.op >= kStatsOps) return;
+    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].calls), 1ull);
+    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].bytes), U64(tag.bytes));
+}
+
+/// The last block out, once per call: a failure is counted here (the slow
+/// path anyway); a success needs nothing more.
+__device__ void endCall(const DeviceGroupView& v, const CallTag& tag, bool ok, std::uint32_t code) {
+    DeviceStats* d = v.stats;
+    if (ok || d == nullptr || !tag.record || tag.op >= kStatsOps) return;
+    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].errors), 1ull);
+    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].bytes), U64(0) - U64(tag.bytes)); // bytes of completed calls only
+    d->lastError = code;
+    if (code < kStatsErrcSlots) atomicAdd(reinterpret_cast<U64*>(&d->errorsByCode[code]), 1ull);
 }
 
 __device__ __forceinline__ uint4 loadRow(const Shared& s, std::uint32_t r, std::uint32_t rank, std::uint64_t off) {
@@ -294,7 +341,7 @@ __device__ __forceinline__ void sumRange(const Shared& s, std::uint32_t rank, st
 template <Op op>
 __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const DeviceGroupView v,
                                                                      const std::uint8_t* send, std::uint8_t* recv,
-                                                                     std::uint64_t n16) {
+                                                                     std::uint64_t n16, const CallTag tag) {
     __shared__ Shared s;
     DeviceState* st = v.state;
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
@@ -307,12 +354,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         const std::uint32_t p = phaseOf(e);
         s.epoch = e;
         s.ndst = 0;
-        if (hasProxy) s.dst[s.ndst++] = v.region + v.layout.slotOffset(p, v.rank);
+        if (hasProxy) s.dst[s.ndst++] = v.hostRegion + v.layout.slotOffset(p, v.rank); // the daemon's source
         for (std::uint32_t i = 0; i + 1 < v.world; ++i) {
             const std::uint32_t q = peerAt(v.rank, i, v.world);
             if (v.routes[q] == kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
         }
-        for (std::uint32_t r = 0; r < v.world; ++r) s.src[r] = r == v.rank ? send : v.region + v.layout.slotOffset(p, r);
+        for (std::uint32_t r = 0; r < v.world; ++r)
+            s.src[r] = r == v.rank ? send : (isProxy(v.routes[r]) ? v.hostRegion : v.region) + v.layout.slotOffset(p, r);
         if (b == 0) {
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0; // the LL path's counter for the next call (ll_kernel.cuh)
@@ -339,6 +387,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
 
     // 2. wait: block 0 decides for all, so that either every block writes or none does.
     if (b == 0) {
+        if (threadIdx.x == kWarp) countCall(v, tag); // a spare warp, after every release of this call
         if (threadIdx.x < kWarp) {
             const std::uint32_t code = waitPeers(v, e, p);
             if (threadIdx.x == 0) {
@@ -357,9 +406,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         else sumRange<op>(s, v.rank, v.world, recv, blockRange(n16, b, nb));
     }
 
-    // 4. the last block out advances the epoch for the next call.
+    // 4. the last block out advances the epoch for the next call, and counts it.
     if (threadIdx.x == 0) {
-        if (nb == 1 || atomicInc(&st->doneArrive, nb - 1) == nb - 1) st->epoch = e;
+        if (nb == 1 || atomicInc(&st->doneArrive, nb - 1) == nb - 1) {
+            st->epoch = e;
+            endCall(v, tag, s.ok, s.ok ? 0u : ldRelaxedSys(&v.control->error));
+        }
     }
 }
 
@@ -380,7 +432,7 @@ __global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, 
         if (lane == 0) {
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0;
-            st16(v.region + v.layout.slotOffset(p, v.rank), make_uint4(std::uint32_t(e), std::uint32_t(i), 0, 0));
+            st16(v.hostRegion + v.layout.slotOffset(p, v.rank), make_uint4(std::uint32_t(e), std::uint32_t(i), 0, 0));
         }
         __syncwarp();
         const std::uint64_t t0 = globalTimerNs();

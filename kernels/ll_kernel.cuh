@@ -61,7 +61,7 @@ constexpr std::uint32_t llThreadsMax(std::uint32_t per, std::uint32_t peers) {
 /// carry no dead peers.
 template <Op op, std::uint32_t kPer, std::uint32_t kPeers>
 __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const DeviceGroupView v, const std::uint8_t* send,
-                                                       std::uint8_t* recv, std::uint64_t n16) {
+                                                       std::uint8_t* recv, std::uint64_t n16, const CallTag tag) {
     static_assert(kPer * kPeers <= kLlHeld);
     __shared__ std::uint32_t sCode, sMissing;
     DeviceState* st = v.state;
@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         }
     }
     __syncthreads(); // sCode / sMissing initialised
+    if (b == 0 && threadIdx.x == 0) countCall(v, tag); // completes while the lines travel (no fence on this path)
 
     // 2. wait for the same chunks of every peer (rank order, self skipped).
     // Each pass loads every line still missing before it looks at any, so
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     bool ok = code == 0;
     uint4 held[kPer][kPeers];
     std::uint32_t pending = 0; // bit k * kPeers + j: chunk k of peer j not yet seen
+    bool recorded = false;     // the daemon's error or abort was seen once
 #pragma unroll
     for (std::uint32_t k = 0; k < kPer; ++k)
 #pragma unroll
@@ -142,7 +144,11 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         }
         if ((spins & 1023u) == 0) { // the daemon's words live in host memory: read them rarely
             const std::uint32_t err = ldRelaxedSys(&v.control->error), ab = ldRelaxedSys(&v.control->abort);
-            if (err != 0 || ab != 0) {
+            // Lines that landed before the record (a peer that delivered, then
+            // left) still count: fail at the second look, 1,024 polls later.
+            if ((err != 0 || ab != 0) && !recorded) {
+                recorded = true;
+            } else if (err != 0 || ab != 0) {
                 atomicCAS(&sCode, 0u, err != 0 ? kLlKeep : std::uint32_t(Errc::Aborted));
                 ok = false;
                 break;
@@ -209,6 +215,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
                 atomicAdd(&st->failures, 1u);
             }
             st->epoch = e;
+            endCall(v, tag, failCode == 0, failCode == kLlKeep ? ldRelaxedSys(&v.control->error) : failCode);
         }
         sCode = good ? 0u : 1u;
     }

@@ -43,6 +43,19 @@ __device__ void copyShare(std::uint8_t* dst, const std::uint8_t* src, std::uint6
         for (std::uint64_t i = n / unit * unit + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
+// The collective kernel counted the call and its bytes; a mismatch found
+// after it makes it a failed one (device totals; check() publishes them).
+__device__ void countMismatch(const DeviceGroupView& v, const UnpackRows& rows) {
+    constexpr std::uint32_t code = std::uint32_t(Errc::GroupMismatch);
+    DeviceStats* d = v.stats;
+    if (d == nullptr || rows.statsOp >= kStatsOps) return;
+    using U64 = unsigned long long;
+    atomicAdd(reinterpret_cast<U64*>(&d->ops[rows.statsOp].errors), 1ull);
+    atomicAdd(reinterpret_cast<U64*>(&d->ops[rows.statsOp].bytes), U64(0) - U64(rows.statsBytes));
+    atomicAdd(reinterpret_cast<U64*>(&d->errorsByCode[code]), 1ull);
+    d->lastError = code;
+}
+
 __global__ void __launch_bounds__(kThreads) packKernel(std::uint8_t* dst, RowHeader header, bool withHeader,
                                                        const std::uint8_t* send, std::uint64_t bytes) {
     if (withHeader) {
@@ -70,6 +83,7 @@ __global__ void __launch_bounds__(kThreads) unpackKernel(const DeviceGroupView v
                     stRelaxedSys(&v.control->missingPeer, bad);
                     stReleaseSys(&v.control->error, std::uint32_t(Errc::GroupMismatch));
                     atomicAdd(&v.state->failures, 1u);
+                    countMismatch(v, rows);
                 }
             }
         }

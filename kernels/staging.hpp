@@ -39,6 +39,8 @@ struct UnpackRows {
     std::uint32_t rows = 0;               ///< W for a gather, 1 for a sum
     std::uint32_t headers = 0;            ///< 1: every row starts with a RowHeader (all-gather-v)
     std::uint64_t countsHash = 0;         ///< headers: the own countsHash every row must carry
+    std::uint32_t statsOp = 0;            ///< StatsOp a mismatch is counted under (as an error of that call)
+    std::uint64_t statsBytes = 0;         ///< the bytes that call counted, taken back on a mismatch
     std::uint64_t bytes[kMaxWorld] = {};  ///< row r's real bytes
     std::uint64_t offset[kMaxWorld] = {}; ///< where row r goes in recv
 };

@@ -224,6 +224,8 @@ int main(int argc, char** argv) {
     app.add_option("--calls", a.calls);
     app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
     CLI11_PARSE(app, argc, argv);
+    // TPF_BENCH_STATS=0: the kernels count no calls (to measure what counting costs).
+    if (const char* v = std::getenv("TPF_BENCH_STATS"); v && *v == '0') tpf::testing::setDeviceStats(false);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return std::printf("SKIP: no CUDA device\n"), 77;
     CK(cudaSetDevice(a.device >= 0 ? a.device : int(a.rank % std::uint32_t(n))));

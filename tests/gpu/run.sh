@@ -15,6 +15,7 @@
 # its ipc widths (default "2 4 8").
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
+# Last, the torch Communicator's suite (tests/gpu/python/run.sh; TPF_GPU_NO_PYTHON=1 skips it).
 # Several GPUs (nvidia-smi -L lists N >= 2): first, with no MPS, one rank
 # process per GPU (rank r on GPU r % N): the scenarios at W = N, the NCCL
 # bootstrap and fallback scenarios, and the benchmark beside NCCL
@@ -215,6 +216,30 @@ for route in ipc proxy; do
   done
 done
 if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
+  # Mixed routes in one group: ranks of one "node" (TPF_TEST_NODES, a test hook) over ipc, the others through the proxy.
+  for nodes in 0,0,1,1 0,0,0,1,1,1,2,2; do
+    w=$(echo "$nodes" | tr ',' '\n' | wc -l)
+    if (export TPF_TEST_NODES=$nodes; ranks tpf-gpurank $w auto mixed 5000 --scenario mixed); then st=PASS; else st=FAIL; rc=1; fi
+    echo "$st gpu-multiprocess mixed W=$w nodes=$nodes"
+    grep -h RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | sort | sed 's/^/    /'
+    [ $st = FAIL ] && grep -hv RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | head -20 | sed 's/^/    ! /'
+  done
+  # The daemon killed under a proxy-route Device group: DaemonLost within 1 s.
+  dkdir=$(mktemp -d)
+  if start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then
+    dk=$started
+    (sock=$dkdir/d.sock; ranks tpf-gpurank 2 proxy daemonkill 10000 --scenario daemonkill --timeout-ms 10000) &
+    rp=$!
+    for _ in $(seq 300); do [ "$(grep -c READY "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
+    sleep 0.3
+    kill -9 "$dk"; wait "$dk" 2>/dev/null
+    if wait "$rp"; then st=PASS; else st=FAIL; rc=1; fi
+    echo "$st gpu-multiprocess daemonkill W=2 route=proxy (SIGKILL tpfabricd under calls: DaemonLost within 1 s)"
+    grep -h RESULT "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" | sort | sed 's/^/    /'
+  else
+    echo "FAIL gpu-multiprocess daemonkill: the daemon did not start"; rc=1
+  fi
+  rm -rf "$dkdir"
   if (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); then st=PASS; else st=FAIL; rc=1; fi
   echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
   grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
@@ -231,5 +256,12 @@ if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
   grep -h '^ROW' "$logdir/tpf-gpubench-hop-proxy-w2.log"
   ranks tpf-gpubench 2 proxy sizes 0 --mode sizes || { echo "bench proxy W=2 failed"; rc=1; }
   grep -h '^ROW' "$logdir/tpf-gpubench-sizes-proxy-w2.log"
+fi
+
+# ---- tpfabric.torch (tests/gpu/python/run.sh): the Communicator over torch.distributed ----
+if [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && [ -z "${TPF_GPU_NO_PYTHON:-}" ]; then
+  . tests/gpu/python/run.sh
+  tpf_python_gpu_suite "$bin" "$logdir"; prc=$?
+  [ "$prc" = 0 ] || [ "$prc" = 77 ] || rc=1
 fi
 exit $rc

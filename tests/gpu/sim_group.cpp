@@ -104,6 +104,7 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
         v.rank = r;
         v.world = o.world;
         v.region = k.dev;
+        v.hostRegion = k.dev; // no simulated group mixes routes
         v.control = reinterpret_cast<ControlBlock*>(k.dev + layout_.controlOffset());
         for (std::uint32_t q = 0; q < o.world; ++q) {
             v.routes[q] = routeOf(r, q);

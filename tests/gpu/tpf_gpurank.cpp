@@ -10,6 +10,10 @@
 //              nothing written past the output; the same captured in a graph, replayed 64 times
 //   gatherv    allGatherV with uneven counts (zeros, up to the cap), eager and in a graph; then
 //              mismatched counts: GroupMismatch on every rank, nothing written
+//   mixed      TPF_TEST_NODES=0,0,1,1 (a node per rank): ipc to same-node peers, the proxy to the
+//              others, in one call; the data, odd and gatherv checks on that group
+//   daemonkill proxy route, calls until one fails; run.sh SIGKILLs the daemon after READY: DaemonLost
+//              within 1 s (the kernel's heartbeat watch)
 //   graph      4 gathers captured once, replayed 64 times with new shards
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
@@ -124,6 +128,17 @@ int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
                 return report(false, "sum dtype " + std::to_string(int(t)) + " size " + std::to_string(size) + " differs");
             ++sums;
         }
+    // The kernels counted every call; check() published the counts into the
+    // ring the daemon reads (status, metrics).
+    ST(g.check());
+    const RankStats& rs = GroupAccess::of(g).ring.stats();
+    const std::uint64_t gatherBytes = 3 * (16 + 1024 + 4096 + 65536 + 16 + 512 * 1024);
+    if (rs.ops[kStatsAllGather].calls != 15 || rs.ops[kStatsAllGather].bytes != gatherBytes ||
+        rs.ops[kStatsAllReduceSum].calls != std::uint64_t(sums) || rs.ops[kStatsAllGather].errors != 0)
+        return report(false, "ring stats: gathers " + std::to_string(rs.ops[kStatsAllGather].calls) + " (" +
+                                 std::to_string(rs.ops[kStatsAllGather].bytes) + " bytes), sums " +
+                                 std::to_string(rs.ops[kStatsAllReduceSum].calls) + ", wanted 15 (" +
+                                 std::to_string(gatherBytes) + "), " + std::to_string(sums));
     // Refusals: nothing launched, the group stays healthy.
     Status m1 = g.allGather(b.send + 4, b.recv, 64, st);
     Status m2 = g.allReduceSum(b.send, b.recv + 8, 3, DType::F32, st);
@@ -132,7 +147,7 @@ int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
         return report(false, "misaligned calls gave " + std::string(errcName(m1.code())) + "/" + std::string(errcName(m2.code())));
     if (c1.code() != Errc::CapMismatch) return report(false, "above-cap call gave " + std::string(errcName(c1.code())));
     ST(g.check());
-    return report(true, "gathers=15 sums=" + std::to_string(sums) + " misaligned=Misaligned abovecap=CapMismatch route1=" +
+    return report(true, "gathers=15 sums=" + std::to_string(sums) + " counted misaligned=Misaligned abovecap=CapMismatch route1=" +
                             g.route((g.rank() + 1) % W));
 }
 
@@ -291,6 +306,27 @@ int scenarioGatherV(Group& g, cudaStream_t st, Buffers2 b) {
     if (s.code() != Errc::GroupMismatch) return report(false, "mismatched counts gave " + std::string(errcName(s.code())) + ": " +
                                                                   (s ? std::string() : s.error().detail));
     return report(true, "calls=" + std::to_string(calls) + " replays=64 mismatch=GroupMismatch (" + s.error().detail + ")");
+}
+
+// Proxy route: calls back to back until one fails; run.sh kills the daemon
+// (SIGKILL) once every rank printed READY. The failing call must end
+// DaemonLost, within 1 s of its start (the kernel watches the heartbeat).
+int scenarioDaemonKill(Group& g, cudaStream_t st, Buffers2 b) {
+    for (std::uint64_t call = 0; call < 2000000; ++call) {
+        if (call == 5) std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
+        gputest::fillShard(b.send, 4096, call, g.rank(), st);
+        const auto t0 = std::chrono::steady_clock::now();
+        ST(g.allGather(b.send, b.recv, 4096, st));
+        CK(cudaStreamSynchronize(st));
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const Status s = g.check();
+        if (s) continue;
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "call=%llu error=%s after_ms=%.1f detail=%s", (unsigned long long)call,
+                      std::string(errcName(s.code())).c_str(), ms, s.error().detail.c_str());
+        return report(s.code() == Errc::DaemonLost && ms < 1000 && call >= 5, buf);
+    }
+    return report(false, "the daemon was never killed");
 }
 
 int scenarioGraph(Group& g, cudaStream_t st, Buffers2 b) {
@@ -542,6 +578,13 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     // The probe's test hook is internal to libtpfabric (not in the installed library).
     if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); sab && *sab) tpf::testing::setProbeSabotage(std::atoi(sab));
+    // TPF_TEST_NODES=0,0,1,1: a node index per rank; other nodes' ranks keep the proxy route (the mixed scenario).
+    if (const char* nodes = std::getenv("TPF_TEST_NODES"); nodes && *nodes) {
+        std::vector<std::uint32_t> v;
+        for (const char* c = nodes; *c; ++c)
+            if (*c >= '0' && *c <= '9') v.push_back(std::uint32_t(*c - '0'));
+        tpf::testing::setTestNodes(std::move(v));
+    }
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         std::printf("SKIP: no CUDA device here; tpf-gpurank runs on the GPU machine (tests/gpu/run.sh)\n");
@@ -590,7 +633,22 @@ int main(int argc, char** argv) {
     const std::string want = a.route == "auto" ? "" : a.route == "ipc" ? "ipc" : "shm";
     if (!want.empty() && g.route((a.rank + 1) % a.world) != want)
         return report(false, "route to the next rank is " + g.route((a.rank + 1) % a.world) + ", wanted " + want);
+    if (a.scenario == "mixed") { // ipc to same-"node" peers, the proxy to the others, in one call
+        const auto& nodes = tpf::testing::testNodes();
+        if (nodes.size() < a.world) return report(false, "mixed needs TPF_TEST_NODES with a node per rank");
+        std::string routes;
+        for (std::uint32_t q = 0; q < a.world; ++q) {
+            const std::string want = q == a.rank ? "self" : nodes[q] == nodes[a.rank] ? "ipc" : "shm";
+            routes += (q ? "," : "") + g.route(q);
+            if (g.route(q) != want) return report(false, "route to rank " + std::to_string(q) + " is " + g.route(q) + ", wanted " + want);
+        }
+        if (int rc = scenarioData(g, st, b); rc) return rc;
+        if (int rc = scenarioOdd(g, st, b); rc) return rc;
+        if (int rc = scenarioGatherV(g, st, b); rc) return rc;
+        return report(true, "mixed routes " + routes + ": data, odd, gatherv passed");
+    }
     if (a.scenario == "data") return scenarioData(g, st, b);
+    if (a.scenario == "daemonkill") return scenarioDaemonKill(g, st, b);
     if (a.scenario == "odd") return scenarioOdd(g, st, b);
     if (a.scenario == "gatherv") return scenarioGatherV(g, st, b);
     if (a.scenario == "graph") return scenarioGraph(g, st, b);

@@ -43,7 +43,9 @@ tpf_python_gpu_suite() {
   local _dpid
   _daemon() {
     local name=$1; shift
-    "$bin/tpfabricd" --socket "$tmp/$name.sock" --foreground "$@" >"$logdir/py-tpfabricd-$name.log" 2>&1 &
+    # The daemon needs the carried .so files the machine lacks; the ranks must not see them (torch's own).
+    LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$bin/tpfabricd" --socket "$tmp/$name.sock" --foreground "$@" \
+      >"$logdir/py-tpfabricd-$name.log" 2>&1 &
     _dpid=$!
     for _ in $(seq 100); do [ -S "$tmp/$name.sock" ] && return 0; sleep 0.1; done
     echo "tpfabricd did not start:"; cat "$logdir/py-tpfabricd-$name.log"; return 1
