@@ -282,7 +282,8 @@ void GroupTable::abort(MemberLink& link) {
     std::uint32_t rank = 0;
     Group* g = findByLink(link, &rank);
     if (!g) return;
-    breakGroup(*g, Errc::Aborted, kNoPeer, "rank " + std::to_string(rank) + " aborted the group");
+    // missingPeer names the aborter: the others' Aborted says who (as status does).
+    breakGroup(*g, Errc::Aborted, rank, "rank " + std::to_string(rank) + " aborted the group");
 }
 
 void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why) {
