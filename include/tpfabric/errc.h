@@ -38,7 +38,8 @@ enum tpf_status_code {
     TPF_CLOSED = 25,                 /**< the group or connection is closed */
     TPF_PROBE_FAILED = 26,           /**< the load-time probe disagreed with the reference */
     TPF_SYSTEM_ERROR = 27,           /**< an operating-system call failed (errno in the detail) */
-    TPF_INVALID_ARGUMENT = 28        /**< an API argument is null or not accepted */
+    TPF_INVALID_ARGUMENT = 28,       /**< an API argument is null or not accepted */
+    TPF_BUSY = 29                    /**< tpfabricd serves as many clients as it allows (all, or this user's share) */
 };
 
 #endif /* TPFABRIC_ERRC_H */

@@ -48,9 +48,10 @@ enum class Errc : std::uint16_t {
     ProbeFailed = TPF_PROBE_FAILED,                       ///< the load-time probe disagreed with the reference
     SystemError = TPF_SYSTEM_ERROR,                       ///< an OS call failed (errno in the detail)
     InvalidArgument = TPF_INVALID_ARGUMENT,               ///< an API argument is null or not accepted
+    Busy = TPF_BUSY,                                      ///< the daemon is full: daemon.max_clients, or this uid's share
 };
 /// The largest value assigned; errcFromWire refuses anything above it.
-inline constexpr Errc kLastErrc = Errc::InvalidArgument;
+inline constexpr Errc kLastErrc = Errc::Busy;
 
 /// Stable identifier, as printed in logs and JSON ("PeerLost").
 constexpr std::string_view errcName(Errc e) noexcept {
@@ -84,6 +85,7 @@ constexpr std::string_view errcName(Errc e) noexcept {
     case Errc::ProbeFailed: return "ProbeFailed";
     case Errc::SystemError: return "SystemError";
     case Errc::InvalidArgument: return "InvalidArgument";
+    case Errc::Busy: return "Busy";
     }
     return "Unknown";
 }
@@ -120,6 +122,7 @@ constexpr std::string_view errcMessage(Errc e) noexcept {
     case Errc::ProbeFailed: return "load-time probe disagreed with the NCCL reference; the fabric path is disabled";
     case Errc::SystemError: return "an operating-system call failed; see the detail for errno";
     case Errc::InvalidArgument: return "an argument of the call is null or not accepted; see the detail for which";
+    case Errc::Busy: return "tpfabricd serves as many clients as it allows (daemon.max_clients, daemon.max_clients_per_uid); retry, or find who holds the connections (tpfabricctl status)";
     }
     return "unknown error";
 }

@@ -46,6 +46,7 @@ __all__ = [
     "ProbeFailed",
     "SystemError",
     "InvalidArgument",
+    "Busy",
     "error_class",
 ]
 
@@ -241,6 +242,12 @@ class InvalidArgument(Error, ValueError):
     """An argument was refused by the library. The group stays usable."""
 
     code, name = 28, "InvalidArgument"
+
+
+class Busy(Error):
+    """tpfabricd serves as many clients as it allows (``daemon.max_clients``, or this user's share)."""
+
+    code, name = 29, "Busy"
 
 
 _BY_CODE: Dict[int, Type[Error]] = {

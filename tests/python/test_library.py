@@ -71,7 +71,7 @@ def test_options_layout_and_status_names() -> None:
         assert cls is not tpfabric.Error, f"no exception class for status {code} ({tpfabric.status_name(code)})"
         assert cls.name == tpfabric.status_name(code) and cls.code == code
         assert getattr(tpfabric, cls.name) is cls
-    assert code == 28  # TPF_INVALID_ARGUMENT, the last one of errc.h today
+    assert code == 29  # TPF_BUSY, the last one of errc.h today
     assert tpfabric.status_name(0) == "Ok"
     assert issubclass(tpfabric.Misaligned, ValueError) and issubclass(tpfabric.Timeout, TimeoutError)
 

@@ -30,8 +30,10 @@ TEST_CASE("the C status codes and tpf::Errc are one numbering") {
     // Values that crossed the wire before the C ABI existed keep their meaning.
     STATIC_REQUIRE(int(Errc::PeerLost) == TPF_PEER_LOST && TPF_PEER_LOST == 4);
     STATIC_REQUIRE(int(Errc::SystemError) == TPF_SYSTEM_ERROR && TPF_SYSTEM_ERROR == 27);
-    STATIC_REQUIRE(int(kLastErrc) == TPF_INVALID_ARGUMENT);
+    STATIC_REQUIRE(int(Errc::InvalidArgument) == TPF_INVALID_ARGUMENT && TPF_INVALID_ARGUMENT == 28);
+    STATIC_REQUIRE(int(kLastErrc) == TPF_BUSY && TPF_BUSY == 29);
     CHECK(errcName(Errc::InvalidArgument) == "InvalidArgument");
+    CHECK(errcName(Errc::Busy) == "Busy");
 }
 
 TEST_CASE("Result carries a value or a named error") {
