@@ -75,17 +75,28 @@ cleanup() {
   [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
   [ -n "${xpid:-}" ] && kill "$xpid" 2>/dev/null && wait "$xpid" 2>/dev/null
   if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; fi
+  echo "gpu: $n_pass passed, $n_fail failed, $n_skip skipped"
 }
 trap cleanup EXIT
 
 rc=0
+# Every test's verdict is counted; the last line is "gpu: N passed, N failed, N skipped".
+n_pass=0 n_fail=0 n_skip=0
+# judge EXIT: PASS (0), SKIP (77: what the build or machine cannot run, never a pass) or FAIL, into $st.
+judge() {
+  case $1 in
+  0) st=PASS; n_pass=$((n_pass + 1)) ;;
+  77) st=SKIP; n_skip=$((n_skip + 1)) ;;
+  *) st=FAIL; n_fail=$((n_fail + 1)); rc=1 ;;
+  esac
+}
 run_one() {
   local name=$1; shift
   echo "== $name"
   timeout "${TPF_GPU_TIMEOUT:-540}" "$bin/$name" "$@" 2>&1 | tee "$logdir/$name.log"
   local r=${PIPESTATUS[0]}
-  echo "== $name: exit $r"
-  [ "$r" = 0 ] || [ "$r" = 77 ] || rc=1
+  judge "$r"
+  echo "== $name: exit $r ($st)"
 }
 [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && TPF_GPU_SKIP_SINGLE=1
 if [ -z "${TPF_GPU_SKIP_SINGLE:-}" ]; then
@@ -95,7 +106,8 @@ fi
 if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   echo "== tpf-gpurank nccl1 (world-1 NcclBootstrap; above-cap calls to NCCL)"
   timeout 60 "$bin/tpf-gpurank" --scenario nccl1 2>&1 | tee "$logdir/nccl1.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  judge "${PIPESTATUS[0]}"
+  echo "$st gpu-nccl1"
 fi
 
 # start_daemon SOCKET LOG [args]: the carried tpfabricd in the background (pid in $started).
@@ -110,7 +122,9 @@ start_daemon() {
 
 # ranks PROGRAM WORLD ROUTE SCENARIO TIMEOUT_MS [extra args]: W rank
 # processes against the daemon on $sock (rank r on GPU r % N); each judges
-# its own outcome (exit 0) and prints RESULT lines. $tag names the log.
+# its own outcome (exit 0, 77 for a scenario it cannot run) and prints RESULT
+# lines. Returns 0 when every rank passed, 77 when every rank skipped, else 1.
+# $tag names the log.
 tag=
 ranks() {
   local prog=$1 w=$2 route=$3 scen=$4 tmo=$5; shift 5
@@ -121,8 +135,14 @@ ranks() {
       "$@" >>"$log" 2>&1 &
     pids+=($!)
   done
-  for r in "${pids[@]}"; do wait "$r" || ok=0; done
-  return $((1 - ok))
+  local skipped=0
+  for r in "${pids[@]}"; do
+    wait "$r"
+    case $? in 0) ;; 77) skipped=$((skipped + 1)) ;; *) ok=0 ;; esac
+  done
+  [ $ok = 1 ] && [ $skipped = "$w" ] && return 77 # every rank skipped (e.g. built without NCCL)
+  [ $ok = 1 ] && [ $skipped = 0 ] && return 0
+  return 1
 }
 # show STATUS-LINE LOG: the verdict line, the RESULT lines, and on failure the rest.
 show() {
@@ -144,7 +164,7 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   for route in ipc proxy; do
     for scen in data odd gatherv graph b2b kill stall; do
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
-      if ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; then st=PASS; else st=FAIL; rc=1; fi
+      ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; judge $?
       show "$st gpu-pergpu route=$route W=$w scenario=$scen" "$logdir/tpf-gpurank-$scen-$route-w$w$tag.log"
     done
   done
@@ -152,7 +172,7 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   nccl_case() {
     local name=$1 scen=$2 s=$3; shift 3
     tag=-$name
-    if (export "$@"; sock=$s; ranks tpf-gpurank $w auto $scen 5000 --scenario $scen --max-bytes 131072); then st=PASS; else st=FAIL; rc=1; fi
+    (export "$@"; sock=$s; ranks tpf-gpurank $w auto $scen 5000 --scenario $scen --max-bytes 131072); judge $?
     show "$st gpu-nccl W=$w $name ($scen${*:+, $*})" "$logdir/tpf-gpurank-$scen-auto-w$w$tag.log"
   }
   nccl_case fabric nccl-fabric "$sock" TPF_NCCL_ABOVE=65536
@@ -171,9 +191,9 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   start_daemon "$xdir/disabled.sock" "$logdir/tpfabricd-disabled.log" --log-level debug && xpid=$started
   nccl_case disabled nccl-disabled "$xdir/disabled.sock"
   if grep -q "connected (pid" "$logdir/tpfabricd-disabled.log"; then
-    echo "FAIL gpu-nccl W=$w disabled: a rank connected to the daemon despite TPF_DISABLE=1"; rc=1
+    judge 1; echo "FAIL gpu-nccl W=$w disabled: a rank connected to the daemon despite TPF_DISABLE=1"
   else
-    echo "PASS gpu-nccl W=$w disabled: the daemon saw no connection"
+    judge 0; echo "PASS gpu-nccl W=$w disabled: the daemon saw no connection"
   fi
   [ -n "${xpid:-}" ] && kill "$xpid" && wait "$xpid" 2>/dev/null; xpid=
   tag=
@@ -208,7 +228,7 @@ for route in ipc proxy; do
   for w in 2 4 8; do
     for scen in data odd gatherv graph b2b kill stall; do
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
-      if ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; then st=PASS; else st=FAIL; rc=1; fi
+      ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; judge $?
       echo "$st gpu-multiprocess route=$route W=$w scenario=$scen"
       grep -h RESULT "$logdir/tpf-gpurank-$scen-$route-w$w.log" | sort | sed 's/^/    /'
       [ $st = FAIL ] && grep -hv RESULT "$logdir/tpf-gpurank-$scen-$route-w$w.log" | head -20 | sed 's/^/    ! /'
@@ -219,7 +239,7 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   # Mixed routes in one group: ranks of one "node" (TPF_TEST_NODES, a test hook) over ipc, the others through the proxy.
   for nodes in 0,0,1,1 0,0,0,1,1,1,2,2; do
     w=$(echo "$nodes" | tr ',' '\n' | wc -l)
-    if (export TPF_TEST_NODES=$nodes; ranks tpf-gpurank $w auto mixed 5000 --scenario mixed); then st=PASS; else st=FAIL; rc=1; fi
+    (export TPF_TEST_NODES=$nodes; ranks tpf-gpurank $w auto mixed 5000 --scenario mixed); judge $?
     echo "$st gpu-multiprocess mixed W=$w nodes=$nodes"
     grep -h RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | sort | sed 's/^/    /'
     [ $st = FAIL ] && grep -hv RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | head -20 | sed 's/^/    ! /'
@@ -233,14 +253,14 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
     for _ in $(seq 300); do [ "$(grep -c READY "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
     sleep 0.3
     kill -9 "$dk"; wait "$dk" 2>/dev/null
-    if wait "$rp"; then st=PASS; else st=FAIL; rc=1; fi
+    wait "$rp"; judge $?
     echo "$st gpu-multiprocess daemonkill W=2 route=proxy (SIGKILL tpfabricd under calls: DaemonLost within 1 s)"
     grep -h RESULT "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" | sort | sed 's/^/    /'
   else
-    echo "FAIL gpu-multiprocess daemonkill: the daemon did not start"; rc=1
+    judge 1; echo "FAIL gpu-multiprocess daemonkill: the daemon did not start"
   fi
   rm -rf "$dkdir"
-  if (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); then st=PASS; else st=FAIL; rc=1; fi
+  (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); judge $?
   echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
   grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
   echo "multi-process tests took $((SECONDS - t0)) s"
@@ -261,7 +281,7 @@ fi
 # ---- tpfabric.torch (tests/gpu/python/run.sh): the Communicator over torch.distributed ----
 if [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && [ -z "${TPF_GPU_NO_PYTHON:-}" ]; then
   . tests/gpu/python/run.sh
-  tpf_python_gpu_suite "$bin" "$logdir"; prc=$?
-  [ "$prc" = 0 ] || [ "$prc" = 77 ] || rc=1
+  tpf_python_gpu_suite "$bin" "$logdir"; judge $?
+  echo "$st gpu-python (tests/gpu/python/run.sh)"
 fi
 exit $rc
