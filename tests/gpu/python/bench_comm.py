@@ -7,8 +7,10 @@ from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each size 4 KiB ..
 512 KiB (a rank's shard for the all-gather, the tensor for the bf16 sum),
 each way captures --calls back-to-back calls on the same buffers into one
 torch.cuda.graph, replays it once to warm up, then times --replays replays
-with CUDA events; a call's time is the total over replays x calls. Rank 0
-prints the table (ROW lines) with the path the Communicator's calls took.
+back to back, each between two CUDA events; a call's time is a replay's
+time / calls, the best replay (as bench/gpu's "best of N") and the mean.
+Rank 0 prints the table (ROW lines) with the path the Communicator's calls
+took.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from tpfabric.torch import Communicator  # noqa: E402
 SIZES = [4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10]
 
 
-def per_call_us(fn: Callable[[], None], calls: int, replays: int) -> float:
+def per_call_us(fn: Callable[[], None], calls: int, replays: int) -> "tuple[float, float]":
+    """(best, mean) µs per call over the replays, each replay timed alone (as bench/gpu's best of N)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -46,13 +49,14 @@ def per_call_us(fn: Callable[[], None], calls: int, replays: int) -> float:
     graph.replay()
     torch.cuda.synchronize()
     dist.barrier()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
+    events[0].record()
+    for i in range(replays):
         graph.replay()
-    stop.record()
+        events[i + 1].record()
     torch.cuda.synchronize()
-    return start.elapsed_time(stop) * 1000.0 / (replays * calls)
+    laps = [events[i].elapsed_time(events[i + 1]) * 1000.0 / calls for i in range(replays)]
+    return min(laps), sum(laps) / replays
 
 
 def main() -> int:
@@ -69,7 +73,7 @@ def main() -> int:
     if rank == 0:
         print(f"INFO {comm!r}; {torch.cuda.get_device_name(dev)}; torch {torch.__version__}; "
               f"{a.calls} calls a graph, {a.replays} replays", flush=True)
-        print("ROW op size_bytes tpfabric_us torch_nccl_us ratio path", flush=True)
+        print("ROW op size_bytes tpfabric_us torch_nccl_us ratio tpfabric_mean_us torch_nccl_mean_us path", flush=True)
     for op in ("all_gather", "all_reduce_bf16"):
         for size in SIZES:
             if op == "all_gather":
@@ -82,11 +86,12 @@ def main() -> int:
                 ours = lambda: comm.all_reduce(x)  # noqa: E731
                 theirs = lambda: dist.all_reduce(x)  # noqa: E731
             before = dict(comm.calls)
-            t_ours = per_call_us(ours, a.calls, a.replays)
+            t_ours, m_ours = per_call_us(ours, a.calls, a.replays)
             path = "fabric" if comm.calls["torch.distributed"] == before["torch.distributed"] else "torch.distributed"
-            t_theirs = per_call_us(theirs, a.calls, a.replays)
+            t_theirs, m_theirs = per_call_us(theirs, a.calls, a.replays)
             if rank == 0:
-                print(f"ROW {op} {size} {t_ours:.2f} {t_theirs:.2f} {t_ours / t_theirs:.2f} {path}", flush=True)
+                print(f"ROW {op} {size} {t_ours:.2f} {t_theirs:.2f} {t_ours / t_theirs:.2f} {m_ours:.2f} {m_theirs:.2f} {path}",
+                      flush=True)
     comm.close()
     dist.destroy_process_group()
     return 0
