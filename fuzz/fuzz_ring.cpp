@@ -1,9 +1,8 @@
 // libFuzzer target: the per-client command ring (proto/ring.hpp) as the
 // daemon maps it from a client that may scribble anything into the shared
-// memory. Input: byte 0 picks the ring size (8 << n entries), bytes 1..8
-// the daemon's private indices (subTail copy, cplHead), then a script of
-// operations: pop, complete, takeCompletion, push, and writes of arbitrary
-// values into any shared index or entry. The image is exactly
+// memory. Input: byte 0 picks the ring size (8 << n entries), bytes 1..4
+// the daemon's private subTail copy, then a script of operations: pop, push,
+// and writes of arbitrary values into any shared index or entry. The image is exactly
 // RingLayout::totalBytes() long, so ASan catches any access outside it.
 #include <cstddef>
 #include <cstdint>
@@ -56,17 +55,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     h.entryBytes = sizeof(Doorbell);
     h.entries = layout.entries;
 
-    std::uint32_t tail = 0, cplHead = 0; // the daemon's private copies
+    std::uint32_t tail = 0; // the daemon's private copy
     in.take(tail);
-    in.take(cplHead);
     std::atomic_ref(h.subHead).store(tail);
     std::atomic_ref(h.subTail).store(tail);
-    std::atomic_ref(h.cplHead).store(cplHead);
-    std::atomic_ref(h.cplTail).store(cplHead);
 
     std::uint8_t op = 0;
     for (int steps = 0; steps < 4096 && in.take(op); ++steps) {
-        switch (op % 8) {
+        switch (op % 6) {
         case 0: { // daemon: pop one doorbell
             const std::uint32_t before = tail;
             const std::uint32_t head = std::atomic_ref(h.subHead).load();
@@ -82,37 +78,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             }
             break;
         }
-        case 1: { // daemon: report a completion
-            Completion c{};
-            in.take(c);
-            const std::uint32_t before = cplHead;
-            const std::uint32_t ctail = std::atomic_ref(h.cplTail).load();
-            if (ring.complete(cplHead, c)) TPF_FUZZ_CHECK(cplHead == before + 1 && before - ctail < layout.entries);
-            else TPF_FUZZ_CHECK(cplHead == before && before - ctail >= layout.entries);
-            break;
-        }
-        case 2: { // rank: take a completion
-            Completion c{};
-            (void)ring.takeCompletion(c);
-            break;
-        }
-        case 3: { // rank: push a doorbell
+        case 1: { // rank: push a doorbell
             Doorbell d{};
             in.take(d);
             (void)ring.push(d);
             (void)ring.proxyNeedsWake();
             break;
         }
-        case 4: { // hostile client: any value into any shared index
+        case 2: { // hostile client: any value into any shared index
             std::uint8_t which = 0;
             std::uint32_t v = 0;
             in.take(which);
             in.take(v);
-            std::uint32_t* idx[] = {&h.subHead, &h.subTail, &h.cplHead, &h.cplTail, &h.proxyIdle, &h.entries};
-            std::atomic_ref(*idx[which % 6]).store(v);
+            std::uint32_t* idx[] = {&h.subHead, &h.subTail, &h.proxyIdle, &h.entries};
+            std::atomic_ref(*idx[which % 4]).store(v);
             break;
         }
-        case 5: { // hostile client: scribble over entries and stats
+        case 3: { // hostile client: scribble over entries and stats
             std::uint16_t at = 0;
             std::uint8_t len = 0;
             in.take(at);
@@ -124,8 +106,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             in.n -= n;
             break;
         }
-        case 6: (void)ring.hasSubmissions(tail); break;
-        case 7: { // status and metrics read the rank's statistics (whatever the client wrote)
+        case 4: (void)ring.hasSubmissions(tail); break;
+        case 5: { // status and metrics read the rank's statistics (whatever the client wrote)
             const RankStats s = readStats(ring.stats());
             TPF_FUZZ_CHECK(std::memcmp(&s, &ring.stats(), offsetof(RankStats, reserved0)) == 0);
             std::uint64_t sum = 0;

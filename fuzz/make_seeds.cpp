@@ -146,23 +146,19 @@ void peerSeeds() {
 }
 
 void ringSeeds() {
-    // [entries shift][tail u32][cplHead u32] then ops (see fuzz_ring.cpp).
+    // [entries shift][tail u32] then ops (see fuzz_ring.cpp).
     Bytes b{3};
-    const std::uint32_t tail = 0xfffffff0u, head = 5;
+    const std::uint32_t tail = 0xfffffff0u;
     b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&tail), reinterpret_cast<const std::uint8_t*>(&tail) + 4);
-    b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&head), reinterpret_cast<const std::uint8_t*>(&head) + 4);
     for (int i = 0; i < 20; ++i) {
-        b.push_back(3); // push
+        b.push_back(1); // push
         Doorbell d{std::uint64_t(i + 1), 4096, 7};
         b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&d), reinterpret_cast<const std::uint8_t*>(&d) + sizeof d);
         b.push_back(0); // pop
-        b.push_back(1); // complete
-        Completion c{std::uint64_t(i + 1), 4, 0, 7};
-        b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&c), reinterpret_cast<const std::uint8_t*>(&c) + sizeof c);
-        b.push_back(2); // take
+        b.push_back(4); // hasSubmissions
     }
     put("ring-traffic", b);
-    Bytes corrupt{0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0xff, 0xff, 0xff, 0x7f, 0, 0, 6, 7};
+    Bytes corrupt{0, 0, 0, 0, 0, 2, 0, 0xff, 0xff, 0xff, 0x7f, 0, 0, 5};
     put("ring-corrupt-head", corrupt);
 }
 

@@ -1,13 +1,13 @@
 // tpfabric — the per-client command ring in shared memory (a sealed memfd the
 // daemon creates and passes with the Verdict).
 //
-// Single producer, single consumer each way, PipeWire style: free-running u32
+// Single producer, single consumer, PipeWire style: free-running u32
 // indices, each on its own 128-byte line, published with release stores and
-// read with acquire loads; index & (entries-1) is the slot.
-//   submissions: the rank (its host thread or its GPU kernel) produces
-//                Doorbells, the daemon proxy consumes them;
-//   completions: the daemon produces a Completion for a doorbell it refused
-//                or could not carry out, the rank consumes them.
+// read with acquire loads; index & (entries-1) is the slot. The rank (its
+// host thread or its GPU kernel) produces Doorbells, the daemon proxy
+// consumes them. A doorbell the daemon refuses or cannot carry out breaks
+// the group: the error reaches every rank through its region's ControlBlock
+// (there is no completion ring: version 2 had one, written and never read).
 // The daemon sets `proxyIdle` before it sleeps; a producer that sees it set
 // after publishing writes the proxy eventfd (Dekker pattern, seq_cst fences on
 // both sides), so a busy proxy costs producers no system call.
@@ -25,7 +25,9 @@ namespace tpf {
 inline constexpr std::uint32_t kRingMagic = 0x474e5254; ///< "TRNG"
 /// Bumped with any change of RingHeader, RankStats or the entries: a rank
 /// refuses a ring of another version (its stats would land in the wrong place).
-inline constexpr std::uint16_t kRingVersion = 2;
+/// 3: the completion ring and its indices removed; proxyIdle and heartbeatNs
+/// moved up to @384.
+inline constexpr std::uint16_t kRingVersion = 3;
 inline constexpr std::uint32_t kRingMinEntries = 8;
 inline constexpr std::uint32_t kRingMaxEntries = 4096;
 
@@ -39,45 +41,31 @@ static_assert(sizeof(Doorbell) == 16);
 static_assert(offsetof(Doorbell, bytes) == 8);
 static_assert(std::is_trivially_copyable_v<Doorbell>);
 
-/// The daemon's report on a doorbell it refused or could not carry out. 16 bytes.
-struct Completion {
-    std::uint64_t epoch;
-    std::uint16_t errc;  ///< Errc
-    std::uint16_t reserved;
-    std::uint32_t group;
-};
-static_assert(sizeof(Completion) == 16);
-static_assert(offsetof(Completion, errc) == 8);
-static_assert(std::is_trivially_copyable_v<Completion>);
-
-/// Ring header at offset 0 of the ring memfd; one line per writer. 768 bytes.
+/// Ring header at offset 0 of the ring memfd; one line per writer. 512 bytes.
 struct RingHeader {
     std::uint32_t magic;        ///< @0 kRingMagic (daemon writes once)
     std::uint16_t version;      ///< kRingVersion
     std::uint16_t entryBytes;   ///< 16
-    std::uint32_t entries;      ///< power of two, 8..4096; both rings
+    std::uint32_t entries;      ///< power of two, 8..4096
     std::uint32_t group;        ///< the group handle this ring serves
     std::uint8_t pad0[112];
     std::uint32_t subHead;      ///< @128 rank writes (release): doorbells published
     std::uint8_t pad1[124];
     std::uint32_t subTail;      ///< @256 daemon writes (release): doorbells consumed
     std::uint8_t pad2[124];
-    std::uint32_t cplHead;      ///< @384 daemon writes: completions published
-    std::uint8_t pad3[124];
-    std::uint32_t cplTail;      ///< @512 rank writes: completions consumed
-    std::uint8_t pad4[124];
-    std::uint32_t proxyIdle;    ///< @640 daemon writes: 1 while the proxy sleeps on its eventfd
+    std::uint32_t proxyIdle;    ///< @384 daemon writes: 1 while the proxy sleeps on its eventfd
     std::uint32_t reserved;
-    std::uint64_t heartbeatNs;  ///< @648 daemon writes: CLOCK_MONOTONIC of its last proxy pass
-    std::uint8_t pad5[112];
+    /// @392 daemon writes: CLOCK_MONOTONIC ns of its last proxy pass; every
+    /// ms while the proxy polls (always, while a member has a GPU proxy
+    /// route), at least every proxy.heartbeat_ms while it sleeps.
+    std::uint64_t heartbeatNs;
+    std::uint8_t pad3[112];
 };
-static_assert(sizeof(RingHeader) == 768);
+static_assert(sizeof(RingHeader) == 512);
 static_assert(offsetof(RingHeader, subHead) == 128);
 static_assert(offsetof(RingHeader, subTail) == 256);
-static_assert(offsetof(RingHeader, cplHead) == 384);
-static_assert(offsetof(RingHeader, cplTail) == 512);
-static_assert(offsetof(RingHeader, proxyIdle) == 640);
-static_assert(offsetof(RingHeader, heartbeatNs) == 648);
+static_assert(offsetof(RingHeader, proxyIdle) == 384);
+static_assert(offsetof(RingHeader, heartbeatNs) == 392);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 
 inline constexpr std::uint32_t kLatencyBuckets = 88;
@@ -191,14 +179,8 @@ struct RingLayout {
     TPF_HD constexpr std::uint64_t submissionOffset(std::uint32_t index) const {
         return submissionsOffset() + std::uint64_t(index & (entries - 1)) * sizeof(Doorbell);
     }
-    TPF_HD constexpr std::uint64_t completionsOffset() const {
-        return submissionsOffset() + std::uint64_t(entries) * sizeof(Doorbell);
-    }
-    TPF_HD constexpr std::uint64_t completionOffset(std::uint32_t index) const {
-        return completionsOffset() + std::uint64_t(index & (entries - 1)) * sizeof(Completion);
-    }
     TPF_HD constexpr std::uint64_t totalBytes() const {
-        return roundUp(completionsOffset() + std::uint64_t(entries) * sizeof(Completion), kSlotAlign);
+        return roundUp(submissionsOffset() + std::uint64_t(entries) * sizeof(Doorbell), kSlotAlign);
     }
 };
 
@@ -244,28 +226,6 @@ public:
     }
     bool hasSubmissions(std::uint32_t tail) const {
         return std::atomic_ref(header().subHead).load(std::memory_order_acquire) != tail;
-    }
-    /// Daemon: report a doorbell; `head` is the daemon's private cplHead. A
-    /// full completion ring drops the report (the error is also in the
-    /// region's control block).
-    bool complete(std::uint32_t& head, const Completion& c) const {
-        auto& h = header();
-        const std::uint32_t tail = std::atomic_ref(h.cplTail).load(std::memory_order_acquire);
-        if (head - tail >= layout_.entries) return false;
-        *reinterpret_cast<Completion*>(base_ + layout_.completionOffset(head)) = c;
-        ++head;
-        std::atomic_ref(h.cplHead).store(head, std::memory_order_release);
-        return true;
-    }
-    /// Rank: take one completion; false if none.
-    bool takeCompletion(Completion& out) const {
-        auto& h = header();
-        const std::uint32_t tail = std::atomic_ref(h.cplTail).load(std::memory_order_relaxed);
-        const std::uint32_t head = std::atomic_ref(h.cplHead).load(std::memory_order_acquire);
-        if (head == tail) return false;
-        out = *reinterpret_cast<const Completion*>(base_ + layout_.completionOffset(tail));
-        std::atomic_ref(h.cplTail).store(tail + 1, std::memory_order_release);
-        return true;
     }
 
 private:

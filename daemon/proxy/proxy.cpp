@@ -64,8 +64,8 @@ void Proxy::wake() const {
 void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
     ProxyGroup& g = *pr.group;
     CommandRing& ring = *pr.ring;
+    // The group breaks: every rank learns it from its region's control block.
     auto refuse = [&](Errc code, const std::string& why) {
-        ring.view.complete(ring.cplHead, Completion{d.epoch, std::uint16_t(code), 0, d.group});
         if (events_.badDoorbell) events_.badDoorbell(g.handle, pr.rank, Error{code, why});
     };
     if (d.group != g.handle) return refuse(Errc::BadMessage, "doorbell for group handle " + std::to_string(d.group));

@@ -43,7 +43,6 @@ struct CommandRing {
     Mapping map;
     RingView view;
     std::uint32_t tail = 0;    ///< the proxy's private consumer index
-    std::uint32_t cplHead = 0; ///< the proxy's private completion index
     std::uint64_t lastEpoch = 0; ///< the proxy's record of the last doorbell carried out
     /// The proxy's doorbell in progress: a verbs stripe found its queue pair
     /// at the in-flight cap, so the delivery resumes at (peer index in peerAt

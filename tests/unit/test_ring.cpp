@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "golden.hpp"
 #include "proto/ring.hpp"
 
 using namespace tpf;
@@ -30,13 +31,38 @@ TEST_CASE("ring layout") {
     CHECK_FALSE(RingLayout::validEntries(48));
     CHECK_FALSE(RingLayout::validEntries(8192));
     RingLayout l{64};
-    CHECK(l.statsOffset() == 768);
-    CHECK(l.submissionsOffset() == 768 + 1920);
-    CHECK(l.submissionOffset(65) == 768 + 1920 + 16);
-    CHECK(l.completionsOffset() == 768 + 1920 + 64 * 16);
-    CHECK(l.totalBytes() == 8192);
+    CHECK(l.statsOffset() == 512);
+    CHECK(l.submissionsOffset() == 512 + 1920);
+    CHECK(l.submissionOffset(65) == 512 + 1920 + 16);
+    CHECK(l.totalBytes() == 4096); // 512 + 1920 + 64 * 16 = 3456, page-rounded
+    CHECK(RingLayout{4096}.totalBytes() == 512 + 1920 + 4096 * 16 + 1664);
     CHECK(l.submissionsOffset() % 128 == 0);
-    CHECK(kRingVersion == 2); // RankStats per op (version 1: one set for all calls)
+    // 2: RankStats per op (1: one set for all calls); 3: no completion ring.
+    CHECK(kRingVersion == 3);
+}
+
+// The header's bytes as the daemon writes them and a rank (and its kernels) reads them.
+TEST_CASE("ring header: golden byte image") {
+    RingHeader h{};
+    h.magic = kRingMagic;
+    h.version = kRingVersion;
+    h.entryBytes = sizeof(Doorbell);
+    h.entries = 64;
+    h.group = 7;
+    h.subHead = 0x11223344;
+    h.subTail = 0x55667788;
+    h.proxyIdle = 1;
+    h.heartbeatNs = 0x0102030405060708ull;
+    std::vector<std::uint8_t> b(sizeof h);
+    std::memcpy(b.data(), &h, sizeof h);
+    auto at = [&](std::size_t off, std::size_t n) { return hexOf({b.begin() + off, b.begin() + off + n}); };
+    CHECK(at(0, 16) == "54524e47" "0300" "1000" "40000000" "07000000"); // magic, version 3, 16 B entries, 64, group 7
+    CHECK(at(128, 4) == "44332211");
+    CHECK(at(256, 4) == "88776655");
+    CHECK(at(384, 16) == "01000000" "00000000" "0807060504030201"); // proxyIdle, reserved, heartbeatNs
+    std::size_t nonZero = 0;
+    for (auto v : b) nonZero += v != 0;
+    CHECK(nonZero == 8 + 4 + 4 + 1 + 8); // nothing else written: no completion indices any more
 }
 
 TEST_CASE("rank stats: per-op slots and errors by code at fixed offsets") {
@@ -81,20 +107,6 @@ TEST_CASE("ring wraps, refuses when full, detects a corrupt head") {
     // A client that writes a head more than a ring ahead is caught.
     v.header().subHead = tail + 9;
     CHECK(v.pop(tail, d) == RingView::Pop::Corrupt);
-}
-
-TEST_CASE("completions: drop when full, drain in order") {
-    Mem m(8);
-    auto v = m.view();
-    std::uint32_t head = 0;
-    for (std::uint32_t i = 0; i < 8; ++i) REQUIRE(v.complete(head, {i, 3, 0, 1}));
-    CHECK_FALSE(v.complete(head, {99, 3, 0, 1}));
-    Completion c;
-    for (std::uint32_t i = 0; i < 8; ++i) {
-        REQUIRE(v.takeCompletion(c));
-        CHECK(c.epoch == i);
-    }
-    CHECK_FALSE(v.takeCompletion(c));
 }
 
 TEST_CASE("one producer, one consumer thread: every doorbell once, in order") {
