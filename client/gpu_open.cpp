@@ -278,6 +278,22 @@ Status agreeCrossover(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
     return okStatus();
 }
 
+// Tell the daemon the routes the kernels take and the device region held
+// (status), and so whether they ever ring the proxy: it polls the ring only
+// then. No reply; a daemon that cannot be told is gone, which the calls'
+// heartbeat watch and check() report, so the open does not fail for it.
+void reportAttach(Group::Impl& g, const GpuPath& p) {
+    if (!g.socket) return;
+    DeviceAttach m{};
+    m.group = g.handle;
+    m.rank = g.rank;
+    m.world = g.world;
+    m.deviceBytes = p.own.handle ? p.own.bytes : 0; // held even where a vote left ipc off
+    std::memcpy(m.routes, g.routes.data(), kMaxWorld);
+    m.routes[g.rank] = kRouteSelf;
+    (void)sendMessage(g.socket.get(), encode(kDeviceAttach, g.seq++, m), {}, 1000);
+}
+
 } // namespace
 
 GpuPath::~GpuPath() {
@@ -358,6 +374,7 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
         TPF_GPU_TRY(cudaDeviceSynchronize());
         std::memset(static_cast<void*>(&g.ring.stats()), 0, sizeof(RankStats));
     }
+    reportAttach(g, p);
     return okStatus();
 }
 

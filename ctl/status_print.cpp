@@ -229,9 +229,24 @@ void printRanks(const json& g, std::ostream& out) {
         out << "    ranks: " << (ranks && ranks->is_array() ? "none" : kNone) << '\n';
         return;
     }
-    Table t({"RANK", "LOCAL", "PID", "UID", "ROUTE"});
-    for (const auto& r : *ranks)
-        t.add({text(r, "rank"), text(r, "local"), text(r, "pid"), text(r, "uid"), text(r, "route")});
+    // Device groups: each local rank's routes to its peers ("1:ipc 2:proxy") and its device region.
+    bool device = false;
+    for (const auto& r : *ranks) device |= field(r, "routes") || field(r, "device_bytes");
+    Table t(device ? std::vector<std::string>{"RANK", "LOCAL", "PID", "UID", "ROUTE", "PEER ROUTES", "DEVICE REGION"}
+                   : std::vector<std::string>{"RANK", "LOCAL", "PID", "UID", "ROUTE"});
+    for (const auto& r : *ranks) {
+        std::vector<std::string> row{text(r, "rank"), text(r, "local"), text(r, "pid"), text(r, "uid"), text(r, "route")};
+        if (device) {
+            std::string peers;
+            const json* routes = field(r, "routes");
+            if (routes && routes->is_array())
+                for (std::size_t q = 0; q < routes->size(); ++q)
+                    if (text(&(*routes)[q]) != "self") peers += (peers.empty() ? "" : " ") + std::to_string(q) + ":" + text(&(*routes)[q]);
+            row.push_back(peers.empty() ? kNone : peers);
+            row.push_back(bytesApprox(r, "device_bytes"));
+        }
+        t.add(std::move(row));
+    }
     t.print(out, "    ");
 }
 
@@ -242,7 +257,10 @@ void printGroups(const json& doc, std::ostream& out) {
         const json* latency = field(g, "latency_us");
         const json& lat = latency ? *latency : kEmptyObject;
         out << "  " << text(g, "id") << '\n';
-        out << "    world " << text(g, "world") << ", state " << text(g, "state") << ", agreed cap "
+        out << "    world " << text(g, "world") << ", state " << text(g, "state");
+        if (field(g, "buffers"))
+            out << ", " << text(g, "buffers") << " buffers" << (text(g, "proxy_polls") == "yes" ? " (the proxy polls their rings)" : "");
+        out << ", agreed cap "
             << bytesExact(g, "agreed_cap") << " (slot " << bytesExact(g, "slot_bytes") << "), stripes "
             << text(g, "stripes") << '\n';
         out << "    calls " << text(g, "calls") << ", bytes " << bytesApprox(g, "bytes") << ", errors "

@@ -269,3 +269,31 @@ TEST_CASE("units: uptime, link speed, approximate bytes") {
     CHECK(formatBytesApprox(1ull << 30) == "1.0GiB");
     CHECK(formatBytesApprox(~0ull) == "16.0EiB");
 }
+
+TEST_CASE("Device groups: buffers, the proxy's polling, each rank's peer routes and device region") {
+    const std::string out = render(json::parse(R"({"status_version": 2, "groups": [
+        {"id": "g", "world": 3, "state": "open", "buffers": "device", "proxy_polls": true,
+         "agreed_cap": 4096, "slot_bytes": 4096, "stripes": 1,
+         "ranks": [{"rank": 0, "local": true, "pid": 11, "uid": 0, "route": "ipc", "routes": ["self", "ipc", "proxy"], "device_bytes": 2097152},
+                   {"rank": 1, "local": true, "pid": 12, "uid": 0, "route": "ipc", "routes": null, "device_bytes": null},
+                   {"rank": 2, "local": false, "pid": null, "uid": null, "route": "proxy", "routes": null, "device_bytes": null}]},
+        {"id": "h", "world": 2, "state": "open", "buffers": "host", "proxy_polls": false,
+         "agreed_cap": 4096, "slot_bytes": 4096, "stripes": 1,
+         "ranks": [{"rank": 0, "local": true, "pid": 21, "uid": 0, "route": "shm", "routes": null, "device_bytes": null}]}],
+        "regions": {"count": 3, "host_bytes": 1, "device_bytes": 2097152}})"));
+    INFO(out);
+    CHECK(has(out, "    world 3, state open, device buffers (the proxy polls their rings), agreed cap 4KiB"));
+    CHECK(has(out, "    world 2, state open, host buffers, agreed cap 4KiB"));
+    const std::string head = lineWith(out, "PEER ROUTES");
+    const std::string row = lineWith(out, "1:ipc 2:proxy");
+    CHECK(head.find("PEER ROUTES") == row.find("1:ipc 2:proxy"));
+    CHECK(head.find("DEVICE REGION") == row.find("2.0MiB"));
+    const std::string unreported = lineWith(out, "    12  ");
+    CHECK(unreported.substr(row.find("1:ipc"), 1) == "-"); // rank 1 has not reported yet
+    std::vector<std::string> heads;
+    for (const auto& l : linesOf(out))
+        if (l.rfind("    RANK", 0) == 0) heads.push_back(l);
+    REQUIRE(heads.size() == 2);
+    CHECK(!has(heads[1], "PEER")); // a host group has no GPU columns
+    CHECK(has(out, "Regions: 3 (host 1B, device 2.0MiB)\n"));
+}

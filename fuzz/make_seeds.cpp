@@ -89,6 +89,19 @@ void clientSeeds() {
                                  encodeEmpty(kClose, 5)},
                                 3 * 1));
     put("req-refused-open-abort", cat({hello, encode(3, open), encode(kAbort, 4, Abort{})}, 3 * 3));
+    // A Device group rank's report of its GPU attach (ipc to rank 0), after its open.
+    GroupOpen deviceOpen = open;
+    deviceOpen.fixed.flags = kOpenGpuDoorbells;
+    DeviceAttach attach{};
+    attach.group = 2; // the fuzzer's stand-in table refuses odd handles
+    attach.rank = 1;
+    attach.world = 2;
+    attach.deviceBytes = 2 << 20;
+    attach.routes[0] = kRouteIpc;
+    attach.routes[1] = kRouteSelf;
+    put("req-device-attach", cat({hello, encode(3, deviceOpen), encode(kDeviceAttach, 4, attach), encodeEmpty(kClose, 5)}, 0));
+    attach.group = 3;
+    put("req-device-attach-refused", cat({hello, encode(3, deviceOpen), encode(kDeviceAttach, 4, attach)}, 0));
     put("req-two-reads", cat({hello, encode(3, open), encodeEmpty(kClose, 5)}, 3 * 6 * 7));
     // Replies (prefix 1): what the client library decodes.
     put("rep-hello", cat({encode(kHelloReply, 1, hr)}, 1));
@@ -121,6 +134,7 @@ void peerSeeds() {
     g.fixed.world = 4;
     g.fixed.localRanks = 0x3;
     g.fixed.caps[0] = g.fixed.caps[1] = g.fixed.caps[2] = g.fixed.caps[3] = 65536;
+    g.fixed.daemonMax = 512 * 1024;
     HcaRecord h{};
     h.prefixLen = 120;
     h.port = 1;

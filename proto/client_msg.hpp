@@ -24,8 +24,13 @@ namespace tpf::client_proto {
 inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// 2: slots are sized slotBytesFor(cap) = page-rounded cap + 32 (room for an
 /// all-gather-v RowHeader); a client of 1 would map another region layout.
-inline constexpr std::uint16_t kClientVersion = 2;
-inline constexpr std::uint16_t kClientMinVersion = 2;
+/// 3: DeviceAttach (a Device group rank's final GPU routes). A daemon of 2
+/// would refuse it as an unknown opcode and close the rank's connection,
+/// breaking its group; a rank of 2 never sends it, so its daemon would poll
+/// its Device groups forever. Replies carry the sender's version, so both
+/// ends must speak 3.
+inline constexpr std::uint16_t kClientVersion = 3;
+inline constexpr std::uint16_t kClientMinVersion = 3;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
 inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
 
@@ -50,6 +55,7 @@ enum Opcode : std::uint16_t {
     kShareRegion = 13,    ///< client -> daemon: ShareRegion + 1 fd (its device region, POSIX fd of cuMemCreate)
     kPeerRegion = 14,     ///< daemon -> client: PeerRegion + 1 fd (a same-node member's shared device region)
     kOpenReport = 15,     ///< client -> daemon: OpenReport; no reply
+    kDeviceAttach = 16,   ///< client -> daemon: DeviceAttach; no reply
 };
 
 /// Who connects. Hello.role.
@@ -57,8 +63,10 @@ enum Role : std::uint32_t { kRoleRank = 1, kRoleControl = 2 };
 
 /// GroupOpen.flags.
 enum OpenFlags : std::uint32_t {
-    /// Doorbells come from GPU kernels, which cannot write the proxy eventfd:
-    /// the proxy polls without sleeping while such a group is open.
+    /// A Device group: doorbells may come from GPU kernels, which cannot
+    /// write the proxy eventfd. The proxy polls a member's ring without
+    /// sleeping from its open until its DeviceAttach says no peer of it is on
+    /// a proxy route (ipc only), and for as long as one is.
     kOpenGpuDoorbells = 1,
 };
 
@@ -226,6 +234,36 @@ static_assert(offsetof(OpenReport, outcome) == 2);
 static_assert(offsetof(OpenReport, reserved1) == 8);
 static_assert(std::is_trivially_copyable_v<OpenReport>);
 
+/// A member of an open Device group (opened with kOpenGpuDoorbells) reports
+/// its GPU attach, once, when it is done (after the load-time probe): the
+/// route its kernels take to each peer and the bytes of its own device
+/// region. The daemon shows both in status and polls the member's ring for
+/// GPU doorbells only while some route is a proxy route (shm or verbs:
+/// proxyCarries). No reply. Refused, and the connection closed (its group
+/// breaks), from a connection in no open Device group, for another group's
+/// handle, another rank or world, a second report, an ipc route to a rank of
+/// another node or a proxy route the daemon cannot carry. 40 bytes.
+struct DeviceAttach {
+    std::uint32_t group;       ///< Verdict.groupHandle
+    std::uint32_t rank;        ///< the sender's rank, as it joined
+    std::uint32_t world;       ///< the group's world, 2..16
+    std::uint32_t reserved;    ///< 0
+    std::uint64_t deviceBytes; ///< own device region (cuMemCreate size), 0..2 GiB; 0 when none was created
+    std::uint8_t routes[16];   ///< Route per rank: kRouteSelf at `rank`, kRouteShm / kRouteVerbs / kRouteIpc
+                               ///< to peers below `world`, 0 from `world` on
+};
+static_assert(sizeof(DeviceAttach) == 40);
+static_assert(offsetof(DeviceAttach, deviceBytes) == 16);
+static_assert(offsetof(DeviceAttach, routes) == 24);
+static_assert(std::is_trivially_copyable_v<DeviceAttach>);
+
+/// Some peer of the report is on a proxy route: the sender's kernels ring the proxy.
+inline bool ringsProxy(const DeviceAttach& m) {
+    for (std::uint32_t q = 0; q < m.world && q < kMaxWorld; ++q)
+        if (proxyCarries(m.routes[q])) return true;
+    return false;
+}
+
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {
     std::uint32_t reserved0;
@@ -343,6 +381,29 @@ inline Status validate(const OpenReport& m) {
     if (m.outcome != kOutcomeNccl && m.outcome != kOutcomeUnavailable)
         return {Errc::OutOfRange, "OpenReport: outcome " + std::to_string(m.outcome) + " is neither nccl (1) nor unavailable (2)"};
     if (m.reserved0 || m.reserved1) return {Errc::BadMessage, "OpenReport: reserved fields not 0"};
+    return okStatus();
+}
+
+inline Status validate(const DeviceAttach& m) {
+    if (m.world < 2 || m.world > kMaxWorld)
+        return {Errc::OutOfRange, "DeviceAttach: world " + std::to_string(m.world) + " outside 2..16"};
+    if (m.rank >= m.world)
+        return {Errc::OutOfRange, "DeviceAttach: rank " + std::to_string(m.rank) + " not below world " +
+                                      std::to_string(m.world)};
+    if (m.deviceBytes > kMaxSharedRegionBytes)
+        return {Errc::OutOfRange, "DeviceAttach: device region of " + std::to_string(m.deviceBytes) + " bytes above 2 GiB"};
+    bool ipc = false;
+    for (std::uint32_t q = 0; q < kMaxWorld; ++q) {
+        const std::uint8_t r = m.routes[q];
+        const bool ok = q >= m.world ? r == 0 : q == m.rank ? r == kRouteSelf : r != kRouteSelf && r <= kLastRoute;
+        if (!ok)
+            return {Errc::OutOfRange, "DeviceAttach: route " + std::to_string(r) + " to rank " + std::to_string(q) +
+                                          " (world " + std::to_string(m.world) + ", sender rank " + std::to_string(m.rank) + ")"};
+        ipc |= q < m.world && r == kRouteIpc;
+    }
+    if (ipc && m.deviceBytes == 0)
+        return {Errc::BadMessage, "DeviceAttach: ipc routes without a device region"};
+    if (m.reserved) return {Errc::BadMessage, "DeviceAttach: reserved field not 0"};
     return okStatus();
 }
 

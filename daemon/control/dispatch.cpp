@@ -89,6 +89,14 @@ bool ControlDispatch::handle(const MsgHeader& h, ByteView payload, std::vector<U
         to_.openReport(*m);
         return true;
     }
+    case kDeviceAttach: {
+        if (role_ != kRoleRank) return refuse(Errc::PermissionDenied, "DeviceAttach from a control client");
+        auto m = decodeFixed<DeviceAttach>(payload, "DeviceAttach");
+        if (!m) return refuse(m.code(), m.error().detail);
+        if (!inGroup_) return refuse(Errc::PermissionDenied, "DeviceAttach without a group");
+        if (auto s = to_.deviceAttach(*m); !s) return refuse(s.code(), s.error().detail);
+        return true;
+    }
     case kStatusRequest: {
         auto m = decodeFixed<StatusRequest>(payload, "StatusRequest");
         if (!m) return refuse(m.code(), m.error().detail);

@@ -35,14 +35,16 @@ public:
     virtual void abort() = 0;
     virtual void openReport(const client_proto::OpenReport& m) = 0;
     virtual Status shareRegion(const client_proto::ShareRegion& m, int fd) = 0;
+    virtual Status deviceAttach(const client_proto::DeviceAttach& m) = 0;
     /// The connection closed meanwhile (a client that never reads its replies).
     virtual bool closed() const = 0;
 };
 
 /// One client's session: framing (decodeHeader, kRequestSpec), then by
 /// opcode the record's decoder and the rules of who may send what: Hello
-/// first and once; GroupOpen, OpenReport and ShareRegion from ranks only;
-/// Abort and ShareRegion inside a group; fds with ShareRegion only, exactly one.
+/// first and once; GroupOpen, OpenReport, ShareRegion and DeviceAttach from
+/// ranks only; Abort, ShareRegion and DeviceAttach inside a group; fds with
+/// ShareRegion only, exactly one.
 class ControlDispatch {
 public:
     explicit ControlDispatch(ControlRequests& to) : to_(to) {}

@@ -110,6 +110,7 @@ void Connection::leave() { server_.groups_.leave(*this, true); }
 void Connection::abort() { server_.groups_.abort(*this); }
 void Connection::openReport(const OpenReport& m) { server_.groups_.openReport(*this, m); }
 Status Connection::shareRegion(const ShareRegion& m, int fd) { return server_.groups_.shareRegion(*this, m, fd); }
+Status Connection::deviceAttach(const DeviceAttach& m) { return server_.groups_.deviceAttach(*this, m); }
 
 void Connection::refuse(Errc code, const std::string& why) {
     spdlog::warn("client {} (pid {}, uid {}): refused: {}: {}", id_, pid_, uid_, errcName(code), why);

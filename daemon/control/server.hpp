@@ -58,6 +58,7 @@ private:
     void abort() override;
     void openReport(const client_proto::OpenReport& m) override;
     Status shareRegion(const client_proto::ShareRegion& m, int fd) override;
+    Status deviceAttach(const client_proto::DeviceAttach& m) override;
     bool closed() const override { return closed_; }
 
     void send(Bytes bytes, const std::vector<int>& fds = {});

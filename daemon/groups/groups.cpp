@@ -179,7 +179,6 @@ void GroupTable::finishOpen(Group& g) {
     pg->world = g.world;
     pg->layout = g.layout;
     pg->agreedCap = g.agreedCap;
-    pg->gpuDoorbells = g.gpuDoorbells;
     pg->routes = g.routes;
     pg->verbs = g.verbs;
     for (auto& [rank, m] : g.members) pg->regions[rank] = m.region;
@@ -286,6 +285,40 @@ void GroupTable::abort(MemberLink& link) {
     breakGroup(*g, Errc::Aborted, rank, "rank " + std::to_string(rank) + " aborted the group");
 }
 
+Status GroupTable::deviceAttach(MemberLink& link, const DeviceAttach& m) {
+    std::uint32_t rank = 0;
+    Group* g = findByLink(link, &rank);
+    if (!g || (g->state != State::Open && g->state != State::Broken))
+        return {Errc::PermissionDenied, "DeviceAttach from a rank in no open group"};
+    if (!g->gpuDoorbells)
+        return {Errc::PermissionDenied, "DeviceAttach for group " + shortId(g->id) + ", which was opened for host buffers"};
+    if (m.group != g->handle || m.rank != rank || m.world != g->world)
+        return {Errc::GroupMismatch, "DeviceAttach for group handle " + std::to_string(m.group) + ", rank " +
+                                         std::to_string(m.rank) + " of " + std::to_string(m.world) + "; the sender is rank " +
+                                         std::to_string(rank) + " of " + std::to_string(g->world) + " in group handle " +
+                                         std::to_string(g->handle)};
+    Member& me = g->members[rank];
+    if (me.attach) return {Errc::BadMessage, "second DeviceAttach from rank " + std::to_string(rank)};
+    std::string routes;
+    for (std::uint32_t q = 0; q < g->world; ++q) {
+        if (q == rank) continue;
+        const bool local = g->localMask >> q & 1u;
+        const std::uint8_t r = m.routes[q];
+        if (local ? r == kRouteVerbs : r != kRouteVerbs)
+            return {Errc::BadMessage, "DeviceAttach: route " + std::string(routeName(r)) + " to rank " + std::to_string(q) +
+                                          (local ? ", which is on this node" : ", which is on another node")};
+        routes += (routes.empty() ? "" : " ") + std::to_string(q) + ":" + (r == kRouteIpc ? "ipc" : "proxy");
+    }
+    if (m.deviceBytes && m.deviceBytes < g->layout.totalBytes())
+        return {Errc::BadMessage, "DeviceAttach: device region of " + std::to_string(m.deviceBytes) +
+                                      " bytes, smaller than the group's layout (" + std::to_string(g->layout.totalBytes()) + ")"};
+    me.attach = m;
+    spdlog::info("group {}: rank {} attached its GPU: routes {}, device region {} bytes; {}", shortId(g->id), rank, routes,
+                 m.deviceBytes, ringsProxy(m) ? "its kernels ring the proxy" : "ipc only, the proxy does not poll its ring");
+    publishProxyTable();
+    return okStatus();
+}
+
 void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why) {
     Group* g = findByHandle(handle);
     if (!g) return;
@@ -334,8 +367,13 @@ std::uint64_t GroupTable::publishProxyTable() {
     std::vector<ProxyRank> table;
     for (auto& [id, g] : groups_) {
         if (!g.proxyGroup) continue;
-        for (auto& [rank, m] : g.members)
-            if (m.ring) table.push_back(ProxyRank{g.proxyGroup, rank, m.ring});
+        for (auto& [rank, m] : g.members) {
+            if (!m.ring) continue;
+            ProxyRank pr{g.proxyGroup, rank, m.ring};
+            pr.gpuDoorbells = g.ringsProxy(m);
+            for (std::uint32_t q = 0; m.attach && q < g.world; ++q) pr.ipcPeers |= std::uint32_t(m.attach->routes[q] == kRouteIpc) << q;
+            table.push_back(std::move(pr));
+        }
     }
     proxy_.publish(std::move(table), ++tableVersion_);
     return tableVersion_;
@@ -360,6 +398,13 @@ std::size_t GroupTable::regionCount() const {
     std::size_t n = 0;
     for (const auto& [id, g] : groups_)
         for (const auto& [r, m] : g.members) n += m.region ? 1 : 0;
+    return n;
+}
+
+std::uint64_t GroupTable::deviceRegionBytes() const {
+    std::uint64_t n = 0;
+    for (const auto& [id, g] : groups_)
+        for (const auto& [r, m] : g.members) n += m.attach ? m.attach->deviceBytes : 0;
     return n;
 }
 

@@ -59,6 +59,13 @@ public:
     Status shareRegion(MemberLink& link, const client_proto::ShareRegion& m, int fd);
     /// A member aborts its group: every member's waits end with Aborted.
     void abort(MemberLink& link);
+    /// A member of an open Device group reports its GPU attach: its routes
+    /// per peer and its device region (status), and whether its kernels ring
+    /// the proxy (the proxy stops polling its ring when they never do).
+    /// Refused (named error) from a rank in no open Device group, for
+    /// another group, rank or world, twice, or with routes this node cannot
+    /// have (ipc to another node, shm to another node, verbs within it).
+    Status deviceAttach(MemberLink& link, const client_proto::DeviceAttach& m);
     /// A member's doorbell was invalid (proxy report): break its group.
     void badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why);
     /// The proxy carried out everything published before `version`.
@@ -79,6 +86,8 @@ public:
         std::uint32_t uid = 0;
         std::shared_ptr<HostRegion> region;
         std::shared_ptr<CommandRing> ring;
+        /// Its DeviceAttach, once it came (Device groups only).
+        std::optional<client_proto::DeviceAttach> attach{};
     };
     struct Group {
         GroupId id{};
@@ -94,12 +103,16 @@ public:
         std::uint64_t agreedCap = 0;
         Layout layout{};
         std::array<std::uint8_t, kMaxWorld> routes{};
-        bool gpuDoorbells = false;
+        bool gpuDoorbells = false; ///< a Device group (kOpenGpuDoorbells): its kernels may ring the proxy
         std::shared_ptr<ProxyGroup> proxyGroup;
         std::shared_ptr<Negotiation> negotiation; ///< when some rank is on another node
         std::shared_ptr<VerbsGroup> verbs;        ///< the negotiation's wire, once every node is ready
         Error lastError;
         bool brokenCounted = false; ///< counted in the lifetime metrics as broken
+
+        /// The kernels of member `m` may ring the proxy: a Device group member
+        /// that has not reported its routes yet, or has a proxy-route peer.
+        bool ringsProxy(const Member& m) const { return gpuDoorbells && (!m.attach || client_proto::ringsProxy(*m.attach)); }
     };
     /// Every group, by id (status reads them).
     const std::map<GroupId, Group>& groups() const { return groups_; }
@@ -107,6 +120,8 @@ public:
     const Lifetime& lifetime() const { return lifetime_; }
     std::size_t regionCount() const;
     std::uint64_t hostRegionBytes() const;
+    /// Device region bytes the local members reported (DeviceAttach).
+    std::uint64_t deviceRegionBytes() const;
 
 private:
     /// Why a group breaks, for the log and the metrics.

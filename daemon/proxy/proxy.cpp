@@ -97,6 +97,7 @@ bool Proxy::resume(ProxyRank& pr) {
     const HostRegion& src = *g.regions[pr.rank];
     for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
         const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
+        if (pr.ipcPeers >> q & 1u) continue; // the kernel stored it there itself
         if (g.routes[q] == kRouteVerbs) {
             if (!resumeVerbs(pr, q, phase, cur)) return false;
             continue;
@@ -296,7 +297,7 @@ void Proxy::run() {
             retire(table, next);
             table = std::move(next);
             mustSpin = false;
-            for (auto& pr : table) mustSpin |= pr.group->gpuDoorbells;
+            for (auto& pr : table) mustSpin |= pr.gpuDoorbells;
             if (events_.drained) events_.drained(version);
         }
         const std::size_t work = pollOnce(table);

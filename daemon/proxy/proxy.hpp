@@ -3,8 +3,11 @@
 // epoch flag; verbs: RDMA WRITEs under each queue pair's in-flight cap; a
 // doorbell whose queue pair is at the cap is resumed on a later pass, so it
 // holds up only its own ring). Busy-polls while there is work, sleeps on an eventfd after
-// proxy.spin_us without any (idle CPU about 0), and never sleeps while a group
-// with GPU doorbells is open (a kernel cannot write the eventfd).
+// proxy.spin_us without any (idle CPU about 0), and never sleeps while it
+// serves a ring that GPU kernels may ring (a kernel cannot write the
+// eventfd): a Device group member with a proxy-route peer, or one that has
+// not reported its routes yet (DeviceAttach). Members whose every peer is ipc
+// cost nothing while idle.
 #pragma once
 
 #include <array>
@@ -33,7 +36,6 @@ struct ProxyGroup {
     std::uint64_t agreedCap = 0;
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
     std::array<std::uint8_t, kMaxWorld> routes{};                 ///< how this node reaches each rank
-    bool gpuDoorbells = false;
     std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
     std::atomic<bool> broken{false};
 };
@@ -44,6 +46,11 @@ struct ProxyRank {
     std::uint32_t rank = 0;
     std::shared_ptr<CommandRing> ring;
     std::uint64_t verbsFlagSum = 0; ///< proxy-private: flags from other nodes last seen (to wake sleeping waits)
+    /// GPU kernels may ring this ring: the proxy never sleeps while it serves it.
+    bool gpuDoorbells = false;
+    /// Peers this rank's kernels reach by ipc (bit per rank, its DeviceAttach):
+    /// the proxy carries its doorbells to the group's other routes only.
+    std::uint32_t ipcPeers = 0;
 };
 
 /// Events the proxy reports; called on the proxy thread (post them on).

@@ -108,19 +108,39 @@ nlohmann::json peersPart(const GroupTable& table) {
     return out;
 }
 
+// A Device group's route as its kernels take it: ipc, or proxy (shm or verbs, the daemon carries it).
+const char* gpuRouteName(std::uint8_t r) { return r == kRouteSelf ? "self" : r == kRouteIpc ? "ipc" : "proxy"; }
+
+// How the local members that reported their GPU attach reach rank r: "ipc",
+// "proxy", "ipc+proxy" when they differ; empty when none reported.
+std::string reportedRouteTo(const GroupTable::Group& g, std::uint32_t r) {
+    bool ipc = false, proxy = false;
+    for (const auto& [s, m] : g.members)
+        if (s != r && m.attach) (m.attach->routes[r] == kRouteIpc ? ipc : proxy) = true;
+    return ipc && proxy ? "ipc+proxy" : ipc ? "ipc" : proxy ? "proxy" : "";
+}
+
 nlohmann::json groupsPart(const GroupTable& table) {
     nlohmann::json groups = nlohmann::json::array();
     for (const auto& [id, g] : table.groups()) {
         std::uint64_t calls = 0, bytes = 0, errors = 0, hist[kLatencyBuckets] = {};
+        bool proxyPolls = false;
         nlohmann::json ranks = nlohmann::json::array();
         for (std::uint32_t r = 0; r < g.world; ++r) {
             const bool local = g.localMask >> r & 1u;
             nlohmann::json e = {{"rank", r}, {"local", local}, {"pid", nullptr}, {"uid", nullptr},
-                                {"route", local ? "shm" : "verbs"}};
+                                {"route", local ? "shm" : "verbs"}, {"routes", nullptr}, {"device_bytes", nullptr}};
             auto m = g.members.find(r);
             if (m != g.members.end()) {
                 e["pid"] = m->second.pid;
                 e["uid"] = m->second.uid;
+                proxyPolls |= m->second.ring && g.ringsProxy(m->second);
+                if (const auto& a = m->second.attach) {
+                    nlohmann::json routes = nlohmann::json::array();
+                    for (std::uint32_t q = 0; q < g.world; ++q) routes.push_back(gpuRouteName(a->routes[q]));
+                    e["routes"] = std::move(routes);
+                    e["device_bytes"] = a->deviceBytes;
+                }
                 if (m->second.ring) {
                     const RankStats st = readStats(m->second.ring->view.stats());
                     for (const OpStats& op : st.ops) {
@@ -132,6 +152,7 @@ nlohmann::json groupsPart(const GroupTable& table) {
                 }
             }
             if (g.routes[r]) e["route"] = routeName(g.routes[r]);
+            if (const std::string gpu = reportedRouteTo(g, r); !gpu.empty()) e["route"] = gpu;
             ranks.push_back(e);
         }
         std::uint64_t total = 0;
@@ -139,6 +160,8 @@ nlohmann::json groupsPart(const GroupTable& table) {
         groups.push_back({{"id", id.hex()},
                           {"world", g.world},
                           {"state", stateName(g.state)},
+                          {"buffers", g.gpuDoorbells ? "device" : "host"},
+                          {"proxy_polls", proxyPolls},
                           {"agreed_cap", g.agreedCap},
                           {"slot_bytes", g.layout.slotBytes},
                           {"stripes", g.layout.stripes},
@@ -223,7 +246,7 @@ nlohmann::json statusDocument(const StatusSources& s) {
         {"hcas", hcasPart(s.hcas)},
         {"peers", peersPart(s.groups)},
         {"groups", groupsPart(s.groups)},
-        {"regions", {{"count", s.groups.regionCount()}, {"host_bytes", s.groups.hostRegionBytes()}, {"device_bytes", 0}}},
+        {"regions", {{"count", s.groups.regionCount()}, {"host_bytes", s.groups.hostRegionBytes()}, {"device_bytes", s.groups.deviceRegionBytes()}}},
         {"clients", s.clients ? s.clients() : 0},
         {"metrics", metricsPart(s.groups)},
     };

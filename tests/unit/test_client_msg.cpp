@@ -314,24 +314,24 @@ TEST_CASE("out-of-range ranks, worlds and fields are refused by name") {
 // revision byte (kClientMagic) in the same commit.
 TEST_CASE("golden byte images of client records") {
     CHECK(hexOf(encode(kHello, 1, sampleHello())) ==
-          "5450430102000100100000000100000001000000000000000000000000000000");
+          "5450430103000100100000000100000001000000000000000000000000000000");
     CHECK(hexOf(encode(kHelloReply, 2, sampleHelloReply())) ==
-          "54504301020002004000000002000000"
+          "54504301030002004000000002000000"
           "101112131415161718191a1b1c1d1e1f302e312e30000000000000000000000000000000000000000000000000000000"
-          "08070605040302010200000000000000");
+          "08070605040302010300000000000000"); // protocol 3
     CHECK(hexOf(encode(3, sampleNodeCard())) ==
-          "5450430102000400b000000003000000"
+          "5450430103000400b000000003000000"
           "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f5348020000000000"
           "0000080000000000"
           "202122232425262728292a2b2c2d2e2f404142434445464748494a4b4c4d4e4f7278653000000000000000000000000001780004102700000400000001000000"
           "2122232425262728292a2b2c2d2e2f304142434445464748494a4b4c4d4e4f507278653100000000000000000000000001780004102700000400000001000000");
     CHECK(hexOf(encode(4, sampleGroupOpen(2, 0))) ==
-          "54504301020005009000000004000000"
+          "54504301030005009000000004000000"
           "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf0000000002000000000001000000000088130000010000000000000000000000"
           "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f53480000e80300000000010000000000"
           "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f53480000e90300000000010000000000");
     CHECK(hexOf(encode(kVerdict, 5, sampleVerdict())) ==
-          "5450430102000600c000000005000000"
+          "5450430103000600c000000005000000"
           "00000000010000000300000001000000" // errc 0, rank 1, world 3, stripes 1
           "f0ff0000000000000010010000000000" // agreedCap 65520, slotBytes 69632
           "00700600000000000700000040000000" // regionBytes, groupHandle 7, 64 entries
@@ -340,7 +340,7 @@ TEST_CASE("golden byte images of client records") {
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000");
-    CHECK(hexOf(encode(kAbort, 6, Abort{})) == "5450430102000700080000000600000000000000" "00000000");
+    CHECK(hexOf(encode(kAbort, 6, Abort{})) == "5450430103000700080000000600000000000000" "00000000");
 }
 
 
@@ -367,9 +367,9 @@ TEST_CASE("ShareRegion and PeerRegion: round trips, refusals, golden bytes") {
     CHECK(validate(PeerRegion{1, 0, 0}).code() == Errc::OutOfRange);
 
     CHECK(hexOf(encode(kShareRegion, 9, share)) ==
-          "54504301" "0200" "0d00" "10000000" "09000000" "0000200000000000" "0000000000000000");
+          "54504301" "0300" "0d00" "10000000" "09000000" "0000200000000000" "0000000000000000");
     CHECK(hexOf(encode(kPeerRegion, 10, peer)) ==
-          "54504301" "0200" "0e00" "10000000" "0a000000" "03000000" "00000000" "0000200000000000");
+          "54504301" "0300" "0e00" "10000000" "0a000000" "03000000" "00000000" "0000200000000000");
 }
 
 // A rank's report of an open that did not take the fabric path (metrics only).
@@ -392,6 +392,51 @@ TEST_CASE("OpenReport: round trip, refusals by name, golden bytes") {
     CHECK(validate(OpenReport{std::uint16_t(Errc::Unavailable), kOutcomeNccl, 0, 1}).code() == Errc::BadMessage);
 
     CHECK(hexOf(encode(kOpenReport, 11, report)) ==
-          "54504301" "0200" "0f00" "10000000" "0b000000" // header: opcode 15, 16 bytes, seq 11
+          "54504301" "0300" "0f00" "10000000" "0b000000" // header: opcode 15, 16 bytes, seq 11
           "0f00" "0200" "00000000" "0000000000000000");  // errc 15 (Unavailable), outcome 2, reserved
+}
+
+// A Device group rank's GPU attach: its routes per peer and its device region.
+TEST_CASE("DeviceAttach: round trip, refusals by name, golden bytes") {
+    DeviceAttach m{};
+    m.group = 7;
+    m.rank = 1;
+    m.world = 3;
+    m.deviceBytes = 2 * 1024 * 1024;
+    m.routes[0] = kRouteIpc;
+    m.routes[1] = kRouteSelf;
+    m.routes[2] = kRouteVerbs;
+    auto f = frameOf(encode(kDeviceAttach, 12, m));
+    CHECK(f.header.opcode == kDeviceAttach);
+    auto back = decodeFixed<DeviceAttach>(f.payload, "DeviceAttach");
+    REQUIRE(back.ok());
+    CHECK(std::memcmp(&*back, &m, sizeof m) == 0);
+    CHECK(ringsProxy(m));
+    everyTruncationRefused(m, kDeviceAttach);
+
+    const auto with = [&](auto change) {
+        DeviceAttach x = m;
+        change(x);
+        return validate(x).code();
+    };
+    CHECK(with([](DeviceAttach& x) { x.routes[2] = kRouteIpc; }) == Errc::Ok);
+    CHECK_FALSE(ringsProxy([&] { DeviceAttach x = m; x.routes[2] = kRouteIpc; return x; }()));
+    CHECK(with([](DeviceAttach& x) { x.routes[2] = kRouteShm; x.routes[0] = kRouteShm; x.deviceBytes = 0; }) == Errc::Ok);
+    CHECK(with([](DeviceAttach& x) { x.world = 1; }) == Errc::OutOfRange);
+    CHECK(with([](DeviceAttach& x) { x.world = 17; }) == Errc::OutOfRange);
+    CHECK(with([](DeviceAttach& x) { x.rank = 3; }) == Errc::OutOfRange);
+    CHECK(with([](DeviceAttach& x) { x.routes[2] = kLastRoute + 1; }) == Errc::OutOfRange); // no such route
+    CHECK(with([](DeviceAttach& x) { x.routes[2] = 0xff; }) == Errc::OutOfRange);
+    CHECK(with([](DeviceAttach& x) { x.routes[1] = kRouteIpc; }) == Errc::OutOfRange);  // its own rank is self
+    CHECK(with([](DeviceAttach& x) { x.routes[0] = kRouteSelf; }) == Errc::OutOfRange); // a peer is not
+    CHECK(with([](DeviceAttach& x) { x.routes[3] = kRouteShm; }) == Errc::OutOfRange);  // beyond world
+    CHECK(with([](DeviceAttach& x) { x.deviceBytes = kMaxSharedRegionBytes + 1; }) == Errc::OutOfRange);
+    CHECK(with([](DeviceAttach& x) { x.deviceBytes = 0; }) == Errc::BadMessage); // ipc needs a region
+    CHECK(with([](DeviceAttach& x) { x.reserved = 1; }) == Errc::BadMessage);
+
+    CHECK(hexOf(encode(kDeviceAttach, 12, m)) ==
+          "54504301" "0300" "1000" "28000000" "0c000000" // header: opcode 16, 40 bytes, seq 12
+          "07000000" "01000000" "03000000" "00000000"     // group 7, rank 1, world 3, reserved
+          "0000200000000000"                              // deviceBytes 2 MiB
+          "03000200000000000000000000000000");            // routes: ipc, self, verbs
 }
