@@ -244,6 +244,37 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
     grep -h RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | sort | sed 's/^/    /'
     [ $st = FAIL ] && grep -hv RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | head -20 | sed 's/^/    ! /'
   done
+  # ---- status and idle CPU of an ipc Device group (issue 13 item 5, issue 16 item 6) ----
+  # While an open W = 2 ipc group idles: tpfabricctl status shows ipc routes
+  # and the ranks' device regions, and the daemon's CPU over 2 s stays under
+  # 5 % of a core (its proxy polls no ipc-only ring). Needs $bin/tpfabricctl.
+  if [ -x "$bin/tpfabricctl" ]; then
+    ilog=$logdir/tpf-gpurank-idle-ipc-w2.log
+    (ranks tpf-gpurank 2 ipc idle 5000 --scenario idle) &
+    rp=$!
+    for _ in $(seq 300); do [ "$(grep -c READY "$ilog" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
+    sleep 0.5
+    t1=$(awk '{print $14 + $15}' "/proc/$dpid/stat"); sleep 2; t2=$(awk '{print $14 + $15}' "/proc/$dpid/stat")
+    cpu=$(awk -v d=$((t2 - t1)) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", 100 * d / hz / 2}')
+    "$bin/tpfabricctl" status --json --socket "$sock" >"$logdir/status-idle-ipc.json" 2>&1
+    "$bin/tpfabricctl" status --socket "$sock" >"$logdir/status-idle-ipc.txt" 2>&1
+    wait "$rp"; rr=$?
+    seen=$(python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+g = [g for g in d["groups"] if g["state"] == "open" and g.get("buffers") == "device"]
+if len(g) != 1: print("no open Device group in status"); sys.exit()
+r = [x for x in g[0]["ranks"] if x["local"]]
+bad = [x["rank"] for x in r if x["route"] != "ipc" or not x.get("device_bytes")]
+print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0]["proxy_polls"]) if not bad and d["regions"]["device_bytes"] > 0 and not g[0]["proxy_polls"] else "ranks %s not ipc with a device region" % bad)
+' "$logdir/status-idle-ipc.json" 2>&1)
+    case "$rr:$seen" in 0:ok*) awk -v c="$cpu" 'BEGIN {exit !(c < 5)}' && judge 0 || judge 1 ;; *) judge 1 ;; esac
+    echo "$st gpu-multiprocess idle W=2 route=ipc: status $seen; daemon CPU $cpu % of a core over 2 s idle"
+    grep -h RESULT "$ilog" | sort | sed 's/^/    /'
+    [ $st = FAIL ] && sed 's/^/    ! /' "$logdir/status-idle-ipc.txt" | head -30
+  else
+    judge 77; echo "SKIP gpu-multiprocess idle: no $bin/tpfabricctl (carry build-gpu/ctl/tpfabricctl)"
+  fi
   # The daemon killed under a proxy-route Device group: DaemonLost within 1 s.
   dkdir=$(mktemp -d)
   if start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then

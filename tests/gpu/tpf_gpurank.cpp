@@ -15,6 +15,7 @@
 //              others, in one call; the data, odd and gatherv checks on that group
 //   daemonkill proxy route, calls until one fails; run.sh SIGKILLs the daemon after READY: DaemonLost
 //              within 1 s (the kernel's heartbeat watch)
+//   idle       100 gathers, READY, 4 s without calls (run.sh checks status and the daemon's CPU), 100 more
 //   graph      4 gathers captured once, replayed 64 times with new shards
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
@@ -336,6 +337,34 @@ int scenarioDaemonKill(Group& g, cudaStream_t st, Buffers2 b) {
     return report(false, "the daemon was never killed");
 }
 
+// 100 gathers verified on the device, READY, then the group held open
+// without calls for 4 s (run.sh reads tpfabricctl status and the daemon's
+// CPU meanwhile), then 100 more: the group still works after the idle stretch.
+int scenarioIdle(Group& g, cudaStream_t st, Buffers2 b) {
+    unsigned long long* cnt = nullptr;
+    CK(cudaMalloc(&cnt, 16));
+    const unsigned long long init[2] = {0, ~0ull};
+    CK(cudaMemcpy(cnt, init, 16, cudaMemcpyHostToDevice));
+    const auto calls = [&](std::uint64_t from) -> int {
+        for (std::uint64_t call = from; call < from + 100; ++call) {
+            gputest::fillShard(b.send, 4096, call, g.rank(), st);
+            ST(g.allGather(b.send, b.recv, 4096, st));
+            gputest::verifyGather(b.recv, 4096, g.world(), call, cnt, cnt + 1, st);
+        }
+        CK(cudaStreamSynchronize(st));
+        ST(g.check());
+        unsigned long long res[2];
+        CK(cudaMemcpy(res, cnt, 16, cudaMemcpyDeviceToHost));
+        if (res[0]) return report(false, std::to_string(res[0]) + " wrong words, first in call " + std::to_string(res[1]));
+        return 0;
+    };
+    if (int rc = calls(0)) return rc;
+    std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    if (int rc = calls(100)) return rc;
+    return report(true, "calls=200 idle_s=4");
+}
+
 int scenarioGraph(Group& g, cudaStream_t st, Buffers2 b) {
     const std::uint32_t W = g.world();
     const std::uint64_t sizes[4] = {4096, 65536 + 16, 16, 1024};
@@ -654,6 +683,7 @@ int main(int argc, char** argv) {
     }
     if (a.scenario == "data") return scenarioData(g, st, b);
     if (a.scenario == "daemonkill") return scenarioDaemonKill(g, st, b);
+    if (a.scenario == "idle") return scenarioIdle(g, st, b);
     if (a.scenario == "odd") return scenarioOdd(g, st, b);
     if (a.scenario == "gatherv") return scenarioGatherV(g, st, b);
     if (a.scenario == "graph") return scenarioGraph(g, st, b);
