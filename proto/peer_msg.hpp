@@ -24,8 +24,11 @@ namespace tpf::peer_proto {
 inline constexpr std::uint32_t kPeerMagic = fourcc('T', 'P', 'P', 1);
 /// 2: slots are sized slotBytesFor(cap) = page-rounded cap + 32; a daemon of
 /// 1 computes other region offsets, so its RDMA writes would land elsewhere.
-inline constexpr std::uint16_t kPeerVersion = 2;
-inline constexpr std::uint16_t kPeerMinVersion = 2;
+/// 3: PeerGroupFixed.daemonMax (the former reserved1, same layout) carries the
+/// sender's daemon.max_bytes, which enters the agreed cap; a daemon of 2 sends
+/// 0 there and refuses groups whose daemons differ in daemon.max_bytes.
+inline constexpr std::uint16_t kPeerVersion = 3;
+inline constexpr std::uint16_t kPeerMinVersion = 3;
 inline constexpr std::uint32_t kMaxPeerPayload = 64 * 1024;
 inline constexpr ProtocolSpec kPeerSpec{"peer", kPeerMagic, kPeerMinVersion, kPeerVersion, kMaxPeerPayload};
 
@@ -70,12 +73,16 @@ struct PeerGroupFixed {
     std::uint32_t hcaCount;     ///< HcaRecord that follow, <= kMaxStripes
     std::uint32_t qpCount;      ///< QpRecord that follow, <= kMaxQps
     std::uint32_t reserved0;
-    std::uint64_t caps[16];     ///< every rank's usable maximum as the sender knows it (0 past world)
-    std::uint64_t reserved1;
+    std::uint64_t caps[16];     ///< every rank's roster maxBytes as the sender knows it (0 past world); equal on every node
+    /// The sender's daemon.max_bytes, 1..1 GiB. The group's agreed cap is the
+    /// minimum of every caps[r] and every daemon's daemonMax; a receiver refuses
+    /// (CapMismatch) a sender whose daemonMax is below the cap it agreed itself.
+    std::uint64_t daemonMax;
 };
 static_assert(sizeof(PeerGroupFixed) == 192);
 static_assert(offsetof(PeerGroupFixed, world) == 32);
 static_assert(offsetof(PeerGroupFixed, caps) == 56);
+static_assert(offsetof(PeerGroupFixed, daemonMax) == 184);
 static_assert(std::is_trivially_copyable_v<PeerGroupFixed>);
 
 /// A local rank's region as registered on one HCA. 32 bytes.
@@ -243,6 +250,8 @@ inline Result<PeerGroup> decodePeerGroup(ByteView payload) {
         if (f.caps[i] != 0) return {Errc::BadMessage, "PeerGroup: cap given for rank " + std::to_string(i) + " past world"};
     for (std::uint32_t i = 0; i < f.world; ++i)
         if (f.caps[i] > kMaxSlotBytes) return {Errc::OutOfRange, "PeerGroup: cap of rank " + std::to_string(i) + " above 1 GiB"};
+    if (f.daemonMax == 0 || f.daemonMax > kMaxSlotBytes)
+        return {Errc::OutOfRange, "PeerGroup: daemon max " + std::to_string(f.daemonMax) + " outside 1..1 GiB"};
     if (auto s = r.getAll(m.regions, f.regionCount); !s) return s.error();
     if (auto s = r.getAll(m.hcas, f.hcaCount); !s) return s.error();
     if (auto s = r.getAll(m.qps, f.qpCount); !s) return s.error();

@@ -5,12 +5,23 @@
 #include <algorithm>
 #include <cstring>
 
+#include "daemon/groups/cap.hpp"
+
 namespace tpf::daemon {
 
 using namespace client_proto;
 
 namespace {
 std::string shortId(const GroupId& id) { return id.shortHex(); }
+
+// The roster, this daemon's daemon.max_bytes, and every other daemon's once its record arrived.
+CapAgreement capAgreement(const GroupTable::Group& g, const NodeId& self, std::uint64_t selfMax) {
+    std::vector<DaemonMax> daemons{{self, selfMax}};
+    if (g.negotiation)
+        for (const auto& n : g.negotiation->nodes())
+            if (n.daemonMax) daemons.push_back({n.node, n.daemonMax});
+    return agreeCap(g.roster, daemons);
+}
 } // namespace
 
 GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy,
@@ -99,18 +110,12 @@ void GroupTable::tryOpen(Group& g) {
     g.openTimer->cancel();
     const GroupId id = g.id;
     const bool remote = g.negotiation != nullptr;
-    for (std::uint32_t r = 0; r < g.world; ++r) {
-        if (g.roster[r].maxBytes > cfg_.maxBytes)
-            return refuseAll(g, Errc::CapMismatch,
-                             "rank " + std::to_string(r) + " asks for " + std::to_string(g.roster[r].maxBytes) +
-                                 " bytes, above this daemon's daemon.max_bytes " + std::to_string(cfg_.maxBytes)),
-                   eraseIfEmpty(id);
-    }
     if (const auto why = remote ? negotiations_.unavailable() : std::nullopt)
         return refuseAll(g, why->code, why->detail), eraseIfEmpty(id);
-    std::vector<std::uint64_t> caps;
-    for (const auto& e : g.roster) caps.push_back(e.maxBytes);
-    g.agreedCap = agreedCap(caps.data(), caps.size());
+    // The roster and our daemon.max_bytes: other daemons' maxima are at least
+    // their ranks' roster entries (a client clamps its entry to its daemon's
+    // node card), and each checks ours against its cap in the negotiation.
+    g.agreedCap = capAgreement(g, nodeId_, cfg_.maxBytes).cap;
     // Across nodes a shard is striped over every HCA pair (pairing checks both
     // nodes have as many); within one node there is one stripe.
     auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote ? negotiations_.hcaCount() : 1);
@@ -136,7 +141,7 @@ void GroupTable::tryOpen(Group& g) {
     }
     if (!remote) return finishOpen(g);
     g.state = State::Negotiating;
-    NegotiationPlan plan{g.handle, g.layout, {}};
+    NegotiationPlan plan{g.handle, g.layout, g.agreedCap, {}};
     for (auto& [rank, m] : g.members)
         plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region});
     g.negotiation->start(std::move(plan)); // a refusal comes back through negotiationRefused, maybe at once
@@ -186,8 +191,11 @@ void GroupTable::finishOpen(Group& g) {
     g.state = State::Open;
     lifetime_.groupOpened();
     publishProxyTable();
-    spdlog::info("group {}: open, world {}, agreed cap {} bytes, slot {} bytes, {} stripe(s), region {} bytes",
-                 shortId(g.id), g.world, g.agreedCap, g.layout.slotBytes, g.layout.stripes, g.layout.totalBytes());
+    // Every daemon's maximum is known by now (each record was checked against the cap).
+    spdlog::info("group {}: agreed cap {} bytes ({})", shortId(g.id), g.agreedCap,
+                 capAgreement(g, nodeId_, cfg_.maxBytes).smallest());
+    spdlog::info("group {}: open, world {}, slot {} bytes, {} stripe(s), region {} bytes", shortId(g.id), g.world,
+                 g.layout.slotBytes, g.layout.stripes, g.layout.totalBytes());
     for (auto& [rank, m] : g.members) {
         Verdict v{};
         v.rank = rank;

@@ -153,6 +153,7 @@ Bytes Negotiation::recordFor(const NodeLink& n) const {
     rec.fixed.world = world_;
     rec.fixed.localRanks = localMask_;
     for (std::uint32_t r = 0; r < world_; ++r) rec.fixed.caps[r] = roster_[r].maxBytes;
+    rec.fixed.daemonMax = desk_.cfg_.maxBytes;
     for (std::uint32_t a = 0; a < nh; ++a) {
         const auto& c = hcas[a]->card();
         HcaRecord h{};
@@ -224,7 +225,17 @@ Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
                                               std::to_string(world_)};
     for (std::uint32_t r = 0; r < world_; ++r)
         if (f.caps[r] != roster_[r].maxBytes)
-            return Error{Errc::CapMismatch, "rank " + std::to_string(r) + "'s cap differs between the nodes"};
+            return Error{Errc::GroupMismatch, "the nodes' rosters differ: rank " + std::to_string(r) + "'s maxBytes is " +
+                                                  std::to_string(roster_[r].maxBytes) + " here, " +
+                                                  std::to_string(f.caps[r]) + " there"};
+    // Both nodes took the cap from the same roster and their own daemon.max_bytes;
+    // a daemon below our cap means a roster entry above its own daemon's maximum.
+    if (f.daemonMax < plan_.agreedCap)
+        return Error{Errc::CapMismatch, "its daemon.max_bytes " + std::to_string(f.daemonMax) + " is below the cap of " +
+                                            std::to_string(plan_.agreedCap) +
+                                            " bytes this node agreed: a rank of it sent a roster entry above its own "
+                                            "daemon's maximum (a libtpfabric of another release?)"};
+    n.daemonMax = f.daemonMax;
     std::vector<HcaAddress> ours, theirs;
     for (const auto& h : desk_.hcas_) ours.push_back(hcaAddress(h->card()));
     for (const auto& h : rec.hcas) theirs.push_back(addressOf(h));

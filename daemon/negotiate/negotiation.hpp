@@ -59,8 +59,9 @@ struct LocalRegion {
 
 /// What the group table fixed when the last local rank joined.
 struct NegotiationPlan {
-    std::uint32_t handle = 0; ///< the group's handle, named in proxy reports of its QPs
-    Layout layout{};          ///< stripes = this node's HCAs
+    std::uint32_t handle = 0;    ///< the group's handle, named in proxy reports of its QPs
+    Layout layout{};             ///< stripes = this node's HCAs
+    std::uint64_t agreedCap = 0; ///< from the roster and our daemon.max_bytes; every other daemon's must reach it
     std::vector<LocalRegion> regions;
 };
 
@@ -74,6 +75,7 @@ struct NodeLink {
     std::shared_ptr<PeerSession> session;
     bool selfReady = false;   ///< our QPs towards it are up and PeerReady sent
     bool remoteReady = false; ///< its PeerReady (ok) arrived
+    std::uint64_t daemonMax = 0; ///< its daemon.max_bytes, once its record was taken (0 before)
     Bytes ourRecord;          ///< PeerGroup we send it
 };
 

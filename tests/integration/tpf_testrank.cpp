@@ -6,7 +6,7 @@
 //   RESULT rank=R error=NAME calls=N elapsed_ms=T detail=...
 // and exits 0 (ok), 1 (a collective failed), 2 (usage) or 3 (wrong data, or
 // a failed call that wrote into its output). Progress lines a test can wait
-// for: "OPEN rank=R", "PAUSED rank=R calls=N", "STALL rank=R calls=N",
+// for: "OPEN rank=R cap=N" (the agreed cap), "PAUSED rank=R calls=N", "STALL rank=R calls=N",
 // "PROGRESS rank=R calls=N", "REOPEN rank=R ok|error=NAME ...".
 #include <unistd.h>
 
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
     if (!boot) return finish(a, boot.error(), 0, monotonicNs());
     auto group = openGroup(a, **boot);
     if (!group) return finish(a, group.error(), 0, monotonicNs());
-    line("OPEN rank=%u\n", a.rank);
+    line("OPEN rank=%u cap=%llu\n", a.rank, (unsigned long long)(*group)->agreedCap());
     const int rc = runCalls(a, **group);
     if (rc != 1 || !a.reopen) return rc;
     group = Error{}; // closes the broken group

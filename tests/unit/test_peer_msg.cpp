@@ -35,6 +35,7 @@ PeerGroup sampleGroup() {
     m.fixed.caps[0] = 65536;
     m.fixed.caps[1] = 65536;
     m.fixed.caps[2] = 32768;
+    m.fixed.daemonMax = 0x0fedcb;
     for (std::uint32_t rank = 0; rank < 2; ++rank)
         for (std::uint32_t hca = 0; hca < 2; ++hca)
             m.regions.push_back({rank, hca, 0x7f0000000000ull + rank * 0x100000, 139264, 0x1000 + rank * 2 + hca, 0});
@@ -99,6 +100,7 @@ TEST_CASE("peer records round-trip") {
         CHECK(m->qps.size() == 4);
         CHECK(m->qps[3].qpn == 0x11u + 2 + 1);
         CHECK(m->fixed.caps[2] == 32768);
+        CHECK(m->fixed.daemonMax == 0x0fedcb);
         CHECK(m->regions[3].rkey == 0x1003);
     }
     {
@@ -210,6 +212,13 @@ TEST_CASE("peer group refuses out-of-range ranks, worlds, counts and fields by n
         m = sampleGroup();
         m.fixed.caps[1] = 1ull << 40;
         expect(m, Errc::OutOfRange);
+        m = sampleGroup();
+        m.fixed.daemonMax = 0; // what a daemon of protocol 2 left there
+        expect(m, Errc::OutOfRange);
+        m.fixed.daemonMax = (1ull << 30) + 1;
+        expect(m, Errc::OutOfRange);
+        m.fixed.daemonMax = 1ull << 30;
+        CHECK(roundTrip(m).ok());
     }
     {
         // Counts beyond the protocol's bounds are refused before anything is read.
@@ -239,23 +248,24 @@ TEST_CASE("peer group refuses out-of-range ranks, worlds, counts and fields by n
 }
 
 // Golden images. A change here is a record-layout change: bump the magic's
-// revision byte (kPeerMagic) in the same commit.
+// revision byte (kPeerMagic) in the same commit; a reserved field put to use
+// within the same layout bumps kPeerVersion instead (3: daemonMax).
 TEST_CASE("golden byte images of peer records") {
     CHECK(golden(encode(kPeerHello, 1, sampleHello()), "hello") ==
-          "54505001020001004000000001000000101112131415161718191a1b1c1d1e1f"
+          "54505001030001004000000001000000101112131415161718191a1b1c1d1e1f"
           "808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f"
           "01000000000000000000000000000000");
     CHECK(golden(encode(kPeerAuth, 2, sampleAuth()), "auth") ==
-          "54505001020002002000000002000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecf"
+          "54505001030002002000000002000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecf"
           "d0d1d2d3d4d5d6d7d8d9dadbdcdddedf");
     CHECK(golden(encode(3, sampleGroup()), "group") ==
-          "5450500102000300e001000003000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+          "5450500103000300e001000003000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
           "101112131415161718191a1b1c1d1e1f03000000030000000400000002000000"
           "0400000000000000000001000000000000000100000000000080000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
-          "00000000000000000000000000000000000000000000000000000000007f0000"
+          "0000000000000000cbed0f0000000000000000000000000000000000007f0000"
           "00200200000000000010000000000000000000000100000000000000007f0000"
           "00200200000000000110000000000000010000000000000000001000007f0000"
           "00200200000000000210000000000000010000000100000000001000007f0000"
@@ -266,7 +276,7 @@ TEST_CASE("golden byte images of peer records") {
           "0000010002000000120000005634120001000000020000001300000056341200"
           "01000100020000001400000056341200");
     CHECK(golden(encode(kPeerReady, 4, sampleVerdict()), "verdict") ==
-          "5450500102000400a000000004000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+          "5450500103000400a000000004000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
           "08000000ffffffff74776f206c6f63616c204843417320696e207375626e6574"
           "2031302e37372e302e302f323400000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"

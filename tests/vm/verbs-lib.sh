@@ -17,7 +17,8 @@ sock_of() { echo "/run/tpf-$1.sock"; }
 stamp() { note "[$(date +%T)] $*"; }
 
 # start_daemon NAME NODE: config NAME.toml, log NAME.log, socket /run/tpf-NAME.sock.
-# Overrides: HCAS (TOML array), KEY_FILE, LISTEN_IP, MAX_BYTES (daemon.max_bytes).
+# Overrides: HCAS (TOML array), KEY_FILE, LISTEN_IP, MAX_BYTES (daemon.max_bytes),
+# MAX_REGION_BYTES (daemon.max_region_bytes; unset: the default).
 start_daemon() {
   local name=$1 nd=$2 devs ip
   node "$nd"
@@ -27,6 +28,7 @@ start_daemon() {
 [daemon]
 socket = "$(sock_of "$name")"
 max_bytes = ${MAX_BYTES:-$VERBS_CAP}
+${MAX_REGION_BYTES:+max_region_bytes = $MAX_REGION_BYTES}
 open_timeout_ms = 60000
 [peer]
 listen = "$ip"

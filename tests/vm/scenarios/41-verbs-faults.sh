@@ -6,8 +6,8 @@
 # Rail 1 cut mid-run: an
 # error (Timeout or PeerLost) within the timeout. Daemons with different
 # cluster keys: the group is refused (AuthFailed), both daemons log it. A
-# group refused by one daemon before negotiation: refused on both nodes at
-# once, not at the open timeout. Two
+# group refused by one daemon before negotiation (daemon.max_region_bytes):
+# refused on both nodes at once, not at the open timeout. Two
 # HCAs of node A in one subnet: both nodes refuse with NonOneToOnePairing and
 # every rank is told.
 # vm-timeout: 1200
@@ -78,20 +78,22 @@ else tap_fail "same cluster key on both: the group opens and runs"; show_group s
 stop_daemons
 
 # -- a group refused on one node before negotiation --------------------------------
-# That daemon's max_bytes is below the ranks' ask: it refuses its rank at once
-# and tells the other daemon (on a link opened for that, or on the link that
-# came for the group), whose rank is refused at once too, not at its open
-# timeout (client 30 s, daemon 60 s). Each daemon refuses once, so that the
-# refuser is the connecting side of the node pair once and the accepting once.
+# The ranks' 1 MiB cap needs more region memory than that daemon's
+# max_region_bytes (1 MiB) allows: it refuses its rank at once and tells the
+# other daemon (on a link opened for that, or on the link that came for the
+# group), whose rank is refused at once too, not at its open timeout (client
+# 30 s, daemon 60 s). Each daemon refuses once, so that the refuser is the
+# connecting side of the node pair once and the accepting once. (Different
+# daemon.max_bytes are no reason to refuse: 42-verbs-cap.)
 for refuser in b a; do
   : >a.log; : >b.log
-  if [ $refuser = b ]; then start_daemon a A && MAX_BYTES=4096 start_daemon b B || tap_done
-  else MAX_BYTES=4096 start_daemon a A && start_daemon b B || tap_done; fi
+  if [ $refuser = b ]; then MAX_BYTES=1048576 start_daemon a A && MAX_BYTES=1048576 MAX_REGION_BYTES=1048576 start_daemon b B || tap_done
+  else MAX_BYTES=1048576 MAX_REGION_BYTES=1048576 start_daemon a A && MAX_BYTES=1048576 start_daemon b B || tap_done; fi
   t0=$(date +%s)
-  run_group "refused$refuser" "A B" --iters 10
+  VERBS_CAP=1048576 run_group "refused$refuser" "A B" --iters 10
   t=$(($(date +%s) - t0))
   r0=$(result_of "refused$refuser" 0) r1=$(result_of "refused$refuser" 1)
-  what="daemon $refuser refuses a group (max_bytes): both ranks are refused within 20 s"
+  what="daemon $refuser refuses a group (max_region_bytes): both ranks are refused within 20 s"
   case "$r0/$r1" in
     ok/* | */ok | none/* | */none | Timeout/* | */Timeout) ok=0 ;;
     *) ok=1 ;;
