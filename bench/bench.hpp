@@ -3,9 +3,11 @@
 //
 // Processes: the parent (`tpf-bench run`) measures the floor with one helper
 // (`tpf-bench floor-peer`), then for each world W starts W `tpf-bench rank`
-// processes against an already running tpfabricd. Each rank times every call
-// itself and writes its samples, as one JSON document, to a pipe the parent
-// reads; the parent pools them and prints the table.
+// processes against a running tpfabricd (or one it starts, --daemon). Each
+// rank times its opens and every call itself and writes its samples, as one
+// JSON document, to a pipe the parent reads; it then keeps its group open
+// until the parent closes a second pipe, while the parent reads the daemon's
+// memory and CPU from /proc. The parent pools the samples and prints the tables.
 #pragma once
 
 #include <cstdint>
@@ -17,10 +19,12 @@
 
 namespace tpf::bench {
 
-/// The two collectives measured: allGather (bytes per rank) and
-/// allReduceSum over bf16 (size / 2 elements).
-enum class Op : std::uint8_t { Gather, SumBf16 };
-const char* opName(Op op); ///< "gather" / "sum bf16"
+/// The collectives measured: allGather (bytes per rank) and allReduceSum
+/// over bf16 or f16 (size / 2 elements).
+enum class Op : std::uint8_t { Gather, SumBf16, SumF16 };
+const char* opName(Op op); ///< "gather" / "sum bf16" / "sum f16"
+const char* opKey(Op op);  ///< the --ops spelling: "gather" / "sum" / "sum-f16"
+Op opOfKey(const std::string& key); ///< throws std::invalid_argument
 
 /// p in [0, 1] of `samples` (nearest rank; sorts a copy); 0 when empty.
 double percentile(std::vector<std::uint64_t> samples, double p);
@@ -53,11 +57,14 @@ struct RankPlan {
     std::uint64_t minIters = 10;         ///< the budget never cuts a point below this
     std::uint32_t timeoutMs = 5000;
     std::uint32_t spinUs = 20;  ///< Options::spin of the library
-    std::uint32_t holdMs = 0;   ///< keep the group open this long after reporting
+    std::uint32_t holdMs = 0;   ///< keep the group open this long after reporting (and the release)
+    std::uint32_t opens = 1;    ///< timed opens; all but the last closed again at once
+    int releaseFd = -1;         ///< >= 0: after reporting, keep the group open until EOF on it
 };
 
-/// `tpf-bench rank`: one rank's whole life. Writes its report (rankReport
-/// JSON) to reportFd, closes it, holds, closes the group. Exit status 0 ok,
+/// `tpf-bench rank`: one rank's whole life. Opens `opens` times (each after
+/// a barrier on the bootstrap, each timed), writes its report (JSON) to
+/// reportFd, closes it, waits for the release, holds, closes the group. Exit status 0 ok,
 /// 1 a call failed, 3 wrong data.
 int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd);
 
@@ -66,16 +73,56 @@ struct WorldRun {
     std::uint32_t world = 0;
     std::vector<pid_t> pids;
     std::vector<nlohmann::json> reports; ///< per rank, once collected
+    std::vector<int> releaseFds;         ///< write ends; closing them lets the ranks close their groups
 };
 
 /// Start `plan.world` rank processes (fork + exec of this binary) and wait
 /// for every report (not for the processes). Throws std::runtime_error with
-/// what went wrong; the ranks are killed then.
-WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS);
+/// what went wrong; the ranks are killed then. With `holdUntilRelease` the
+/// ranks keep their group open after reporting until releaseWorld.
+WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS, bool holdUntilRelease = false);
+/// Let the ranks of `run` close their groups (closes the release pipes).
+void releaseWorld(WorldRun& run);
 /// Reap the ranks of `run`, killing them after timeoutMs; throws if any did not exit 0.
 void reapWorld(WorldRun& run, std::uint32_t timeoutMs);
 /// Pool the per-rank samples of `run` into one Point per (op, size).
 std::vector<Point> poolReports(const WorldRun& run);
+/// Per open (in order): the slowest rank's open time, ns. A group is open
+/// when its last rank's open returns; the ranks start each open together.
+std::vector<std::uint64_t> openTimes(const WorldRun& run);
+
+/// A tpfabricd this run started on a private socket (--daemon).
+struct StartedDaemon {
+    pid_t pid = -1;
+    std::string socket, log;
+};
+/// Start `exe --socket DIR/tpfabricd.sock --foreground --log-level warn`
+/// (output to DIR/tpfabricd.log) and wait until it listens; throws with its log.
+StartedDaemon startDaemon(const std::string& exe, const std::string& dir);
+/// SIGTERM, wait up to 5 s, then SIGKILL.
+void stopDaemon(StartedDaemon& d);
+/// The pid of the tpfabricd listening on `socket` (SO_PEERCRED of a
+/// connection, checked against /proc/PID/comm); -1 when that is not a
+/// tpfabricd (socket activation: systemd listened) or cannot be read.
+pid_t daemonPidBehind(const std::string& socket);
+/// CPU time of every thread of `pid`, ns (/proc/PID/task/*/schedstat).
+std::uint64_t processCpuNs(pid_t pid);
+
+/// The daemon's memory (/proc/PID/status) and its CPU over a window.
+struct DaemonSample {
+    long rssKiB = -1, shmemKiB = -1, hwmKiB = -1; ///< VmRSS, RssShmem (of it), VmHWM; -1 unknown
+    double cpuPercent = -1;                       ///< CPU time / wall time over the window, % of one core
+    double windowMs = 0;
+};
+/// Memory now, then CPU over the next windowMs. All -1 for pid <= 0.
+DaemonSample sampleDaemon(pid_t pid, std::uint32_t windowMs);
+
+/// One world's control-plane numbers.
+struct WorldControl {
+    std::uint32_t world = 0;
+    std::vector<std::uint64_t> openNs; ///< openTimes of that world
+    DaemonSample groupsOpen;           ///< with this world's group open, no call in flight
+};
 
 /// The floor: one-way time (round trip / 2) of a ping-pong between this
 /// process and a `tpf-bench floor-peer` child over a shared memfd, for each
@@ -98,10 +145,27 @@ struct Results {
     std::vector<Point> floor;                         ///< one per size
     std::vector<std::pair<std::uint32_t, Point>> rows; ///< (world, point)
     double loadBefore = -1, loadAfter = -1;           ///< 1-minute load average (getloadavg)
+    std::vector<WorldControl> control;                ///< one per world, in run order
+    DaemonSample idleBefore, idleAfter;               ///< no group open: before the worlds, after them
+    std::string daemonHow;                            ///< how the daemon's pid was found, or why not
+    std::uint32_t settleMs = 0;                       ///< wait before each daemon sample
 };
 
-/// The human table (or Markdown), the notes under it, the target line.
+/// The human tables (or Markdown): latency beside the floor, sum beside
+/// gather, the control plane; the notes under them, the target lines.
 std::string formatTable(const Results& r, bool markdown);
 nlohmann::json toJson(const Results& r);
+/// Each sum beside the gather of the same W and bytes (part of formatTable).
+std::string formatSumVsGather(const Results& r, bool markdown);
+/// Open times and the daemon's memory and idle CPU (part of formatTable).
+std::string formatControl(const Results& r, bool markdown);
+/// The JSON of those two tables: "sum_vs_gather" and "control".
+void addControlJson(const Results& r, nlohmann::json& doc);
+/// `tpf-bench reduce`: sumRowsInOrder alone, every kernel this CPU runs,
+/// beside a memcpy of the same W rows; prints a table. Returns the exit status.
+int runReduceBench(const std::vector<std::uint32_t>& worlds, const std::vector<std::uint64_t>& sizes, bool markdown);
+/// A text table (Markdown with `markdown`); rows[0] the header; the first
+/// `leftCols` columns left-aligned, the rest right.
+std::string renderTable(const std::vector<std::vector<std::string>>& rows, bool markdown, std::size_t leftCols = 3);
 
 } // namespace tpf::bench

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -38,7 +39,7 @@ unsigned onlineCpus() {
     return n > 0 ? unsigned(n) : 1;
 }
 
-pid_t spawnSelf(const std::vector<std::string>& args, int passFd) {
+pid_t spawnSelf(const std::vector<std::string>& args, const std::vector<int>& passFds) {
     const std::string exe = selfExe();
     std::vector<char*> argv{const_cast<char*>(exe.c_str())};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -46,12 +47,22 @@ pid_t spawnSelf(const std::vector<std::string>& args, int passFd) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
-        if (passFd == 3) ::fcntl(3, F_SETFD, 0);
-        else if (passFd >= 0 && ::dup2(passFd, 3) < 0) std::_Exit(127);
+        // Out of the way of 3, 4, ... first, then into place (dup2 clears close-on-exec).
+        std::vector<int> high;
+        for (int fd : passFds) {
+            high.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 64));
+            if (high.back() < 0) std::_Exit(127);
+        }
+        for (std::size_t i = 0; i < high.size(); ++i)
+            if (::dup2(high[i], 3 + int(i)) < 0) std::_Exit(127);
         ::execv(argv[0], argv.data());
         std::_Exit(127);
     }
     return pid;
+}
+
+pid_t spawnSelf(const std::vector<std::string>& args, int passFd) {
+    return spawnSelf(args, passFd >= 0 ? std::vector<int>{passFd} : std::vector<int>{});
 }
 
 std::uint16_t freeLoopbackPort() {
@@ -75,27 +86,29 @@ std::string joinSizes(const std::vector<std::uint64_t>& sizes) {
 
 namespace {
 
-void killAll(const WorldRun& run) {
+void killAll(WorldRun& run) {
+    releaseWorld(run);
     for (pid_t p : run.pids) ::kill(p, SIGKILL);
     for (pid_t p : run.pids) ::waitpid(p, nullptr, 0);
 }
 
 std::string opList(const std::vector<Op>& ops) {
     std::string s;
-    for (Op o : ops) s += std::string(s.empty() ? "" : ",") + (o == Op::Gather ? "gather" : "sum");
+    for (Op o : ops) s += std::string(s.empty() ? "" : ",") + opKey(o);
     return s;
 }
 
 } // namespace
 
-WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS) {
+WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS, bool holdUntilRelease) {
     WorldRun run;
     run.world = plan.world;
     std::vector<int> fds;
     std::vector<std::string> bufs(plan.world);
     for (std::uint32_t r = 0; r < plan.world; ++r) {
-        int p[2];
-        if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+        int p[2], rel[2] = {-1, -1};
+        if (::pipe2(p, O_CLOEXEC) != 0 || (holdUntilRelease && ::pipe2(rel, O_CLOEXEC) != 0))
+            throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
         std::vector<std::string> args{"rank", "--socket", plan.socket, "--bootstrap", plan.bootstrap, "--rank",
                                       std::to_string(r), "--world", std::to_string(plan.world), "--sizes",
                                       joinSizes(plan.sizes), "--ops", opList(plan.ops), "--iters",
@@ -103,8 +116,15 @@ WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS) {
                                       "--point-ms", std::to_string(plan.pointMs), "--min-iters", std::to_string(plan.minIters),
                                       "--timeout-ms", std::to_string(plan.timeoutMs), "--spin-us",
                                       std::to_string(plan.spinUs), "--hold-ms", std::to_string(plan.holdMs),
-                                      "--report-fd", "3"};
-        run.pids.push_back(spawnSelf(args, p[1]));
+                                      "--opens", std::to_string(plan.opens), "--report-fd", "3"};
+        if (holdUntilRelease) {
+            args.insert(args.end(), {"--release-fd", "4"});
+            run.pids.push_back(spawnSelf(args, {p[1], rel[0]}));
+            ::close(rel[0]);
+            run.releaseFds.push_back(rel[1]);
+        } else {
+            run.pids.push_back(spawnSelf(args, p[1]));
+        }
         ::close(p[1]);
         fds.push_back(p[0]);
     }
@@ -153,7 +173,13 @@ WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS) {
     return run;
 }
 
+void releaseWorld(WorldRun& run) {
+    for (int fd : run.releaseFds) ::close(fd);
+    run.releaseFds.clear();
+}
+
 void reapWorld(WorldRun& run, std::uint32_t timeoutMs) {
+    releaseWorld(run);
     const std::uint64_t deadline = nowNs() + std::uint64_t(timeoutMs) * 1000000ull;
     std::map<pid_t, int> status;
     while (status.size() < run.pids.size()) {
@@ -182,14 +208,23 @@ std::vector<Point> poolReports(const WorldRun& run) {
     for (const auto& rep : run.reports) {
         std::size_t i = 0;
         for (const auto& p : rep.at("points")) {
-            if (pooled.size() <= i) pooled.push_back(Point{p.at("op").get<std::string>() == "gather" ? Op::Gather : Op::SumBf16,
-                                                           p.at("size").get<std::uint64_t>(), {}});
+            if (pooled.size() <= i) pooled.push_back(Point{opOfKey(p.at("op").get<std::string>()), p.at("size").get<std::uint64_t>(), {}});
             const auto ns = p.at("ns").get<std::vector<std::uint64_t>>();
             pooled[i].ns.insert(pooled[i].ns.end(), ns.begin(), ns.end());
             ++i;
         }
     }
     return pooled;
+}
+
+std::vector<std::uint64_t> openTimes(const WorldRun& run) {
+    std::vector<std::uint64_t> slowest;
+    for (const auto& rep : run.reports) {
+        const auto ns = rep.value("open_ns", std::vector<std::uint64_t>{});
+        if (slowest.size() < ns.size()) slowest.resize(ns.size(), 0);
+        for (std::size_t i = 0; i < ns.size(); ++i) slowest[i] = std::max(slowest[i], ns[i]);
+    }
+    return slowest;
 }
 
 } // namespace tpf::bench

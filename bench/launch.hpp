@@ -8,9 +8,11 @@
 
 namespace tpf::bench {
 
-/// fork + exec this binary with `args` (argv[1..]); `passFd` (>= 0) becomes
-/// the child's fd 3, every other descriptor of ours is close-on-exec.
+/// fork + exec this binary with `args` (argv[1..]); passFds[i] becomes the
+/// child's fd 3 + i, every other descriptor of ours is close-on-exec.
 /// Throws on fork failure.
+pid_t spawnSelf(const std::vector<std::string>& args, const std::vector<int>& passFds);
+/// The same with one fd (>= 0) as fd 3, or none (-1).
 pid_t spawnSelf(const std::vector<std::string>& args, int passFd);
 
 /// A free loopback TCP port (bound to 0 and released).

@@ -30,19 +30,23 @@ Buffer alignedBuffer(std::size_t bytes) {
 
 std::uint8_t gatherByte(std::uint32_t rank, std::size_t i) { return std::uint8_t(rank * 31 + i * 7 + 1); }
 
-// Small integers are exact in bf16: the upper half of their f32 bits.
-std::uint16_t bf16Of(unsigned n) {
+// Small integers are exact in bf16 (the upper half of their f32 bits) and
+// in f16 (n <= 2048: exponent 15 + e, the bits below the leading one).
+std::uint16_t halfOf(unsigned n, Op op) {
     const float f = float(n);
     std::uint32_t bits;
     std::memcpy(&bits, &f, sizeof bits);
-    return std::uint16_t(bits >> 16);
+    if (op == Op::SumBf16) return std::uint16_t(bits >> 16);
+    if (n == 0) return 0;
+    const std::uint32_t e = (bits >> 23) - 127;
+    return std::uint16_t((e + 15) << 10 | ((bits >> 13) & 0x3ffu));
 }
 
 void fillSend(std::uint8_t* send, Op op, std::uint32_t rank, std::size_t bytes) {
     if (op == Op::Gather) {
         for (std::size_t i = 0; i < bytes; ++i) send[i] = gatherByte(rank, i);
     } else {
-        const std::uint16_t v = bf16Of(rank + 1);
+        const std::uint16_t v = halfOf(rank + 1, op);
         for (std::size_t i = 0; i + 1 < bytes; i += 2) std::memcpy(send + i, &v, 2);
     }
 }
@@ -56,7 +60,7 @@ std::string checkRecv(const std::uint8_t* recv, Op op, std::uint32_t world, std:
                     return "gather row " + std::to_string(q) + " byte " + std::to_string(i) + " is wrong";
         return {};
     }
-    const std::uint16_t want = bf16Of(world * (world + 1) / 2);
+    const std::uint16_t want = halfOf(world * (world + 1) / 2, op);
     for (std::size_t i = 0; i + 1 < bytes; i += 2) {
         std::uint16_t got;
         std::memcpy(&got, recv + i, 2);
@@ -94,9 +98,25 @@ int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd) {
     o.socketPath = plan.socket;
     o.timeout = std::chrono::milliseconds(plan.timeoutMs);
     o.spin = std::chrono::microseconds(plan.spinUs);
-    auto opened = Group::open(**boot, rank, plan.world, maxSize, o);
-    if (!opened) return reportError(reportFd, rank, "Group::open: " + opened.error().describe(), 1);
-    Group& g = **opened;
+    // Each open starts together on every rank (a barrier on the bootstrap),
+    // so its time is the open's own, not the wait for a late process.
+    std::vector<std::uint64_t> openNs;
+    std::unique_ptr<Group> group;
+    for (std::uint32_t k = 0; k < std::max<std::uint32_t>(1, plan.opens); ++k) {
+        if (group) group->close();
+        group.reset();
+        std::uint64_t ready = 1;
+        std::vector<std::uint64_t> all(plan.world);
+        if (const Status s = (*boot)->allGather(&ready, all.data(), sizeof ready); !s)
+            return reportError(reportFd, rank, "bootstrap barrier before open " + std::to_string(k) + ": " + s.error().describe(), 1);
+        const std::uint64_t t0 = nowNs();
+        auto opened = Group::open(**boot, rank, plan.world, maxSize, o);
+        openNs.push_back(nowNs() - t0);
+        if (!opened) return reportError(reportFd, rank, "Group::open (" + std::to_string(k + 1) + " of " +
+                                                            std::to_string(plan.opens) + "): " + opened.error().describe(), 1);
+        group = std::move(*opened);
+    }
+    Group& g = *group;
 
     Buffer send = alignedBuffer(maxSize), recv = alignedBuffer(maxSize * plan.world);
     nlohmann::json points = nlohmann::json::array();
@@ -107,7 +127,7 @@ int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd) {
             fillSend(send.get(), op, rank, size);
             auto call = [&] {
                 return op == Op::Gather ? g.allGather(send.get(), recv.get(), size)
-                                        : g.allReduceSum(send.get(), recv.get(), size / 2, DType::BF16);
+                                        : g.allReduceSum(send.get(), recv.get(), size / 2, op == Op::SumF16 ? DType::F16 : DType::BF16);
             };
             auto failed = [&](const std::string& why) {
                 return reportError(reportFd, rank, std::string(opName(op)) + " " + std::to_string(size) + " B: " + why, 1);
@@ -142,13 +162,22 @@ int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd) {
             }
             if (auto bad = checkRecv(recv.get(), op, plan.world, size); !bad.empty())
                 return reportError(reportFd, rank, std::string(opName(op)) + " " + std::to_string(size) + " B: " + bad, 3);
-            points.push_back({{"op", op == Op::Gather ? "gather" : "sum"}, {"size", size}, {"warmup", warmup}, {"ns", ns}});
+            points.push_back({{"op", opKey(op)}, {"size", size}, {"warmup", warmup}, {"ns", ns}});
         }
     }
     const nlohmann::json report = {{"rank", rank}, {"pid", ::getpid()}, {"route", g.route((rank + 1) % plan.world)},
-                                   {"agreed_cap", g.agreedCap()}, {"points", std::move(points)}};
+                                   {"agreed_cap", g.agreedCap()}, {"open_ns", openNs}, {"points", std::move(points)}};
     const bool sent = writeAll(reportFd, report.dump());
     ::close(reportFd);
+    if (plan.releaseFd >= 0) {
+        for (;;) { // until EOF: the parent closed its end (or died)
+            char c;
+            const ssize_t n = ::read(plan.releaseFd, &c, 1);
+            if (n > 0 || (n < 0 && errno == EINTR)) continue;
+            break;
+        }
+        ::close(plan.releaseFd);
+    }
     if (plan.holdMs) std::this_thread::sleep_for(std::chrono::milliseconds(plan.holdMs));
     g.close();
     return sent ? 0 : 1;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <stdexcept>
 #include <tuple>
 
 #include "bench/bench.hpp"
@@ -12,7 +13,13 @@
 
 namespace tpf::bench {
 
-const char* opName(Op op) { return op == Op::Gather ? "gather" : "sum bf16"; }
+const char* opName(Op op) { return op == Op::Gather ? "gather" : op == Op::SumBf16 ? "sum bf16" : "sum f16"; }
+const char* opKey(Op op) { return op == Op::Gather ? "gather" : op == Op::SumBf16 ? "sum" : "sum-f16"; }
+Op opOfKey(const std::string& key) {
+    for (Op op : {Op::Gather, Op::SumBf16, Op::SumF16})
+        if (key == opKey(op)) return op;
+    throw std::invalid_argument("'" + key + "': one of gather, sum, sum-f16");
+}
 
 double percentile(std::vector<std::uint64_t> samples, double p) {
     if (samples.empty()) return 0;
@@ -26,6 +33,7 @@ namespace {
 constexpr std::uint32_t kTargetWorld = 2;
 constexpr std::uint64_t kTargetSize = 4096;
 constexpr double kTargetRatio = 3.0;
+const char* jsonOp(Op op) { return op == Op::Gather ? "gather" : op == Op::SumBf16 ? "sum_bf16" : "sum_f16"; }
 
 std::string fmt(double v, int decimals = 1) {
     char b[32];
@@ -42,12 +50,6 @@ const Point* floorAt(const Results& r, std::uint64_t size) {
     return nullptr;
 }
 
-double ratioOf(const Results& r, const Point& p) {
-    const Point* f = floorAt(r, p.size);
-    const double fl = f ? floorP50(*f) : 0;
-    return fl > 0 ? us(p.ns, 0.5) / fl : 0;
-}
-
 // Display width of UTF-8 text (code points; µ is one).
 std::size_t width(const std::string& s) {
     std::size_t n = 0;
@@ -55,14 +57,22 @@ std::size_t width(const std::string& s) {
     return n;
 }
 
-std::string renderTable(const std::vector<std::vector<std::string>>& rows, bool markdown) {
+double ratioOf(const Results& r, const Point& p) {
+    const Point* f = floorAt(r, p.size);
+    const double fl = f ? floorP50(*f) : 0;
+    return fl > 0 ? us(p.ns, 0.5) / fl : 0;
+}
+
+} // namespace
+
+std::string renderTable(const std::vector<std::vector<std::string>>& rows, bool markdown, std::size_t leftCols) {
     std::vector<std::size_t> w(rows[0].size(), 0);
     for (const auto& row : rows)
         for (std::size_t c = 0; c < row.size(); ++c) w[c] = std::max(w[c], width(row[c]));
     std::string out;
     auto pad = [&](const std::string& s, std::size_t c) {
         const std::string fill(w[c] - width(s), ' ');
-        return c < 3 ? s + fill : fill + s; // op, W, size left; numbers right
+        return c < leftCols ? s + fill : fill + s;
     };
     for (std::size_t i = 0; i < rows.size(); ++i) {
         std::string line = markdown ? "|" : "";
@@ -72,15 +82,13 @@ std::string renderTable(const std::vector<std::vector<std::string>>& rows, bool 
         if (i == 0) {
             std::string rule = markdown ? "|" : "";
             for (std::size_t c = 0; c < w.size(); ++c)
-                rule += markdown ? " " + std::string(w[c] - 1, '-') + (c < 3 ? "-" : ":") + " |"
+                rule += markdown ? " " + std::string(w[c] - 1, '-') + (c < leftCols ? "-" : ":") + " |"
                                  : (c ? "  " : "") + std::string(w[c], '-');
             out += rule + "\n";
         }
     }
     return out;
 }
-
-} // namespace
 
 std::string formatTable(const Results& r, bool markdown) {
     std::vector<std::vector<std::string>> rows{
@@ -129,6 +137,7 @@ std::string formatTable(const Results& r, bool markdown) {
                                   "scheduler as much as the data path."
                             : ".") +
            "\n";
+    out += "\n" + formatSumVsGather(r, markdown) + "\n" + formatControl(r, markdown);
     return out;
 }
 
@@ -143,7 +152,7 @@ nlohmann::json toJson(const Results& r) {
         floor.push_back({{"size", f.size}, {"p50_us", floorP50(f)}, {"p50_all_us", us(f.ns, 0.5)}, {"p99_us", us(f.ns, 0.99)}, {"samples", f.ns.size()}});
     for (const auto& [world, p] : r.rows) {
         const Point* f = floorAt(r, p.size);
-        rows.push_back({{"op", p.op == Op::Gather ? "gather" : "sum_bf16"}, {"world", world}, {"size", p.size},
+        rows.push_back({{"op", jsonOp(p.op)}, {"world", world}, {"size", p.size},
                         {"p50_us", us(p.ns, 0.5)}, {"p99_us", us(p.ns, 0.99)}, {"samples", p.ns.size()},
                         {"floor_p50_us", f ? floorP50(*f) : 0.0}, {"floor_p99_us", f ? us(f->ns, 0.99) : 0.0},
                         {"ratio_p50", ratioOf(r, p)}});
@@ -151,15 +160,17 @@ nlohmann::json toJson(const Results& r) {
     nlohmann::json target = nlohmann::json::array();
     for (const auto& [world, p] : r.rows)
         if (world == kTargetWorld && p.size == kTargetSize)
-            target.push_back({{"op", p.op == Op::Gather ? "gather" : "sum_bf16"}, {"ratio_p50", ratioOf(r, p)},
+            target.push_back({{"op", jsonOp(p.op)}, {"ratio_p50", ratioOf(r, p)},
                               {"limit", kTargetRatio}, {"met", ratioOf(r, p) <= kTargetRatio}});
-    return {{"bench_version", 1},
+    nlohmann::json doc = {{"bench_version", 2},
             {"machine", {{"cpus", onlineCpus()}, {"kernel", std::string(u.sysname) + " " + u.release},
                          {"arch", u.machine}, {"date_utc", when},
                          {"loadavg_1m_before", r.loadBefore}, {"loadavg_1m_after", r.loadAfter}}},
             {"iters", r.iters}, {"warmup", r.warmup}, {"point_ms", r.pointMs}, {"min_iters", r.minIters}, {"worlds", r.worlds}, {"sizes", r.sizes},
             {"units", "microseconds; p50/p99 nearest rank over all ranks' calls"},
             {"floor", floor}, {"results", rows}, {"target", target}};
+    addControlJson(r, doc);
+    return doc;
 }
 
 } // namespace tpf::bench

@@ -1,13 +1,16 @@
 // tpf-bench — host-path latency of tpfabric collectives beside a raw
-// shared-memory floor. `run` is the command; `rank` and `floor-peer` are the
-// processes it starts (hidden).
+// shared-memory floor, each sum beside the gather of the same bytes, and the
+// control plane (open time, the daemon's memory and idle CPU). `run` is the
+// command; `rank` and `floor-peer` are the processes it starts (hidden).
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 #include <stdexcept>
 
 #include "bench/bench.hpp"
@@ -27,6 +30,8 @@ struct RunArgs {
     std::vector<std::string> ops{"gather", "sum"};
     std::uint64_t iters = 200, warmup = 20, floorIters = 2000, pointMs = 100, minIters = 10;
     std::uint32_t timeoutMs = 5000, spinUs = 20, holdMs = 0, deadlineS = 300;
+    std::uint32_t opens = 5, idleMs = 1000, settleMs = 200;
+    std::string daemonExe;
     std::string jsonPath;
     bool markdown = false;
 };
@@ -45,9 +50,11 @@ std::vector<std::uint64_t> parseSizes(const std::vector<std::string>& in) {
 std::vector<Op> parseOps(const std::vector<std::string>& in) {
     std::vector<Op> out;
     for (const auto& s : in) {
-        if (s == "gather") out.push_back(Op::Gather);
-        else if (s == "sum") out.push_back(Op::SumBf16);
-        else throw CLI::ValidationError("--ops", "'" + s + "': one of gather, sum");
+        try {
+            out.push_back(opOfKey(s));
+        } catch (const std::invalid_argument& e) {
+            throw CLI::ValidationError("--ops", e.what());
+        }
     }
     return out;
 }
@@ -65,14 +72,56 @@ int runCommand(const RunArgs& a) {
     res.warmup = a.warmup;
     res.pointMs = a.pointMs;
     res.minIters = a.minIters;
+    res.settleMs = a.settleMs;
     const auto ops = parseOps(a.ops);
-    const std::string socket = a.socket.empty() ? defaultSocket() : a.socket;
-    struct stat st{};
-    if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
-        std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground)\n",
-                     socket.c_str(), socket.c_str());
-        return 1;
+    StartedDaemon started;
+    std::string tmpDir;
+    std::string socket = a.socket.empty() ? defaultSocket() : a.socket;
+    pid_t daemonPid = -1;
+    if (!a.daemonExe.empty()) {
+        char tmpl[] = "/tmp/tpf-bench.XXXXXX";
+        if (!::mkdtemp(tmpl)) {
+            std::perror("tpf-bench: mkdtemp");
+            return 1;
+        }
+        tmpDir = tmpl;
+        try {
+            started = startDaemon(a.daemonExe, tmpDir);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "tpf-bench: %s\n", e.what());
+            std::error_code ec;
+            std::filesystem::remove_all(tmpDir, ec);
+            return 1;
+        }
+        socket = started.socket;
+        daemonPid = started.pid;
+        res.daemonHow = "started by tpf-bench, pid " + std::to_string(daemonPid);
+    } else {
+        struct stat st{};
+        if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+            std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground, "
+                                 "or let tpf-bench start one: --daemon PATH)\n",
+                         socket.c_str(), socket.c_str());
+            return 1;
+        }
+        daemonPid = daemonPidBehind(socket);
+        res.daemonHow = daemonPid > 0 ? "already running, pid " + std::to_string(daemonPid) + " (SO_PEERCRED of its socket)"
+                                      : "not found behind the socket (socket activation, or another user's): no daemon columns";
     }
+    struct StopAtExit {
+        StartedDaemon& d;
+        std::string dir;
+        bool keepLog = false;
+        ~StopAtExit() {
+            stopDaemon(d);
+            if (keepLog) std::fprintf(stderr, "tpf-bench: the daemon's log: %s\n", d.log.c_str());
+            else if (!dir.empty()) {
+                std::error_code ec;
+                std::filesystem::remove_all(dir, ec);
+            }
+        }
+    } stopAtExit{started, tmpDir};
+    auto settle = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(a.settleMs)); };
     auto load = [] {
         double l[1] = {-1};
         return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
@@ -82,19 +131,36 @@ int runCommand(const RunArgs& a) {
         std::fprintf(stderr, "tpf-bench: floor: shared-memory ping-pong, %zu sizes x %llu round trips\n", res.sizes.size(),
                      (unsigned long long)a.floorIters);
         res.floor = measureFloor(res.sizes, a.floorIters, a.floorIters / 10);
+        if (daemonPid > 0) {
+            std::fprintf(stderr, "tpf-bench: daemon with no group: %u ms\n", a.idleMs);
+            settle();
+            res.idleBefore = sampleDaemon(daemonPid, a.idleMs);
+        }
         WorldRun held;
         for (std::size_t i = 0; i < a.worlds.size(); ++i) {
             const bool last = i + 1 == a.worlds.size();
             RankPlan plan{socket, "127.0.0.1:" + std::to_string(freeLoopbackPort()), a.worlds[i], res.sizes, ops,
-                          a.iters, a.warmup, a.pointMs, a.minIters, a.timeoutMs, a.spinUs, last ? a.holdMs : 0};
+                          a.iters, a.warmup, a.pointMs, a.minIters, a.timeoutMs, a.spinUs, last ? a.holdMs : 0, a.opens};
             const std::uint64_t t0 = nowNs();
-            std::fprintf(stderr, "tpf-bench: W=%u: %u ranks, %zu points ...", plan.world, plan.world, res.sizes.size() * ops.size());
-            WorldRun run = runWorld(plan, a.deadlineS);
+            std::fprintf(stderr, "tpf-bench: W=%u: %u ranks, %u opens, %zu points ...", plan.world, plan.world, plan.opens,
+                         res.sizes.size() * ops.size());
+            WorldRun run = runWorld(plan, a.deadlineS, true);
             std::fprintf(stderr, " %.1f s (route %s)\n", double(nowNs() - t0) / 1e9,
                          run.reports[0].value("route", std::string("?")).c_str());
             for (auto& p : poolReports(run)) res.rows.emplace_back(plan.world, std::move(p));
+            WorldControl c{plan.world, openTimes(run), {}};
+            if (daemonPid > 0) { // the ranks hold their group open, no call in flight
+                settle();
+                c.groupsOpen = sampleDaemon(daemonPid, a.idleMs);
+            }
+            res.control.push_back(std::move(c));
+            releaseWorld(run);
             if (plan.holdMs) held = std::move(run);
             else reapWorld(run, 30000);
+        }
+        if (daemonPid > 0 && held.pids.empty()) {
+            settle();
+            res.idleAfter = sampleDaemon(daemonPid, a.idleMs);
         }
         res.loadAfter = load();
         std::fputs(formatTable(res, a.markdown).c_str(), stdout);
@@ -112,6 +178,7 @@ int runCommand(const RunArgs& a) {
     } catch (const std::exception& e) {
         std::fflush(stdout);
         std::fprintf(stderr, "\ntpf-bench: %s\n", e.what());
+        stopAtExit.keepLog = started.pid > 0;
         return 1;
     }
     return 0;
@@ -120,16 +187,21 @@ int runCommand(const RunArgs& a) {
 } // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"tpf-bench " TPF_VERSION " - host-path latency of tpfabric collectives beside a shared-memory floor"};
+    CLI::App app{"tpf-bench " TPF_VERSION " - host-path latency of tpfabric collectives beside a shared-memory floor, "
+                 "sum beside gather, and the control plane (open time, daemon RSS and idle CPU)"};
     app.set_version_flag("--version", TPF_VERSION);
     app.require_subcommand(1);
 
     RunArgs a;
-    auto* run = app.add_subcommand("run", "start W rank processes per world against a running tpfabricd and print p50/p99 per size");
-    run->add_option("--socket", a.socket, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock)");
+    auto* run = app.add_subcommand("run", "start W rank processes per world against a tpfabricd and print p50/p99 per size, "
+                                          "each sum beside the gather, open times and the daemon's memory and idle CPU");
+    run->add_option("--socket", a.socket, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock); "
+                                          "ignored with --daemon");
+    run->add_option("--daemon", a.daemonExe, "start this tpfabricd on a private socket for the run and stop it after "
+                                             "(else use the one on --socket; its pid from the socket's peer credentials)");
     run->add_option("--world", a.worlds, "worlds to run, one after another")->delimiter(',')->check(CLI::Range(2, 16))->capture_default_str();
     run->add_option("--sizes", a.sizes, "bytes per rank: 64,4KiB,... (multiples of 16)")->delimiter(',')->capture_default_str();
-    run->add_option("--ops", a.ops, "gather and/or sum (allReduceSum bf16)")->delimiter(',')->capture_default_str();
+    run->add_option("--ops", a.ops, "gather, sum (allReduceSum bf16), sum-f16 (allReduceSum f16)")->delimiter(',')->capture_default_str();
     run->add_option("--iters", a.iters, "timed calls per (op, size) and rank, at most (see --point-ms)")->check(CLI::Range(1, 1000000))->capture_default_str();
     run->add_option("--warmup", a.warmup, "untimed calls before them (at most iters / 5 when --point-ms cuts a point short)")->capture_default_str();
     run->add_option("--point-ms", a.pointMs, "time budget of one (op, W, size) point: fewer than --iters calls when the "
@@ -139,10 +211,16 @@ int main(int argc, char** argv) {
     run->add_option("--timeout-ms", a.timeoutMs, "the library's bound on one call's wait")->capture_default_str();
     run->add_option("--spin-us", a.spinUs, "the library's spin before it sleeps in a wait (Options::spin)")->capture_default_str();
     run->add_option("--hold-ms", a.holdMs, "the last world's ranks keep the group open this long after the table is printed")->capture_default_str();
+    run->add_option("--opens", a.opens, "timed Group::open per world (all but the last closed at once); the table shows p50 and max")
+        ->check(CLI::Range(1, 1000))->capture_default_str();
+    run->add_option("--idle-ms", a.idleMs, "window of each daemon CPU sample: no group open (before and after the worlds), "
+                                           "and each world's group open between calls")->check(CLI::Range(1, 600000))->capture_default_str();
+    run->add_option("--settle-ms", a.settleMs, "wait before each daemon sample (the proxy spins briefly after a call)")
+        ->capture_default_str();
     run->add_option("--deadline-s", a.deadlineS, "give up on a world whose ranks have not reported by then")->capture_default_str();
     run->add_option("--json", a.jsonPath, "also write every number to this file");
     run->add_flag("--markdown", a.markdown, "print the table as Markdown");
-    run->footer("Exit status: 0 measured; 1 no daemon, a rank failed or timed out, or wrong data.");
+    run->footer("Exit status: 0 measured; 1 no daemon (or --daemon did not start), a rank failed or timed out, or wrong data.");
 
     RankPlan plan;
     std::uint32_t rankNo = 0;
@@ -163,7 +241,18 @@ int main(int argc, char** argv) {
     rank->add_option("--timeout-ms", plan.timeoutMs);
     rank->add_option("--spin-us", plan.spinUs);
     rank->add_option("--hold-ms", plan.holdMs);
+    rank->add_option("--opens", plan.opens);
+    rank->add_option("--release-fd", plan.releaseFd);
     rank->add_option("--report-fd", reportFd)->required();
+
+    std::vector<std::uint32_t> reduceWorlds{2, 4, 8, 16};
+    std::vector<std::string> reduceSizes{"4KiB", "64KiB"};
+    bool reduceMarkdown = false;
+    auto* reduce = app.add_subcommand("reduce", "time the host reduction alone (each kernel this CPU runs) beside a copy of "
+                                                "the same rows; no daemon");
+    reduce->add_option("--world", reduceWorlds, "rows to add")->delimiter(',')->check(CLI::Range(1, 16))->capture_default_str();
+    reduce->add_option("--sizes", reduceSizes, "bytes per row (multiples of 16)")->delimiter(',')->capture_default_str();
+    reduce->add_flag("--markdown", reduceMarkdown, "print the table as Markdown");
 
     int floorFd = -1;
     std::uint64_t floorIters = 0, floorWarmup = 0;
@@ -177,6 +266,7 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         if (*run) return runCommand(a);
+        if (*reduce) return runReduceBench(reduceWorlds, parseSizes(reduceSizes), reduceMarkdown);
         if (*rank) {
             plan.sizes = rankSizes;
             plan.ops = parseOps(rankOps);
