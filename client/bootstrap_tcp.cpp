@@ -1,4 +1,10 @@
 // Loopback TCP bootstrap: a star around rank 0. Framed with proto/bootstrap.hpp.
+//
+// The root is the one place that sees every rank, so it is the one that
+// decides when the bootstrap cannot complete (a rank of another world, a rank
+// twice, a rank gone or late): it tells every rank it can reach with a
+// kRefuse frame, so that each fails at once with the same named reason
+// instead of waiting for its own timeout.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -7,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -23,7 +30,27 @@ using namespace bootstrap_proto;
 
 namespace {
 
-Error sysError(const std::string& what) { return {Errc::SystemError, what + ": " + std::strerror(errno)}; }
+// The root gives up on missing parts this long before the call's deadline,
+// so that its refusal (naming the missing rank) reaches the others before
+// their own wait for its answer ends.
+constexpr std::uint64_t kRefuseLeadNs = 250 * 1000000ull;
+constexpr int kRefuseSendMs = 200;
+// After a failed join the root waits this long at most for the ranks it has
+// not told yet (they are starting as it fails); later ones find no listener
+// and end at their own create timeout, naming the root.
+constexpr std::uint64_t kRefuseLingerNs = 1000 * 1000000ull;
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t nsOf(Clock::time_point t) {
+    return std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+}
+
+// Milliseconds left until `deadlineNs` (0 once it passed: a read still takes what already arrived).
+int msLeft(std::uint64_t deadlineNs) {
+    const std::uint64_t now = monotonicNs();
+    return now >= deadlineNs ? 0 : int(std::min<std::uint64_t>((deadlineNs - now + 999999) / 1000000, 1u << 30));
+}
 
 // "host:port": an IPv4 address or a name that resolves to one (MASTER_ADDR
 // style), and a port 1..65535. Never throws: a bad address is a named error.
@@ -49,22 +76,60 @@ Result<sockaddr_in> resolve(const std::string& hostPort) {
     return a;
 }
 
-Status sendFrame(int fd, std::uint16_t op, std::uint32_t seq, ByteView payload, int timeoutMs) {
+// `who` names the peer in errors: "rank 2", "the bootstrap root (rank 0)".
+// The socket layer speaks of "the daemon"; a bootstrap peer is never one.
+Status sendFrame(int fd, std::uint16_t op, std::uint32_t seq, ByteView payload, int timeoutMs, const std::string& who) {
     Bytes b = encodeHeader(kBootstrapSpec, op, seq, std::uint32_t(payload.size()));
     b.insert(b.end(), payload.begin(), payload.end());
-    return sendMessage(fd, b, {}, timeoutMs);
+    auto s = sendMessage(fd, b, {}, timeoutMs);
+    if (s) return s;
+    if (s.code() == Errc::Timeout) return Error{Errc::Timeout, who + " takes no bootstrap data within " + std::to_string(timeoutMs) + " ms"};
+    return Error{Errc::PeerLost, who + " closed its bootstrap connection (" + s.error().detail + ")"};
 }
 
-Result<Bytes> receiveFrame(int fd, std::uint16_t op, std::uint32_t seq, std::size_t bytes, int timeoutMs) {
+Status sendRefusal(int fd, const Error& why, std::uint32_t namedRank) {
+    client_proto::ErrorReply r{};
+    r.errc = std::uint16_t(why.code);
+    r.missingPeer = namedRank;
+    std::strncpy(r.message, why.detail.c_str(), sizeof r.message - 1);
+    return sendFrame(fd, kRefuse, 0, ByteView(reinterpret_cast<const std::uint8_t*>(&r), sizeof r), kRefuseSendMs, "a rank");
+}
+
+// One frame of opcode `op` and sequence `seq` from `who`, or the root's
+// refusal (any sequence), which becomes its error.
+Result<Bytes> receiveFrame(int fd, std::uint16_t op, std::uint32_t seq, std::size_t bytes, int timeoutMs,
+                           const std::string& who, bool* refused = nullptr) {
     auto m = receiveMessage(fd, kBootstrapSpec, timeoutMs);
-    if (!m) return Error{m.code() == Errc::DaemonLost ? Errc::PeerLost : m.code(), "bootstrap: " + m.error().detail};
+    if (!m) {
+        if (m.code() == Errc::Timeout)
+            return Error{Errc::Timeout, who + " sent nothing within " + std::to_string(timeoutMs) + " ms"};
+        if (m.code() == Errc::DaemonLost) // end of stream or a reset: the peer's process or its open is gone
+            return Error{Errc::PeerLost, who + " closed its bootstrap connection (its process exited, or it gave up the open)"};
+        return Error{m.code(), who + ": " + m.error().detail};
+    }
+    if (m->header.opcode == kRefuse) {
+        auto r = client_proto::decodeFixed<client_proto::ErrorReply>(m->payload, "bootstrap refusal");
+        if (!r) return r.error();
+        Errc code = Errc::GroupMismatch;
+        errcFromWire(r->errc, code);
+        if (refused) *refused = true;
+        return Error{code, std::string(r->message) + "; told by " + who};
+    }
     if (m->header.opcode != op || m->header.seq != seq || m->payload.size() != bytes || !m->fds.empty())
-        return Error{Errc::BadMessage, "bootstrap: unexpected message (opcode " + std::to_string(m->header.opcode) +
-                                           ", " + std::to_string(m->payload.size()) + " bytes)"};
+        return Error{Errc::BadMessage, who + " sent an unexpected bootstrap message (opcode " +
+                                           std::to_string(m->header.opcode) + ", " + std::to_string(m->payload.size()) +
+                                           " bytes): is another program using this bootstrap address?"};
     return std::move(m->payload);
 }
 
+std::string rankName(std::uint32_t r) { return "rank " + std::to_string(r); }
+const std::string kRootName = "the bootstrap root (rank 0)";
+
 } // namespace
+
+Status Bootstrap::allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point) {
+    return allGather(mine, out, bytes);
+}
 
 Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, std::uint32_t world,
                                                            const std::string& hostPort, std::chrono::milliseconds timeout) {
@@ -80,48 +145,119 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, s
     const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeout.count()) * 1000000ull;
     if (rank == 0) {
         b->listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (b->listenFd_ < 0) return Error{Errc::SystemError, std::string("bootstrap: socket: ") + std::strerror(errno)};
         const int one = 1;
         ::setsockopt(b->listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (::bind(b->listenFd_, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) != 0)
-            return sysError("bootstrap: bind " + hostPort);
-        if (::listen(b->listenFd_, int(world)) != 0) return sysError("bootstrap: listen");
-        for (std::uint32_t joined = 1; joined < world;) {
-            pollfd p{b->listenFd_, POLLIN, 0};
-            const std::uint64_t now = monotonicNs();
-            if (now >= deadline) return Error{Errc::Timeout, "bootstrap: only " + std::to_string(joined) + " of " + std::to_string(world) + " ranks connected"};
-            if (::poll(&p, 1, int((deadline - now) / 1000000 + 1)) <= 0) continue;
-            const int fd = ::accept4(b->listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
-            if (fd < 0) continue;
-            ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            auto hello = receiveFrame(fd, kJoin, 0, 8, b->timeoutMs_);
-            std::uint32_t who[2] = {0, 0};
-            if (hello) std::memcpy(who, hello->data(), 8);
-            if (!hello || who[1] != world || who[0] == 0 || who[0] >= world || b->peers_[who[0]] >= 0) {
-                ::close(fd);
-                continue;
-            }
-            b->peers_[who[0]] = fd;
-            ++joined;
-        }
+        if (::bind(b->listenFd_, reinterpret_cast<const sockaddr*>(&*addr), sizeof *addr) != 0)
+            return Error{Errc::SystemError, "bootstrap: bind " + hostPort + ": " + std::strerror(errno)};
+        if (::listen(b->listenFd_, int(kMaxWorld)) != 0)
+            return Error{Errc::SystemError, std::string("bootstrap: listen: ") + std::strerror(errno)};
+        if (auto s = b->acceptRanks(hostPort, deadline); !s) return s.error();
         return b;
     }
     for (;;) {
         const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return Error{Errc::SystemError, std::string("bootstrap: socket: ") + std::strerror(errno)};
         if (::connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) == 0) {
             const int one = 1;
             ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            b->peers_[0] = fd; // closed by the destructor from here on
             const std::uint32_t who[2] = {rank, world};
-            if (auto s = sendFrame(fd, kJoin, 0, ByteView(reinterpret_cast<const std::uint8_t*>(who), 8), b->timeoutMs_); !s) {
-                ::close(fd);
+            if (auto s = sendFrame(fd, kJoin, 0, ByteView(reinterpret_cast<const std::uint8_t*>(who), 8),
+                                   msLeft(deadline), kRootName);
+                !s)
                 return s.error();
-            }
-            b->peers_[0] = fd;
-            return b;
+            return b; // a refusal, if any, is read by the first allGather
         }
+        const int err = errno;
         ::close(fd);
-        if (monotonicNs() >= deadline) return sysError("bootstrap: connect to rank 0 at " + hostPort);
+        if (monotonicNs() >= deadline)
+            return Error{Errc::Timeout, kRootName + " at " + hostPort + " accepted no connection within " +
+                                            std::to_string(timeout.count()) + " ms (last: " + std::strerror(err) + ")"};
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+}
+
+// The root: accept every rank's join until all of world-1 joined. A join
+// that cannot belong to this bootstrap (another world, a rank twice) ends it:
+// every rank that joined or joins until the deadline is refused by name, so
+// none waits for a bootstrap that will not complete.
+Status TcpBootstrap::acceptRanks(const std::string& hostPort, std::uint64_t deadline) {
+    const int one = 1;
+    Error failure{};
+    std::uint32_t named = kNoPeer;   // the rank the failure names
+    std::uint32_t expected = world_; // ranks 1..expected-1 should hear of a failure
+    std::uint32_t told = 0;          // bit r: rank r heard of it
+    std::uint32_t joined = 1;
+    std::uint64_t until = deadline; // after a failure: the linger's end
+    const auto fail = [&](Error e, std::uint32_t r) {
+        failure = std::move(e);
+        named = r;
+        until = std::min(deadline, monotonicNs() + kRefuseLingerNs);
+        for (std::uint32_t q = 1; q < world_; ++q)
+            if (peers_[q] >= 0) {
+                (void)sendRefusal(peers_[q], failure, named);
+                told |= 1u << q;
+            }
+    };
+    const auto everyoneTold = [&] {
+        for (std::uint32_t q = 1; q < expected; ++q)
+            if (!(told >> q & 1u)) return false;
+        return true;
+    };
+    while (failure.code == Errc::Ok ? joined < world_ : !everyoneTold()) {
+        if (monotonicNs() >= until) {
+            if (failure.code == Errc::Ok) {
+                std::uint32_t missing = 1;
+                while (missing < world_ && peers_[missing] >= 0) ++missing;
+                fail(Error{Errc::Timeout, rankName(missing) + " did not join the bootstrap at " + hostPort + " within " +
+                                              std::to_string(timeoutMs_) + " ms (" + std::to_string(joined) + " of " +
+                                              std::to_string(world_) + " ranks joined)"},
+                     missing);
+            }
+            break;
+        }
+        pollfd p{listenFd_, POLLIN, 0};
+        if (::poll(&p, 1, std::max(1, msLeft(until))) <= 0) continue;
+        const int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        auto hello = receiveFrame(fd, kJoin, 0, 8, msLeft(until), "a joining process");
+        if (!hello) { // not a rank of ours (a port scan, another program): ignored
+            ::close(fd);
+            continue;
+        }
+        std::uint32_t who[2] = {0, 0};
+        std::memcpy(who, hello->data(), 8);
+        const std::uint32_t r = who[0], w = who[1];
+        expected = std::max(expected, std::min(w, kMaxWorld)); // a rank of a larger world expects to hear too
+        if (failure.code == Errc::Ok) {
+            if (w != world_) {
+                fail(Error{Errc::GroupMismatch, rankName(r) + " opens with world " + std::to_string(w) + ", rank 0 with world " +
+                                                    std::to_string(world_)},
+                     r);
+            } else if (r >= world_) {
+                fail(Error{Errc::OutOfRange, rankName(r) + " joins the bootstrap of world " + std::to_string(w)}, r);
+            } else if (r == 0 || peers_[r] >= 0) {
+                fail(Error{Errc::GroupMismatch, "two processes join the bootstrap as " + rankName(r) + " of world " +
+                                                    std::to_string(w) + " (each rank must open with its own rank number)"},
+                     r);
+            } else {
+                peers_[r] = fd;
+                ++joined;
+                continue;
+            }
+        }
+        (void)sendRefusal(fd, failure, named);
+        if (r < 32) told |= 1u << r;
+        ::close(fd);
+    }
+    ::close(std::exchange(listenFd_, -1)); // late joiners are refused by the kernel: nothing here answers them
+    if (failure.code != Errc::Ok) {
+        refused_ = failure;
+        return failure;
+    }
+    return okStatus();
 }
 
 TcpBootstrap::~TcpBootstrap() {
@@ -132,24 +268,78 @@ TcpBootstrap::~TcpBootstrap() {
 }
 
 Status TcpBootstrap::allGather(const void* mine, void* out, std::size_t bytes) {
+    return allGatherUntil(mine, out, bytes, Clock::now() + std::chrono::milliseconds(timeoutMs_));
+}
+
+Status TcpBootstrap::allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point until) {
+    if (refused_.code != Errc::Ok) return refused_;
+    const std::uint64_t deadline = nsOf(until);
     const std::uint32_t seq = ++seq_;
     auto* o = static_cast<std::uint8_t*>(out);
     const ByteView part(static_cast<const std::uint8_t*>(mine), bytes);
     if (rank_ != 0) {
-        if (auto s = sendFrame(peers_[0], kGatherPart, seq, part, timeoutMs_); !s) return s;
-        auto all = receiveFrame(peers_[0], kGatherAll, seq, bytes * world_, timeoutMs_);
-        if (!all) return all.error();
-        std::memcpy(o, all->data(), all->size());
-        return okStatus();
+        // A root that refused has closed its end: our part may then fail to
+        // send, but its refusal still waits to be read, and says more.
+        const Status sent = sendFrame(peers_[0], kGatherPart, seq, part, msLeft(deadline), kRootName);
+        bool refused = false;
+        auto all = receiveFrame(peers_[0], kGatherAll, seq, bytes * world_, sent ? msLeft(deadline) : 0, kRootName, &refused);
+        if (all && sent) {
+            std::memcpy(o, all->data(), all->size());
+            return okStatus();
+        }
+        if (refused || sent) refused_ = all ? Error{Errc::BadMessage, "bootstrap: an answer to a part never sent"} : all.error();
+        else refused_ = sent.error();
+        if (refused_.code == Errc::Timeout && !refused)
+            refused_ = Error{Errc::Timeout, kRootName + " did not answer within the deadline: it, or a rank it waits for, "
+                                                        "has not reached the same call"};
+        return refused_;
     }
+    // The root: every part, in whatever order they come, until shortly before
+    // the deadline; the first rank gone or late ends the call on every rank.
     std::memcpy(o, mine, bytes);
-    for (std::uint32_t r = 1; r < world_; ++r) {
-        auto p = receiveFrame(peers_[r], kGatherPart, seq, bytes, timeoutMs_);
-        if (!p) return Error{p.code(), "rank " + std::to_string(r) + ": " + p.error().detail};
-        std::memcpy(o + r * bytes, p->data(), bytes);
+    const std::uint64_t partsBy = deadline > kRefuseLeadNs ? deadline - kRefuseLeadNs : 0;
+    std::uint32_t pending = 0;
+    for (std::uint32_t r = 1; r < world_; ++r) pending |= 1u << r;
+    Error failure{};
+    std::uint32_t named = kNoPeer;
+    while (pending && failure.code == Errc::Ok) {
+        pollfd p[kMaxWorld];
+        std::uint32_t rankOf[kMaxWorld], n = 0;
+        for (std::uint32_t r = 1; r < world_; ++r)
+            if (pending >> r & 1u) {
+                p[n] = pollfd{peers_[r], POLLIN, 0};
+                rankOf[n++] = r;
+            }
+        const int left = msLeft(partsBy);
+        if (left == 0 || ::poll(p, n, left) == 0) {
+            named = rankOf[0];
+            failure = Error{Errc::Timeout, rankName(named) + " sent nothing within the deadline: it is connected but has "
+                                                             "not reached the same call (for Group::open: it has not called it)"};
+            break;
+        }
+        for (std::uint32_t i = 0; i < n && failure.code == Errc::Ok; ++i) {
+            if (!p[i].revents) continue;
+            const std::uint32_t r = rankOf[i];
+            auto got = receiveFrame(peers_[r], kGatherPart, seq, bytes, msLeft(deadline), rankName(r));
+            if (!got) {
+                failure = got.error();
+                named = r;
+                break;
+            }
+            std::memcpy(o + r * bytes, got->data(), bytes);
+            pending &= ~(1u << r);
+        }
+    }
+    if (failure.code != Errc::Ok) {
+        for (std::uint32_t r = 1; r < world_; ++r) (void)sendRefusal(peers_[r], failure, named); // a late rank too
+        refused_ = failure;
+        return failure;
     }
     for (std::uint32_t r = 1; r < world_; ++r)
-        if (auto s = sendFrame(peers_[r], kGatherAll, seq, ByteView(o, bytes * world_), timeoutMs_); !s) return s;
+        if (auto s = sendFrame(peers_[r], kGatherAll, seq, ByteView(o, bytes * world_), msLeft(deadline), rankName(r)); !s) {
+            refused_ = s.error();
+            return s;
+        }
     return okStatus();
 }
 

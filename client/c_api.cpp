@@ -9,7 +9,9 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "client/impl.hpp"
 
@@ -36,6 +38,9 @@ tpf_status report(const Status& s) { return s ? tpf_status(TPF_OK) : report(s.er
 
 tpf_status invalid(const char* what) { return report(Error{Errc::InvalidArgument, what}); }
 
+// While a callback of tpf_group_open runs: the open's deadline (tpf_bootstrap_time_left_ms).
+thread_local std::optional<Bootstrap::Clock::time_point> callbackDeadline;
+
 // The engine's all-gather, as a Bootstrap.
 class CallbackBootstrap final : public Bootstrap {
 public:
@@ -43,6 +48,13 @@ public:
         : rank_(rank), world_(world), fn_(fn), ctx_(ctx) {}
     std::uint32_t rank() const override { return rank_; }
     std::uint32_t world() const override { return world_; }
+    // The open cannot interrupt a callback: it tells it the deadline instead.
+    Status allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point deadline) override {
+        const auto outer = std::exchange(callbackDeadline, deadline);
+        Status s = allGather(mine, out, bytes);
+        callbackDeadline = outer;
+        return s;
+    }
     Status allGather(const void* mine, void* out, std::size_t bytes) override {
         const tpf_status rc = fn_(ctx_, mine, out, bytes);
         if (rc == TPF_OK) return okStatus();
@@ -140,7 +152,12 @@ tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf
         if (!allgather) return invalid("tpf_group_open: allgather (the bootstrap callback) is NULL");
         Options o;
         if (auto s = optionsOf(options, o); !s) return report(s);
-        CallbackBootstrap boot(rank, world, allgather, ctx);
+        CallbackBootstrap callback(rank, world, allgather, ctx);
+        // The library's own TCP bootstrap takes part directly: bounded by the
+        // open's deadline, and its rank and world checked against the call's.
+        Bootstrap& boot = allgather == &tpf_tcp_bootstrap_allgather && ctx
+                              ? static_cast<Bootstrap&>(*static_cast<tpf_tcp_bootstrap*>(ctx)->boot)
+                              : static_cast<Bootstrap&>(callback);
         auto g = Group::open(boot, rank, world, max_bytes, o);
         if (!g) return report(g.error());
         *group = new tpf_group{std::move(*g)};
@@ -244,6 +261,12 @@ void tpf_tcp_bootstrap_destroy(tpf_tcp_bootstrap* bootstrap) { delete bootstrap;
 tpf_status tpf_tcp_bootstrap_allgather(void* ctx, const void* mine, void* out, size_t bytes) {
     if (!ctx) return invalid("tpf_tcp_bootstrap_allgather: ctx (the tpf_tcp_bootstrap) is NULL");
     return guarded([&] { return report(static_cast<tpf_tcp_bootstrap*>(ctx)->boot->allGather(mine, out, bytes)); });
+}
+
+uint32_t tpf_bootstrap_time_left_ms(void) {
+    if (!callbackDeadline) return UINT32_MAX;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*callbackDeadline - Bootstrap::Clock::now()).count();
+    return uint32_t(std::clamp<std::int64_t>(left, 0, UINT32_MAX - 1));
 }
 
 const char* tpf_status_name(tpf_status status) {

@@ -3,6 +3,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -23,6 +25,38 @@ std::string socketPathOf(const Group::Impl& g) {
     return "/run/tpfabric/tpfabricd.sock";
 }
 
+using Clock = std::chrono::steady_clock;
+
+// What is left of the open's deadline, in ms (at least 1: a read still takes what already arrived).
+int msLeft(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return int(std::clamp<std::int64_t>(left, 1, 1 << 30));
+}
+
+// The daemon refuses a group at the open deadline (naming the rank that did
+// not join); its verdict may take this long to arrive.
+constexpr std::chrono::milliseconds kVerdictGrace{250};
+// Bootstrap calls end this long after the open deadline: time for the
+// bootstrap's root to name a late rank to the others (TcpBootstrap refuses
+// 250 ms before it), while every rank still ends within openTimeout + 1 s.
+constexpr std::chrono::milliseconds kBootstrapGrace{500};
+
+// The caller's bootstrap with the open's deadline on every call (also the
+// GPU attach's votes): the one place Group::open's bootstrap calls are bounded.
+class BoundedBootstrap final : public Bootstrap {
+public:
+    BoundedBootstrap(Bootstrap& inner, Clock::time_point deadline) : inner_(inner), deadline_(deadline) {}
+    std::uint32_t rank() const override { return inner_.rank(); }
+    std::uint32_t world() const override { return inner_.world(); }
+    Status allGather(const void* mine, void* out, std::size_t bytes) override {
+        return inner_.allGatherUntil(mine, out, bytes, deadline_);
+    }
+
+private:
+    Bootstrap& inner_;
+    Clock::time_point deadline_;
+};
+
 Fallback fallbackOf(const Group::Impl& g) {
     if (g.options.fallback) return *g.options.fallback;
     return g.env.fallback.value_or(Fallback::Nccl);
@@ -33,15 +67,16 @@ Fallback fallbackOf(const Group::Impl& g) {
 Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, const Error& envError) {
     for (std::uint32_t r = 0; r < g.world; ++r) {
         const OpenIntent& i = all[r];
-        const std::string who = "bootstrap rank " + std::to_string(r);
+        const std::string who = "rank " + std::to_string(r);
         if (i.magic != kIntentMagic || i.version != kIntentVersion)
-            return Error{Errc::GroupMismatch, who + " sent no tpfabric open record (is another program using this bootstrap?)"};
+            return Error{Errc::GroupMismatch, "bootstrap " + who + " sent no tpfabric open record (is another program using this bootstrap?)"};
         if (i.world != g.world)
             return Error{Errc::GroupMismatch, who + " opens with world " + std::to_string(i.world) + ", rank " +
                                                   std::to_string(g.rank) + " with world " + std::to_string(g.world)};
         if (i.rank != r)
-            return Error{Errc::GroupMismatch, who + " opens as rank " + std::to_string(i.rank) +
-                                                  " (every rank must pass its bootstrap rank)"};
+            return Error{Errc::GroupMismatch, "bootstrap " + who + " opens as rank " + std::to_string(i.rank) +
+                                                  " (every rank must pass its bootstrap rank; two ranks " +
+                                                  std::to_string(i.rank) + "?)"};
         if ((i.flags & kIntentDevice) != (all[g.rank].flags & kIntentDevice))
             return Error{Errc::GroupMismatch, who + " opens with " + ((i.flags & kIntentDevice) ? "device" : "host") +
                                                   " buffers, rank " + std::to_string(g.rank) + " with " +
@@ -57,15 +92,20 @@ Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, co
 
 // One request, one reply of the expected opcode (an ErrorReply becomes its error).
 Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp, int timeoutMs) {
-    if (auto s = sendMessage(g.socket.get(), msg, {}, timeoutMs); !s) return s.error();
-    auto m = receiveMessage(g.socket.get(), kReplySpec, timeoutMs);
+    const Status sent = sendMessage(g.socket.get(), msg, {}, timeoutMs);
+    // A daemon that refuses a client at once (Busy) may have closed before the
+    // request arrived; its ErrorReply is still there to read.
+    auto m = receiveMessage(g.socket.get(), kReplySpec, sent ? timeoutMs : 0);
+    if (!sent && (!m || m->header.opcode != kErrorReply)) return sent.error();
     if (!m) return m.error();
     if (m->header.opcode == kErrorReply) {
         auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
         if (!e) return e.error();
         Errc code = Errc::Unavailable;
         errcFromWire(e->errc, code);
-        return Error{code, std::string("daemon refused: ") + e->message};
+        std::string why = e->message; // "Busy: ...": the name once, in describe()
+        if (const std::string name(errcName(code)); why.rfind(name + ": ", 0) == 0) why.erase(0, name.size() + 2);
+        return Error{code, "daemon refused: " + why};
     }
     if (m->header.opcode != replyOp)
         return Error{Errc::BadMessage, "daemon answered opcode " + std::to_string(m->header.opcode) + ", expected " +
@@ -74,16 +114,15 @@ Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp,
 }
 
 // Connect, introduce ourselves, and fill our roster entry from the node card.
-Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry) {
+Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Clock::time_point deadline) {
     const std::string path = socketPathOf(g);
-    auto fd = connectUnix(path, int(g.options.openTimeout.count()));
+    auto fd = connectUnix(path, msLeft(deadline));
     if (!fd) return fd.error();
     g.socket = std::move(*fd);
-    const int t = int(g.options.openTimeout.count());
-    auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, t);
+    auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, msLeft(deadline));
     if (!hello) return hello.error();
     if (auto h = decodeFixed<HelloReply>(hello->payload, "HelloReply"); !h) return h.error();
-    auto cardMsg = request(g, encodeEmpty(kNodeCardRequest, g.seq++), kNodeCard, t);
+    auto cardMsg = request(g, encodeEmpty(kNodeCardRequest, g.seq++), kNodeCard, msLeft(deadline));
     if (!cardMsg) return cardMsg.error();
     auto card = decodeNodeCard(cardMsg->payload);
     if (!card) return card.error();
@@ -96,17 +135,18 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry) {
 }
 
 // Join at the daemon and map what the verdict hands over.
-Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::vector<RosterEntry>& roster) {
+Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::vector<RosterEntry>& roster,
+                 Clock::time_point deadline) {
     GroupOpen open;
     std::memcpy(open.fixed.groupId, groupId, 16);
     open.fixed.rank = g.rank;
     open.fixed.world = g.world;
     open.fixed.maxBytes = roster[g.rank].maxBytes;
-    open.fixed.timeoutMs = std::uint32_t(std::min<std::int64_t>(g.options.openTimeout.count(), 600000));
+    open.fixed.timeoutMs = std::uint32_t(std::min(msLeft(deadline), 600000)); // the daemon refuses by then, naming who is missing
     open.fixed.regionKind = kRegionHost;
     open.fixed.flags = g.options.buffers == Buffers::Device ? std::uint32_t(kOpenGpuDoorbells) : 0u;
     open.roster = roster;
-    auto m = request(g, encode(g.seq++, open), kVerdict, int(g.options.openTimeout.count()) + 2000);
+    auto m = request(g, encode(g.seq++, open), kVerdict, msLeft(deadline + kVerdictGrace));
     if (!m) return m.error();
     auto v = decodeFixed<Verdict>(m->payload, "Verdict");
     if (!v) return v.error();
@@ -147,19 +187,38 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
 Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Group::~Group() { close(); }
 
-Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, std::uint32_t world,
+Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank, std::uint32_t world,
                                            std::uint64_t maxBytes, const Options& options) {
-    if (world < 1 || world > kMaxWorld) return Error{Errc::OutOfRange, "world " + std::to_string(world) + " outside 1..16"};
-    if (rank >= world) return Error{Errc::OutOfRange, "rank " + std::to_string(rank) + " not below world " + std::to_string(world)};
-    if (boot.rank() != rank || boot.world() != world)
-        return Error{Errc::GroupMismatch, "bootstrap is rank " + std::to_string(boot.rank()) + " of " + std::to_string(boot.world())};
+    // One deadline for the whole open: every bootstrap call, every daemon request.
+    const Clock::time_point deadline = Clock::now() + options.openTimeout;
+    BoundedBootstrap boot(caller, deadline + kBootstrapGrace);
+    Error argError{};
+    if (world < 1 || world > kMaxWorld) argError = Error{Errc::OutOfRange, "world " + std::to_string(world) + " outside 1..16"};
+    else if (rank >= world)
+        argError = Error{Errc::OutOfRange, "rank " + std::to_string(rank) + " not below world " + std::to_string(world)};
+    else if (boot.rank() != rank || boot.world() != world)
+        argError = Error{Errc::GroupMismatch, "rank " + std::to_string(rank) + " opens with world " + std::to_string(world) +
+                                                  " over a bootstrap of world " + std::to_string(boot.world()) + " (as its rank " +
+                                                  std::to_string(boot.rank()) + ")"};
+    if (argError.code != Errc::Ok) {
+        // Still take part in round 0 where the bootstrap can carry it: the
+        // others then fail at once, told which rank opens with what, instead
+        // of waiting for this one until their deadline.
+        const std::uint32_t bootWorld = boot.world();
+        if (bootWorld >= 2 && bootWorld <= kMaxWorld && boot.rank() < bootWorld) {
+            const OpenIntent intent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, 0, 0};
+            std::vector<OpenIntent> all(bootWorld);
+            (void)boot.allGather(&intent, all.data(), sizeof intent);
+        }
+        return argError;
+    }
     auto impl = std::make_unique<Impl>();
     impl->rank = rank;
     impl->world = world;
     impl->options = options;
     impl->agreedCap = maxBytes;
     const bool device = options.buffers == Buffers::Device;
-    void* const comm = device ? fallbackComm(options, boot) : nullptr;
+    void* const comm = device ? fallbackComm(options, caller) : nullptr; // the caller's own (an NcclBootstrap's)
     auto env = readClientEnv(); // a bad variable is reported in round 0, so that every rank fails with it
     if (env) impl->env = *env;
     if (world == 1) { // a plain copy, no daemon
@@ -197,6 +256,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
             (void)sendMessage(impl->socket.get(), encode(kOpenReport, impl->seq++, report), {}, 1000);
         }
         impl->socket.reset(); // leaves the daemon's group, if joined
+        impl->proxyEvent.reset();
         impl->ring = RingView();
         impl->ringMap = Mapping();
         impl->region = Mapping();
@@ -222,7 +282,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     if (rank == 0 && ::getrandom(mine.groupId, sizeof mine.groupId, 0) != sizeof mine.groupId)
         return Error{Errc::SystemError, "getrandom for the group id failed"};
     Error local{};
-    if (auto s = meetDaemon(*impl, maxBytes, mine.entry); !s) {
+    if (auto s = meetDaemon(*impl, maxBytes, mine.entry, deadline); !s) {
         local = s.error();
         mine.errc = std::uint16_t(local.code);
     }
@@ -240,7 +300,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& boot, std::uint32_t rank, 
     if (verdict.code == Errc::Ok) {
         std::vector<RosterEntry> roster;
         for (const auto& c : cards) roster.push_back(c.entry);
-        if (auto s = joinGroup(*impl, cards[0].groupId, roster); !s) verdict = s.error();
+        if (auto s = joinGroup(*impl, cards[0].groupId, roster, deadline); !s) verdict = s.error();
     }
     OpenVote vote{std::uint16_t(verdict.code), 0, 0};
     std::vector<OpenVote> votes(world);
@@ -270,6 +330,7 @@ void Group::close() {
             (void)receiveMessage(impl_->socket.get(), kReplySpec, 1000);
         impl_->socket.reset();
     }
+    impl_->proxyEvent.reset(); // every fd goes now, not when the Group is destroyed
     impl_->ring = RingView();
     impl_->ringMap = Mapping();
     impl_->region = Mapping();
@@ -279,15 +340,16 @@ void Group::close() {
 Status Group::abort() {
     Impl& g = *impl_;
     if (g.closed) return Error{Errc::Closed, "abort on a closed group"};
+    const Error aborted{Errc::Aborted, "rank " + std::to_string(g.rank) + " (this rank) aborted the group"};
     if (g.nccl) {
-        (void)g.fail(Error{Errc::Aborted, "this rank aborted the group"});
+        (void)g.fail(aborted);
         return Error{Errc::Unsupported, "the group runs on NCCL, which has no abort: only this rank's group is broken"};
     }
     // Broken here even when the daemon cannot be told (it is gone: the others see DaemonLost).
     const Status told = g.world == 1 || !g.socket
                             ? okStatus()
                             : sendMessage(g.socket.get(), encode(kAbort, g.seq++, Abort{}), {}, 1000);
-    (void)g.fail(Error{Errc::Aborted, "this rank aborted the group"});
+    (void)g.fail(aborted);
     if (!told) return Error{Errc::DaemonLost, "the daemon could not be told of the abort: " + told.error().describe()};
     return okStatus();
 }

@@ -82,7 +82,8 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         const std::uint32_t err = std::atomic_ref(c.error).load(std::memory_order_acquire);
         if (!err) return false;
         const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
-        if (std::atomic_ref(c.abort).load(std::memory_order_acquire) || who == kNoPeer) return true;
+        if (err == std::uint32_t(Errc::Aborted) || std::atomic_ref(c.abort).load(std::memory_order_acquire) || who == kNoPeer)
+            return true;
         for (std::uint32_t k = 0; k < layout.stripes; ++k)
             if (who < world && who != rank && std::atomic_ref(*flag(phase, who, k)).load(std::memory_order_acquire) < e)
                 return true;
@@ -94,9 +95,10 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         Errc code;
         if (!errcFromWire(std::atomic_ref(c.error).load(std::memory_order_acquire), code)) code = Errc::PeerLost;
         const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
-        return fail(Error{code, code == Errc::Aborted ? std::string("a rank aborted the group")
-                                                      : "rank " + std::to_string(who) + " is gone (" +
-                                                            std::string(errcName(code)) + ")"});
+        if (code == Errc::Aborted) // the daemon names the aborter in missingPeer
+            return fail(Error{code, who < world ? "rank " + std::to_string(who) + " aborted the group"
+                                                : std::string("a rank aborted the group")});
+        return fail(Error{code, "rank " + std::to_string(who) + " is gone (" + std::string(errcName(code)) + ")"});
     };
 
     for (std::uint64_t now = start; now < spinUntil; now = monotonicNs()) {

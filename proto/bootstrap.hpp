@@ -22,6 +22,9 @@ enum Opcode : std::uint16_t {
     kJoin = 1,       ///< u32 rank, u32 world: a rank introduces itself to the root
     kGatherPart = 2, ///< one rank's part of an all-gather
     kGatherAll = 3,  ///< the root's answer: every part in rank order
+    kRefuse = 4,     ///< root -> rank, any seq: client_proto::ErrorReply (errc, the rank it names in
+                     ///< missingPeer, text): the bootstrap cannot complete (a rank of another world, a
+                     ///< rank twice, a rank gone or late); the rank's pending and later calls fail with it
 };
 
 /// Round 0, before any rank contacts its daemon: what each rank opens with.

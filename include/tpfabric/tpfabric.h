@@ -70,10 +70,15 @@ enum tpf_gpu_route {
 /** The bootstrap an engine supplies: all-gather `bytes` bytes of `mine` from
  *  every rank into `out` (world * bytes, rank r's record at out + r * bytes).
  *  Called on every rank the same number of times with the same sizes, only
- *  from inside tpf_group_open (a few calls of at most a few KiB). Blocking.
- *  Return TPF_OK, or a code naming the failure (TPF_TIMEOUT, TPF_PEER_LOST,
- *  ...; other values are reported as TPF_PEER_LOST); the open then fails with
- *  it. An engine typically implements it over its own communicator or store. */
+ *  from inside tpf_group_open (a few calls of at most a few KiB). Blocking,
+ *  but bounded: the open cannot interrupt a callback, so it must return by
+ *  the open's deadline, which tpf_bootstrap_time_left_ms() gives inside it
+ *  (a rank that never calls tpf_group_open would otherwise hold every other
+ *  rank in it). Return TPF_OK, or a code naming the failure (TPF_TIMEOUT,
+ *  TPF_PEER_LOST, ...; other values are reported as TPF_PEER_LOST); the open
+ *  then fails with it. An engine typically implements it over its own
+ *  communicator or store. tpf_tcp_bootstrap_allgather with its handle is
+ *  recognised and bounded by the library itself. */
 typedef tpf_status (*tpf_allgather_fn)(void* ctx, const void* mine, void* out, size_t bytes);
 
 /** Options of tpf_group_open. Initialise with tpf_open_options_init (it sets
@@ -96,17 +101,25 @@ typedef struct tpf_open_options {
 TPF_API void tpf_open_options_init(tpf_open_options* options);
 
 /** Open (join) a group as `rank` of `world` (1..16) with shards of at most
- *  `max_bytes`. Every rank calls it with the same world and max_bytes; the
+ *  `max_bytes`. Every rank calls it with the same world and buffers
+ *  (max_bytes may differ: the group agrees the minimum, tpf_agreed_cap); the
  *  group takes the fabric path on every rank or on none (then NCCL, see
  *  tpf_open_options.fallback and TPF_DISABLE in docs/integration.md).
  *  `allgather` and `ctx` are the bootstrap; `options` may be NULL.
  *  On success *group is the new group; on failure *group is NULL and the
  *  status names why (TPF_UNAVAILABLE with the reason, TPF_CONFIG_ERROR for a
- *  bad TPF_* variable, TPF_INVALID_ARGUMENT, TPF_OUT_OF_RANGE, ...). */
+ *  bad TPF_* variable, TPF_INVALID_ARGUMENT, TPF_OUT_OF_RANGE, ...).
+ *  Bounded: every rank returns within open_timeout_ms + 1 s whatever the
+ *  ranks disagree on, each told what and which rank: TPF_GROUP_MISMATCH
+ *  ("rank 2 opens with world 4, rank 0 with world 3"; a rank twice; host and
+ *  device buffers), TPF_TIMEOUT or TPF_PEER_LOST naming a rank that never
+ *  called it or is gone (where the bootstrap names it: a callback bootstrap
+ *  reports its own errors). */
 TPF_API tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf_allgather_fn allgather,
                                   void* ctx, const tpf_open_options* options, tpf_group** group);
 
-/** Leave the group and free the handle (NULL is a no-op). Every call on the
+/** Leave the group and free the handle (NULL is a no-op): every fd and
+ *  mapping of the group is released before it returns. Every call on the
  *  group must have finished (device groups: the stream synchronised). */
 TPF_API void tpf_group_close(tpf_group* group);
 
@@ -149,12 +162,19 @@ TPF_API tpf_status tpf_all_gather_v_async(tpf_group* group, const void* send, vo
  *  Device groups: also what a kernel recorded (call after synchronising). */
 TPF_API tpf_status tpf_check(const tpf_group* group);
 
-/** End every rank's waits with TPF_ABORTED and break the group. Returns
- *  TPF_OK once this rank's group is aborted (tpf_check then returns
- *  TPF_ABORTED), TPF_DAEMON_LOST when the daemon could not be told (the group
- *  is broken here all the same), TPF_CLOSED for a closed group. Not queued
- *  behind this rank's posted calls: a peer waiting for this rank's last shard
- *  may end that call TPF_ABORTED too. */
+/** End every rank's waits with TPF_ABORTED (its text names this rank: "rank
+ *  1 aborted the group") and break the group. The status says whether the
+ *  abort was delivered, never the group's state (tpf_check says that):
+ *  TPF_OK when the daemon was told (or, world 1, there is no one to tell),
+ *  also on a group already broken or aborted (abort may be called again);
+ *  tpf_check then returns TPF_ABORTED, or the failure that broke the group
+ *  first. TPF_DAEMON_LOST when the daemon could not be told (the group is
+ *  broken here all the same); TPF_UNSUPPORTED on a group that fell back to
+ *  NCCL (no abort there: broken here only). The same as Group::abort() in
+ *  C++, whose only other answer, TPF_CLOSED after close(), cannot arise here
+ *  (tpf_group_close frees the handle). Not queued behind this rank's posted
+ *  calls: a peer waiting for this rank's last shard may end that call
+ *  TPF_ABORTED too. */
 TPF_API tpf_status tpf_abort(tpf_group* group);
 
 /** The exact minimum of every rank's usable maximum shard, in bytes (0 for NULL). */
@@ -174,8 +194,19 @@ TPF_API uint32_t tpf_world(const tpf_group* group);
 TPF_API tpf_status tpf_tcp_bootstrap_create(uint32_t rank, uint32_t world, const char* host_port, uint32_t timeout_ms,
                                             tpf_tcp_bootstrap** bootstrap);
 TPF_API void tpf_tcp_bootstrap_destroy(tpf_tcp_bootstrap* bootstrap);
-/** A tpf_allgather_fn over a tpf_tcp_bootstrap (ctx). */
+/** A tpf_allgather_fn over a tpf_tcp_bootstrap (ctx). Rank 0 checks every
+ *  rank's join and all-gather: a rank of another world, a rank twice, a rank
+ *  gone or late fails every rank it can reach with the same named status.
+ *  Given to tpf_group_open, it is bounded by the open's deadline and its rank
+ *  and world are checked against the call's; called directly, each call is
+ *  bounded by the create timeout. */
 TPF_API tpf_status tpf_tcp_bootstrap_allgather(void* ctx, const void* mine, void* out, size_t bytes);
+
+/** Inside a tpf_allgather_fn called by tpf_group_open: the milliseconds left
+ *  until the open's deadline (open_timeout_ms from the call, plus half a
+ *  second for the ranks' answers), by which the callback must return; 0 once
+ *  it passed. UINT32_MAX when no such callback runs on this thread. */
+TPF_API uint32_t tpf_bootstrap_time_left_ms(void);
 
 /** "PeerLost": the stable name of a status ("Unknown" for values no release assigned). */
 TPF_API const char* tpf_status_name(tpf_status status);

@@ -42,32 +42,52 @@ TPF_API const char* version();
 /// rank calls allGather with the same size in the same order.
 class TPF_API Bootstrap {
 public:
+    using Clock = std::chrono::steady_clock;
     virtual ~Bootstrap() = default;
     virtual std::uint32_t rank() const = 0;
     virtual std::uint32_t world() const = 0;
     /// `out` receives world() * bytes: rank r's `mine` at out + r * bytes.
     virtual Status allGather(const void* mine, void* out, std::size_t bytes) = 0;
+    /// allGather that returns by `deadline`: Group::open calls only this, with
+    /// its open deadline (Options::openTimeout from the call, plus half a
+    /// second for the ranks' answers). A rank that is gone or late ends the
+    /// call with PeerLost or Timeout naming it, on every rank the bootstrap
+    /// can reach. The default calls allGather, which Group::open cannot
+    /// interrupt: a bootstrap that can block should override this one.
+    virtual Status allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point deadline);
 };
 
 /// Loopback (or LAN) TCP bootstrap for CPU processes: rank 0 listens on
-/// host:port, the others connect (retrying until the timeout).
+/// host:port, the others connect (retrying until the timeout). The root
+/// checks every rank's join: a rank of another world or a rank number twice
+/// ends the bootstrap on every rank that joins before the timeout
+/// (GroupMismatch naming the rank and both worlds); in an all-gather, a rank
+/// whose connection closed (PeerLost) or that sent nothing by the deadline
+/// (Timeout) ends the call on every rank, named. After a failure every later
+/// call returns the same error.
 class TPF_API TcpBootstrap final : public Bootstrap {
 public:
+    /// Rank 0 returns once every rank joined (or with the reason it cannot);
+    /// the others once connected (a refusal comes with their first call).
     static Result<std::unique_ptr<TcpBootstrap>> create(std::uint32_t rank, std::uint32_t world,
                                                         const std::string& hostPort,
                                                         std::chrono::milliseconds timeout = std::chrono::seconds(30));
     ~TcpBootstrap() override;
     std::uint32_t rank() const override { return rank_; }
     std::uint32_t world() const override { return world_; }
+    /// Bounded by the create timeout.
     Status allGather(const void* mine, void* out, std::size_t bytes) override;
+    Status allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point deadline) override;
 
 private:
     TcpBootstrap() = default;
+    Status acceptRanks(const std::string& hostPort, std::uint64_t deadlineNs);
     std::uint32_t rank_ = 0, world_ = 0;
     int timeoutMs_ = 30000;
     std::uint32_t seq_ = 0;
-    int listenFd_ = -1;
+    int listenFd_ = -1;            ///< root, until every rank joined
     std::unique_ptr<int[]> peers_; ///< root: fd per rank; others: [0] = root
+    Error refused_;                ///< once it failed: what every later call returns
 };
 
 /// The memory a group's collectives take.
@@ -120,9 +140,16 @@ struct Options {
 class TPF_API Group {
 public:
     /// Open as `rank` of `world` (1..16) with shards of at most `maxBytes`.
-    /// Every rank calls it with the same world; the group takes the fabric
-    /// path on every rank or on none. Returns Unavailable (with the reason)
-    /// when it cannot and there is nothing to fall back to.
+    /// Every rank calls it with the same world and buffers (maxBytes may
+    /// differ: the group agrees the minimum, agreedCap()); the group takes
+    /// the fabric path on every rank or on none. Returns Unavailable (with
+    /// the reason) when it cannot and there is nothing to fall back to.
+    /// Bounded: every rank returns within options.openTimeout + 1 s whatever
+    /// the ranks disagree on, each told what and which rank: GroupMismatch
+    /// ("rank 2 opens with world 4, rank 0 with world 3", a rank twice, host
+    /// and device buffers, a bootstrap of another world), Timeout or PeerLost
+    /// naming a rank that never called open or is gone, as far as the
+    /// bootstrap can tell (Bootstrap::allGatherUntil).
     static Result<std::unique_ptr<Group>> open(Bootstrap& bootstrap, std::uint32_t rank, std::uint32_t world,
                                                std::uint64_t maxBytes, const Options& options = {});
     ~Group();
@@ -168,14 +195,22 @@ public:
     Status check() const;
     /// "fabric" or "nccl": which path this group's calls take.
     std::string path() const;
-    /// End every rank's waits with Aborted and break the group. Ok once this
-    /// rank's group is aborted (check() then returns Aborted); DaemonLost when
-    /// the daemon could not be told (the group is broken here all the same);
-    /// Closed on a closed group. Not queued behind this rank's posted calls: a
-    /// peer still waiting for this rank's last shard may end that call Aborted too.
+    /// End every rank's waits with Aborted (its detail names this rank:
+    /// "rank 1 aborted the group") and break the group. Returns whether the
+    /// abort was delivered, never the group's state (check() says that):
+    /// Ok when the daemon was told (or, world 1, there is no one to tell),
+    /// also on a group already broken or aborted (abort may be called
+    /// again); check() then returns Aborted, or the failure that broke the
+    /// group first. DaemonLost when the daemon could not be told (the group
+    /// is broken here all the same); Unsupported on a group that fell back
+    /// to NCCL (no abort there: broken here only); Closed after close().
+    /// tpf_abort() answers the same. Not queued behind this rank's posted
+    /// calls: a peer still waiting for this rank's last shard may end that
+    /// call Aborted too.
     Status abort();
-    /// Leave the group (also done by the destructor). Every call must have
-    /// finished (device groups: the stream synchronised).
+    /// Leave the group (also done by the destructor): every fd and mapping of
+    /// the group is released before it returns. Every call must have finished
+    /// (device groups: the stream synchronised).
     void close();
 
     std::uint32_t rank() const;

@@ -79,7 +79,10 @@ static tpf_status store_allgather(void* ctx, const void* mine, void* out, size_t
     snprintf(path, sizeof path, "%s/g%u-r%u.rec", s->dir, seq, s->rank);
     FILE* f = fopen(tmp, "wb");
     if (!f || fwrite(mine, 1, bytes, f) != bytes || fclose(f) != 0 || rename(tmp, path) != 0) return TPF_SYSTEM_ERROR;
-    uint64_t deadline = now_ms() + 30000;
+    /* Bounded by the open's deadline (only tpf_group_open calls this; its default open timeout is 30 s). */
+    const uint32_t left = tpf_bootstrap_time_left_ms();
+    if (left == UINT32_MAX || left > 30000 + 500) return TPF_INVALID_ARGUMENT;
+    uint64_t deadline = now_ms() + left;
     for (uint32_t r = 0; r < s->world; ++r) {
         snprintf(path, sizeof path, "%s/g%u-r%u.rec", s->dir, seq, r);
         for (;;) {
@@ -329,6 +332,8 @@ static int rank_data(uint32_t rank, uint32_t world, const char* dir) {
     CHECK_STATUS(tpf_check(g), TPF_OK);
     CHECK_STATUS(tpf_check(NULL), TPF_INVALID_ARGUMENT);
     CHECK_STATUS(tpf_abort(NULL), TPF_INVALID_ARGUMENT);
+    CHECK(tpf_bootstrap_time_left_ms() == UINT32_MAX, "tpf_bootstrap_time_left_ms outside a bootstrap callback: %u",
+          tpf_bootstrap_time_left_ms());
     /* still usable after the refusals */
     for (size_t i = 0; i < 16; ++i) send[i] = pattern(rank, 9, i);
     CHECK_STATUS(tpf_all_gather(g, send, recv, 16), TPF_OK);
@@ -380,12 +385,15 @@ static int rank_abort(uint32_t rank, uint32_t world, const char* dir) {
     for (int call = 0; call < 10; ++call) CHECK_STATUS(tpf_all_gather(g, send, recv, 64), TPF_OK);
     if (rank == 1) {
         CHECK_STATUS(tpf_abort(g), TPF_OK);
+        CHECK_STATUS(tpf_abort(g), TPF_OK); /* delivered again: abort reports delivery, not the group's state */
         CHECK_STATUS(tpf_check(g), TPF_ABORTED);
         CHECK_STATUS(tpf_all_gather(g, send, recv, 64), TPF_ABORTED);
     } else {
         tpf_status s = TPF_OK;
         for (int call = 0; call < 1000 && s == TPF_OK; ++call) s = tpf_all_gather(g, send, recv, 64);
         CHECK(s == TPF_ABORTED, "the others' call returned %s", tpf_status_name(s));
+        CHECK(strstr(tpf_last_error(), "rank 1 aborted the group") != NULL, "the others' Aborted names the aborter: %s",
+              tpf_last_error());
         CHECK_STATUS(tpf_check(g), TPF_ABORTED);
     }
     tpf_group_close(g);

@@ -7,8 +7,13 @@
 // and exits 0 (ok), 1 (a collective failed), 2 (usage) or 3 (wrong data, or
 // a failed call that wrote into its output). Progress lines a test can wait
 // for: "OPEN rank=R cap=N" (the agreed cap), "PAUSED rank=R calls=N", "STALL rank=R calls=N",
-// "PROGRESS rank=R calls=N", "REOPEN rank=R ok|error=NAME ...".
+// "PROGRESS rank=R calls=N", "REOPEN rank=R ok|error=NAME ...",
+// "BOOTSTRAP rank=R" (--skip-open), "ABORT rank=R status=NAME ..." (what
+// abort() returned), "FDS rank=R before=N after=M" (--check-fds). A failed
+// open's elapsed_ms counts from the start of the program.
 #include <unistd.h>
+
+#include <dirent.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -53,7 +58,27 @@ struct Args {
     bool reopen = false;         // after a failed call: close and open again (REOPEN line)
     std::string reopenGoFile;    // then wait for this file, open once more and run reopenIters calls
     std::uint64_t reopenIters = 200;
+    std::uint32_t openTimeoutMs = 0;      // Options::openTimeout (0: the library's default)
+    std::uint32_t bootstrapTimeoutMs = 30000;
+    std::uint32_t bootstrapWorld = 0;     // the TcpBootstrap's world (0: --world)
+    std::string buffers = "host";         // host | device
+    bool skipOpen = false;                // create the bootstrap, never call Group::open
+    bool exitBeforeOpen = false;          // _exit(0) after creating the bootstrap
+    bool abortThenClose = false;          // after --abort-at: abort again, close, abort once more
+    bool checkFds = false;                // count fds before open and after close()
 };
+
+// Open file descriptors of this process.
+int countFds() {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+        while (const dirent* e = ::readdir(d))
+            if (e->d_name[0] != '.') ++n;
+        ::closedir(d);
+        --n; // the directory's own
+    }
+    return n;
+}
 
 struct Aligned {
     explicit Aligned(std::size_t n) : v((n + 64) / 8 + 1) {}
@@ -92,6 +117,8 @@ Result<std::unique_ptr<Group>> openGroup(const Args& a, Bootstrap& boot) {
     Options o;
     o.socketPath = a.socket;
     o.timeout = std::chrono::milliseconds(a.timeoutMs);
+    if (a.openTimeoutMs) o.openTimeout = std::chrono::milliseconds(a.openTimeoutMs);
+    o.buffers = a.buffers == "device" ? Buffers::Device : Buffers::Host;
     return Group::open(boot, a.rank, a.world, a.maxBytes, o);
 }
 
@@ -127,7 +154,16 @@ int runCalls(const Args& a, Group& g) {
         if (std::int64_t(it) == a.exitAt) std::_Exit(0);
         if (std::int64_t(it) == a.abortAt) {
             start = monotonicNs();
-            (void)g.abort();
+            const auto says = [&](const char* what, const Status& s) {
+                line("%s rank=%u status=%s detail=%s\n", what, a.rank, std::string(errcName(s.code())).c_str(),
+                     s ? "" : s.error().detail.c_str());
+            };
+            says("ABORT", g.abort());
+            if (a.abortThenClose) {
+                says("ABORT-AGAIN", g.abort());
+                g.close();
+                says("ABORT-CLOSED", g.abort());
+            }
             return finish(a, g.check(), calls, start);
         }
         if (std::int64_t(it) == a.stallAt) {
@@ -251,14 +287,36 @@ int main(int argc, char** argv) {
     app.add_flag("--reopen", a.reopen, "after a failed call, close and open again");
     app.add_option("--reopen-go-file", a.reopenGoFile, "then wait for this file and open once more");
     app.add_option("--reopen-iters", a.reopenIters);
+    app.add_option("--open-timeout-ms", a.openTimeoutMs, "Options::openTimeout");
+    app.add_option("--bootstrap-timeout-ms", a.bootstrapTimeoutMs, "the TcpBootstrap's create timeout");
+    app.add_option("--bootstrap-world", a.bootstrapWorld, "the TcpBootstrap's world (default: --world)");
+    app.add_option("--buffers", a.buffers, "host or device")->check(CLI::IsMember({"host", "device"}));
+    app.add_flag("--skip-open", a.skipOpen, "create the bootstrap, print BOOTSTRAP, hold --hold-ms, never open");
+    app.add_flag("--exit-before-open", a.exitBeforeOpen, "exit right after creating the bootstrap");
+    app.add_flag("--abort-then-close", a.abortThenClose, "after --abort-at: abort again, close, abort once more");
+    app.add_flag("--check-fds", a.checkFds, "print FDS: fds before open and after close()");
     CLI11_PARSE(app, argc, argv);
 
-    auto boot = TcpBootstrap::create(a.rank, a.world, a.bootstrap);
-    if (!boot) return finish(a, boot.error(), 0, monotonicNs());
+    const std::uint64_t t0 = monotonicNs();
+    auto boot = TcpBootstrap::create(a.rank, a.bootstrapWorld ? a.bootstrapWorld : a.world, a.bootstrap,
+                                     std::chrono::milliseconds(a.bootstrapTimeoutMs));
+    if (!boot) return finish(a, boot.error(), 0, t0);
+    if (a.exitBeforeOpen) std::_Exit(0);
+    if (a.skipOpen) {
+        line("BOOTSTRAP rank=%u\n", a.rank);
+        std::this_thread::sleep_for(std::chrono::milliseconds(a.holdMs));
+        line("RESULT rank=%u skipped open\n", a.rank);
+        return 0;
+    }
+    const int fdsBefore = countFds();
     auto group = openGroup(a, **boot);
-    if (!group) return finish(a, group.error(), 0, monotonicNs());
+    if (!group) return finish(a, group.error(), 0, t0);
     line("OPEN rank=%u cap=%llu\n", a.rank, (unsigned long long)(*group)->agreedCap());
     const int rc = runCalls(a, **group);
+    if (a.checkFds) {
+        (*group)->close(); // the Group object lives on: close() alone must release everything
+        line("FDS rank=%u before=%d after=%d\n", a.rank, fdsBefore, countFds());
+    }
     if (rc != 1 || !a.reopen) return rc;
     group = Error{}; // closes the broken group
     return reopenAfterFailure(a, **boot, rc);
