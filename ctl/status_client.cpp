@@ -126,9 +126,11 @@ Error refused(const std::string& path, std::string_view what, const Message& m) 
 // Send one request and wait for the reply with `expected` opcode.
 Result<Message> request(int fd, const std::string& path, std::string_view what, const Bytes& bytes,
                         std::uint16_t expected, std::uint32_t seq, const Deadline& deadline, int timeoutMs) {
-    if (auto s = sendMessage(fd, bytes, {}, deadline.leftMs()); !s)
-        return exchangeFailed(path, what, s.error(), timeoutMs);
-    auto m = receiveMessage(fd, cp::kReplySpec, deadline.leftMs());
+    const Status sent = sendMessage(fd, bytes, {}, deadline.leftMs());
+    // A daemon that refuses a client at once (Busy) may have closed before the
+    // request arrived; its ErrorReply is still there to read.
+    auto m = receiveMessage(fd, cp::kReplySpec, sent ? deadline.leftMs() : 0);
+    if (!sent && (!m || m->header.opcode != cp::kErrorReply)) return exchangeFailed(path, what, sent.error(), timeoutMs);
     if (!m) return exchangeFailed(path, what, m.error(), timeoutMs);
     if (m->header.opcode == cp::kErrorReply) return refused(path, what, *m);
     if (m->header.opcode != expected)

@@ -77,6 +77,10 @@ int run(DaemonConfig cfg, bool foreground) {
         return 1;
     }
     const std::string socketPath = resolveSocketPath(cfg);
+    if (auto s = checkSocketPath(socketPath); !s) {
+        spdlog::critical("{}", s.error().describe());
+        return s.code() == Errc::ConfigError ? 2 : 1;
+    }
     const NodeId nodeId = makeNodeId(socketPath);
     const auto started = std::chrono::system_clock::now();
     const auto startedSteady = std::chrono::steady_clock::now();
@@ -149,7 +153,7 @@ int run(DaemonConfig cfg, bool foreground) {
     }
     if (auto s = server.listen(socketPath); !s) {
         spdlog::critical("{}", s.error().describe());
-        return 1;
+        return s.code() == Errc::ConfigError ? 2 : 1;
     }
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
     signals.async_wait([&](const boost::system::error_code& ec, int sig) {
@@ -184,8 +188,10 @@ int main(int argc, char** argv) {
     app.add_option("--socket", socket, "control socket path (overrides daemon.socket)");
     app.add_flag("--foreground", foreground, "log to the terminal with timestamps (the daemon never forks)");
     app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical, off (overrides daemon.log_level)");
-    app.footer("Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure (socket in "
-               "use, proxy thread); 2 bad usage or configuration (systemd does not restart: RestartPreventExitStatus=2).");
+    app.footer("Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure (another "
+               "tpfabricd serves the socket, proxy thread); 2 bad usage or configuration, a socket path too long, in a "
+               "missing directory or naming something that is not a socket (systemd does not restart: "
+               "RestartPreventExitStatus=2).");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

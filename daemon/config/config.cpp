@@ -154,6 +154,7 @@ const KeySpec kDaemonKeys[] = {
      }},
     {"open_timeout_ms", [](const Value& v, DaemonConfig& c) { c.openTimeoutMs = integer(v, 100, 600000); }},
     {"max_clients", [](const Value& v, DaemonConfig& c) { c.maxClients = integer(v, 1, 65536); }},
+    {"max_clients_per_uid", [](const Value& v, DaemonConfig& c) { c.maxClientsPerUid = integer(v, 1, 65536); }},
     {"message_timeout_ms", [](const Value& v, DaemonConfig& c) { c.messageTimeoutMs = integer(v, 100, 600000); }},
     {"max_groups", [](const Value& v, DaemonConfig& c) { c.maxGroups = integer(v, 1, 4096); }},
     {"max_region_bytes", [](const Value& v, DaemonConfig& c) { c.maxRegionBytes = byteSize(v, MiB, TiB); }},

@@ -39,6 +39,7 @@ Connection::Connection(Server& server, Local::socket socket, std::uint64_t id)
 
 void Connection::start() {
     spdlog::debug("client {}: connected (pid {}, uid {}, gid {})", id_, pid_, uid_, gid_);
+    watchPartial(); // an idle connection is held no longer than a stalled message
     waitReadable();
 }
 
@@ -73,14 +74,20 @@ void Connection::onReadable() {
     const std::size_t used = dispatch_.feed(ByteView(inbuf_), infds_);
     if (dispatch_.ended()) return;
     inbuf_.erase(inbuf_.begin(), inbuf_.begin() + std::ptrdiff_t(used));
+    if (used > 0 && !greeted_) { // the wait for a first message is over; a next one gets its own
+        greeted_ = true;
+        if (partialSince_) partial_.cancel();
+        partialSince_ = 0;
+    }
     watchPartial();
     waitReadable();
 }
 
-// Arm the timer when a message is left incomplete, once (bytes trickling in
-// do not extend it); disarm when the buffer empties.
+// Arm the timer when a message is left incomplete, or at connecting, once
+// (bytes trickling in do not extend it); disarm when the buffer empties after
+// the first whole message.
 void Connection::watchPartial() {
-    if (inbuf_.empty()) {
+    if (inbuf_.empty() && greeted_) {
         if (partialSince_) partial_.cancel();
         partialSince_ = 0;
         return;
@@ -91,6 +98,9 @@ void Connection::watchPartial() {
     partial_.expires_after(std::chrono::milliseconds(ms));
     partial_.async_wait([self = shared_from_this(), gen = partialSince_, ms](const boost::system::error_code& ec) {
         if (ec || self->partialSince_ != gen || self->closing_ || self->closed_) return;
+        if (self->inbuf_.empty())
+            return self->refuse(Errc::Timeout, "sent no message within " + std::to_string(ms) +
+                                                   " ms of connecting (daemon.message_timeout_ms)");
         self->refuse(Errc::Timeout, "a message stayed incomplete for " + std::to_string(ms) +
                                         " ms (daemon.message_timeout_ms); " + std::to_string(self->inbuf_.size()) +
                                         " byte(s) of it arrived");
@@ -196,14 +206,50 @@ Server::Server(asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups
 
 Server::~Server() { stop(); }
 
-Status Server::listen(const std::string& path) {
-    namespace fs = std::filesystem;
-    std::error_code fec;
-    fs::create_directories(fs::path(path).parent_path(), fec);
-    if (fs::exists(path)) {
-        if (connectUnix(path)) return {Errc::SystemError, "another tpfabricd is serving " + path};
-        ::unlink(path.c_str());
+Status checkSocketPath(const std::string& path) {
+    constexpr std::size_t kMaxPath = sizeof(sockaddr_un::sun_path) - 1; // sun_path ends in a NUL
+    const std::string named = "socket path " + path;
+    if (path.empty()) return {Errc::ConfigError, "socket path is empty"};
+    if (path.size() > kMaxPath)
+        return {Errc::ConfigError, named + " is " + std::to_string(path.size()) +
+                                       " bytes; a Unix socket path holds at most " + std::to_string(kMaxPath) +
+                                       " (sun_path): choose a shorter --socket or daemon.socket"};
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    const std::string dir = parent.empty() ? "." : parent.string();
+    struct stat st {};
+    if (const int r = ::stat(dir.c_str(), &st); r != 0 || !S_ISDIR(st.st_mode)) {
+        const std::string why = r == 0 ? "is not a directory" : errno == ENOENT ? "does not exist" : std::strerror(errno);
+        return {Errc::ConfigError, named + ": its directory " + dir + " " + why +
+                                       " (tpfabricd creates no directory; systemd's RuntimeDirectory= makes /run/tpfabric)"};
     }
+    if (::lstat(path.c_str(), &st) != 0) {
+        if (errno == ENOENT) return okStatus();
+        return {Errc::ConfigError, named + ": " + std::strerror(errno)};
+    }
+    if (!S_ISSOCK(st.st_mode))
+        return {Errc::ConfigError, named + " exists and is not a socket (" +
+                                       (S_ISREG(st.st_mode) ? "a regular file" : S_ISDIR(st.st_mode) ? "a directory"
+                                        : S_ISLNK(st.st_mode) ? "a symbolic link" : "not a socket") +
+                                       "); tpfabricd leaves it alone: remove it or choose another --socket or daemon.socket"};
+    // A socket: served (connect succeeds, or the backlog is full) or stale (refused).
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) return {Errc::SystemError, std::string("socket: ") + std::strerror(errno)};
+    int r;
+    do r = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    while (r != 0 && errno == EINTR);
+    if (r == 0 || errno == EAGAIN) return {Errc::SystemError, "another tpfabricd is serving " + path};
+    if (errno == ECONNREFUSED) return okStatus(); // stale: left by a daemon that died
+    return {Errc::ConfigError, named + ": connect: " + std::strerror(errno)};
+}
+
+Status Server::listen(const std::string& path) {
+    if (auto s = checkSocketPath(path); !s) return s;
+    // What is left there is a stale socket; nothing else is ever removed.
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+        return {Errc::SystemError, "removing the stale socket " + path + ": " + std::strerror(errno)};
     boost::system::error_code ec;
     acceptor_.open(Local(), ec);
     if (!ec) acceptor_.bind(Local::endpoint(path), ec);
@@ -229,8 +275,20 @@ void Server::accept() {
             if (acceptor_.is_open()) accept();
             return;
         }
-        if (connections_.size() >= cfg_.maxClients) {
-            spdlog::warn("refusing a connection: {} clients already (daemon.max_clients)", connections_.size());
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        const bool known = ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+        if (const std::string why = fullFor(known ? cred.uid : ~0u); !why.empty()) {
+            // Told in a reply, then closed: the client reports Busy, not a lost daemon.
+            spdlog::warn("refusing a client (pid {}, uid {}): Busy: {}", known ? cred.pid : -1, known ? cred.uid : ~0u, why);
+            ErrorReply e{};
+            e.errc = std::uint16_t(Errc::Busy);
+            e.missingPeer = kNoPeer;
+            setText(e.message, "Busy: " + why);
+            const Bytes reply = encode(kErrorReply, 0, e);
+            (void)sendWithFds(socket.native_handle(), ByteView(reply), {}); // a fresh socket has room for it
+            boost::system::error_code ignored;
+            socket.close(ignored);
         } else {
             auto c = std::make_shared<Connection>(*this, std::move(socket), nextId_++);
             connections_[c->id()] = c;
@@ -238,6 +296,17 @@ void Server::accept() {
         }
         accept();
     });
+}
+
+std::string Server::fullFor(std::uint32_t uid) const {
+    if (connections_.size() >= cfg_.maxClients)
+        return "tpfabricd serves " + std::to_string(connections_.size()) + " clients, its limit (daemon.max_clients)";
+    std::uint32_t mine = 0;
+    for (const auto& [id, c] : connections_) mine += c->uid() == uid;
+    if (mine >= cfg_.maxClientsPerUid)
+        return "uid " + std::to_string(uid) + " has " + std::to_string(mine) +
+               " connections to tpfabricd, its share (daemon.max_clients_per_uid)";
+    return {};
 }
 
 void Server::forget(std::uint64_t id) {

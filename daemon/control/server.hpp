@@ -78,12 +78,21 @@ private:
     Bytes inbuf_;
     std::vector<UniqueFd> infds_;
     std::deque<Outgoing> out_;
-    /// Runs while inbuf_ holds part of a message: a message left incomplete
-    /// for daemon.message_timeout_ms refuses the client (Timeout).
+    /// Runs while inbuf_ holds part of a message, and from connecting until
+    /// the first whole message: a message left incomplete (or never begun) for
+    /// daemon.message_timeout_ms refuses the client (Timeout).
     boost::asio::steady_timer partial_;
+    bool greeted_ = false; ///< a whole message arrived
     std::uint64_t partialSince_ = 0; ///< generation of the armed timer, 0: not armed
     std::uint64_t partialGen_ = 0;
 };
+
+/// Whether the daemon may listen at `path`, checked before anything is
+/// touched: ok when nothing is there or a stale socket (refusing connections)
+/// is; ConfigError when the path is longer than sun_path allows, its directory
+/// is missing (none is created), or something other than a socket is there
+/// (left alone); SystemError when another daemon serves it.
+Status checkSocketPath(const std::string& path);
 
 /// Accepts connections and routes their requests to the group table.
 class Server {
@@ -93,7 +102,7 @@ public:
            std::function<client_proto::NodeCard()> nodeCard);
     ~Server();
 
-    /// Bind the socket (replacing a stale one), set its group and mode 0660, listen.
+    /// checkSocketPath, then bind (replacing a stale socket), set its group and mode 0660, listen.
     Status listen(const std::string& path);
     void stop();
 
@@ -103,6 +112,9 @@ public:
 private:
     friend class Connection;
     void accept();
+    /// Why a new client of `uid` may not connect now (daemon.max_clients or
+    /// daemon.max_clients_per_uid), "" when it may.
+    std::string fullFor(std::uint32_t uid) const;
     void forget(std::uint64_t id);
 
     boost::asio::io_context& io_;

@@ -289,3 +289,207 @@ TEST_CASE("hostile peers on the peer port are refused by name while a live group
     std::remove(cfgPath.c_str());
     ::rmdir(dir);
 }
+
+// The daemon's socket path (issue 15): checked before anything is touched,
+// whether it comes from --socket or the config file. Nothing but a stale
+// socket is ever removed, and no directory is created.
+namespace {
+
+// tpfabricd with `args` (its log merged into the output), expected to exit by itself.
+Child daemonOnce(const std::vector<std::string>& args) {
+    std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", envPath("TPF_DAEMON"), "--foreground"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child c = spawn(argv);
+    CHECK(waitAll({&c}, 20000)); // it exits at once; killed (137) otherwise
+    return c;
+}
+
+std::string slurp(const std::string& path) {
+    std::string s;
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+        char buf[256];
+        for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) s.append(buf, n);
+        std::fclose(f);
+    }
+    return s;
+}
+
+} // namespace
+
+TEST_CASE("the daemon's socket path is checked before anything is touched") {
+    char tmpl[] = "/tmp/tpf-sockpath-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl));
+    const std::string dir = tmpl;
+
+    SECTION("too long for sun_path: exit 2 naming the limit, from --socket and from the config file") {
+        const std::string longPath = dir + "/" + std::string(120, 's') + ".sock";
+        Child c = daemonOnce({"--socket", longPath});
+        INFO(c.output);
+        CHECK(exitCode(c) == 2);
+        CHECK(c.output.find("a Unix socket path holds at most 107") != std::string::npos);
+        const std::string cfg = dir + "/long.toml";
+        FILE* f = std::fopen(cfg.c_str(), "w");
+        std::fprintf(f, "[daemon]\nsocket = \"%s\"\n", longPath.c_str());
+        std::fclose(f);
+        Child d = daemonOnce({"--config", cfg});
+        INFO(d.output);
+        CHECK(exitCode(d) == 2);
+        CHECK(d.output.find("daemon.socket") != std::string::npos);
+        std::remove(cfg.c_str());
+    }
+    SECTION("a regular file or a directory there: exit 2, left as it was") {
+        const std::string file = dir + "/notes.txt";
+        FILE* f = std::fopen(file.c_str(), "w");
+        std::fputs("an operator's notes\n", f);
+        std::fclose(f);
+        Child c = daemonOnce({"--socket", file});
+        INFO(c.output);
+        CHECK(exitCode(c) == 2);
+        CHECK(c.output.find("exists and is not a socket (a regular file)") != std::string::npos);
+        CHECK(slurp(file) == "an operator's notes\n");
+        std::remove(file.c_str());
+        const std::string sub = dir + "/a-directory";
+        REQUIRE(::mkdir(sub.c_str(), 0700) == 0);
+        Child d = daemonOnce({"--socket", sub});
+        INFO(d.output);
+        CHECK(exitCode(d) == 2);
+        CHECK(d.output.find("(a directory)") != std::string::npos);
+        struct stat st {};
+        CHECK((::stat(sub.c_str(), &st) == 0 && S_ISDIR(st.st_mode)));
+        ::rmdir(sub.c_str());
+    }
+    SECTION("a missing directory: exit 2, none created") {
+        const std::string missing = dir + "/no-such-dir";
+        Child c = daemonOnce({"--socket", missing + "/d.sock"});
+        INFO(c.output);
+        CHECK(exitCode(c) == 2);
+        CHECK(c.output.find("its directory " + missing + " does not exist") != std::string::npos);
+        struct stat st {};
+        CHECK(::stat(missing.c_str(), &st) != 0);
+    }
+    SECTION("a socket another daemon serves: exit 1, the first serves on; a stale one: replaced") {
+        Daemon d;
+        Child c = daemonOnce({"--socket", d.socket()});
+        INFO(c.output);
+        CHECK(exitCode(c) == 1);
+        CHECK(c.output.find("another tpfabricd is serving " + d.socket()) != std::string::npos);
+        CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
+        d.signal(SIGKILL); // leaves the socket file behind
+        struct stat st {};
+        REQUIRE((::lstat(d.socket().c_str(), &st) == 0 && S_ISSOCK(st.st_mode)));
+        d.restart();
+        CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
+        CHECK(d.stop() == 0);
+    }
+    ::rmdir(dir.c_str());
+}
+
+// Idle and surplus clients (issue 15): a connection that sends no whole first
+// message within daemon.message_timeout_ms is dropped, and clients over
+// daemon.max_clients or one uid's share are told Busy before the close, so a
+// rank reports it by name instead of a lost daemon.
+namespace {
+
+// A control client that said Hello and stays connected (it is no idle one).
+UniqueFd heldClient(const std::string& socket) {
+    auto fd = connectUnix(socket);
+    REQUIRE(fd.ok());
+    REQUIRE(sendMessage(fd->get(), encode(kHello, 1, Hello{kRoleControl, 0, 0}), {}, 2000).ok());
+    auto m = receiveMessage(fd->get(), kReplySpec, 3000);
+    REQUIRE(m.ok());
+    REQUIRE(m->header.opcode == kHelloReply);
+    return std::move(*fd);
+}
+
+// The ErrorReply a fresh connection gets before any request: "NAME: message".
+std::string refusalOnConnect(const std::string& socket) {
+    auto fd = connectUnix(socket);
+    REQUIRE(fd.ok());
+    auto m = receiveMessage(fd->get(), kReplySpec, 5000);
+    if (!m) return "no reply: " + m.error().describe();
+    if (m->header.opcode != kErrorReply) return "opcode " + std::to_string(m->header.opcode);
+    auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
+    REQUIRE(e.ok());
+    CHECK(receiveMessage(fd->get(), kReplySpec, 3000).code() == Errc::DaemonLost); // closed after it
+    return e->message;
+}
+
+std::string writeConfig(const std::string& dir, const std::string& text) {
+    const std::string path = dir + "/d.toml";
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    return path;
+}
+
+} // namespace
+
+TEST_CASE("idle clients are dropped and surplus clients are told Busy") {
+    char tmpl[] = "/tmp/tpf-busy-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl));
+    const std::string dir = tmpl;
+
+    SECTION("a connection that sends nothing is refused with Timeout after daemon.message_timeout_ms") {
+        const std::string cfg = writeConfig(dir, "[daemon]\nmessage_timeout_ms = 300\n");
+        Daemon d({"--config", cfg});
+        CHECK(refusalOnConnect(d.socket()) == "Timeout: sent no message within 300 ms of connecting (daemon.message_timeout_ms)");
+        // One that said Hello is no idle one: it stays past the timeout and is served.
+        UniqueFd held = heldClient(d.socket());
+        ::usleep(600 * 1000);
+        CHECK(sendMessage(held.get(), encode(kStatusRequest, 2, StatusRequest{0, 0}), {}, 2000).ok());
+        auto m = receiveMessage(held.get(), kReplySpec, 3000);
+        REQUIRE(m.ok());
+        CHECK(m->header.opcode == kStatusReply);
+        CHECK(d.log().find("refused: Timeout: sent no message within 300 ms of connecting") != std::string::npos);
+        CHECK(d.stop() == 0);
+        std::remove(cfg.c_str());
+    }
+    SECTION("over daemon.max_clients: Busy, to a raw client, tpfabricctl and ranks") {
+        const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 2\n");
+        Daemon d({"--config", cfg});
+        UniqueFd a = heldClient(d.socket()), b = heldClient(d.socket());
+        CHECK(refusalOnConnect(d.socket()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients)");
+        Child ctl = spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", envPath("TPF_CTL"), "--socket", d.socket(), "status"});
+        REQUIRE(waitAll({&ctl}, 20000));
+        INFO(ctl.output);
+        CHECK(exitCode(ctl) == 1);
+        CHECK(ctl.output.find("refused Hello: Busy: tpfabricd serves 2 clients") != std::string::npos);
+        auto run = startRanks(d, 2, {"--iters", "10"});
+        std::vector<Child*> all;
+        for (auto& c : run.ranks) all.push_back(&c);
+        REQUIRE(waitAll(all, 20000));
+        for (std::uint32_t r = 0; r < 2; ++r) {
+            INFO(run.line(r));
+            CHECK(run.line(r).find("error=Unavailable") != std::string::npos);
+            CHECK(run.line(r).find("DaemonLost") == std::string::npos);
+        }
+        // Each refused rank names Busy; the other learns that it had no usable daemon.
+        CHECK((run.line(0) + run.line(1)).find("Busy: daemon refused: tpfabricd serves 2 clients") != std::string::npos);
+        // Room again: a group opens.
+        a.reset();
+        b.reset();
+        ::usleep(100 * 1000);
+        auto again = startRanks(d, 2, {"--iters", "10"});
+        std::vector<Child*> all2;
+        for (auto& c : again.ranks) all2.push_back(&c);
+        REQUIRE(waitAll(all2, 60000));
+        CHECK(again.line(0) == "RESULT rank=0 ok calls=10");
+        CHECK(again.line(1) == "RESULT rank=1 ok calls=10");
+        CHECK(d.stop() == 0);
+        std::remove(cfg.c_str());
+    }
+    SECTION("over daemon.max_clients_per_uid: Busy naming the uid's share") {
+        const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 8\nmax_clients_per_uid = 2\n");
+        Daemon d({"--config", cfg});
+        UniqueFd a = heldClient(d.socket()), b = heldClient(d.socket());
+        CHECK(refusalOnConnect(d.socket()) == "Busy: uid " + std::to_string(::getuid()) +
+                                                  " has 2 connections to tpfabricd, its share (daemon.max_clients_per_uid)");
+        a.reset();
+        ::usleep(100 * 1000);
+        CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
+        CHECK(d.log().find("Busy: uid") != std::string::npos);
+        CHECK(d.stop() == 0);
+        std::remove(cfg.c_str());
+    }
+    ::rmdir(dir.c_str());
+}

@@ -68,7 +68,7 @@ struct EnvVar {
 /// added to DaemonConfig, so a new key cannot be left out of this comparison.
 void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19,
-                                  f20, f21] = a;
+                                  f20, f21, f22] = a;
     CHECK(a.socketPath == b.socketPath);
     CHECK(a.socketGroup == b.socketGroup);
     CHECK(a.logLevel == b.logLevel);
@@ -76,6 +76,7 @@ void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     CHECK(a.ringEntries == b.ringEntries);
     CHECK(a.openTimeoutMs == b.openTimeoutMs);
     CHECK(a.maxClients == b.maxClients);
+    CHECK(a.maxClientsPerUid == b.maxClientsPerUid);
     CHECK(a.messageTimeoutMs == b.messageTimeoutMs);
     CHECK(a.maxGroups == b.maxGroups);
     CHECK(a.maxRegionBytes == b.maxRegionBytes);
@@ -102,6 +103,7 @@ TEST_CASE("defaults are the documented values") {
     CHECK(c.ringEntries == 64);
     CHECK(c.openTimeoutMs == 30000);
     CHECK(c.maxClients == 256);
+    CHECK(c.maxClientsPerUid == 128);
     CHECK(c.messageTimeoutMs == 5000);
     CHECK(c.maxGroups == 64);
     CHECK(c.maxRegionBytes == 16ull << 30);
@@ -136,6 +138,7 @@ max_bytes = "4MiB"
 ring_entries = 256
 open_timeout_ms = 1000
 max_clients = 17
+max_clients_per_uid = 5
 message_timeout_ms = 1500
 max_groups = 9
 max_region_bytes = "2GiB"
@@ -163,6 +166,7 @@ qp_timeout_ms = 9000
     CHECK(c.ringEntries == 256);
     CHECK(c.openTimeoutMs == 1000);
     CHECK(c.maxClients == 17);
+    CHECK(c.maxClientsPerUid == 5);
     CHECK(c.messageTimeoutMs == 1500);
     CHECK(c.maxGroups == 9);
     CHECK(c.maxRegionBytes == 2ull << 30);
@@ -180,7 +184,7 @@ qp_timeout_ms = 9000
 
 TEST_CASE("values at the ends of their ranges are accepted") {
     auto c = load("[daemon]\nmax_bytes = 4096\nring_entries = 8\nopen_timeout_ms = 100\nmax_clients = 1\n"
-                  "message_timeout_ms = 100\n"
+                  "max_clients_per_uid = 1\nmessage_timeout_ms = 100\n"
                   "max_groups = 1\nmax_region_bytes = \"1MiB\"\n"
                   "[proxy]\ncpu = 0\nspin_us = 0\nheartbeat_ms = 10\n"
                   "[peer]\nport = 1\nconnect_timeout_ms = 100\n[verbs]\ninflight_bytes = \"4KiB\"\nqp_timeout_ms = 100\n");
@@ -190,7 +194,7 @@ TEST_CASE("values at the ends of their ranges are accepted") {
     CHECK(c.proxyCpu == 0);
     CHECK(c.peerPort == 1);
     c = load("[daemon]\nmax_bytes = \"1GiB\"\nring_entries = 4096\nopen_timeout_ms = 600000\nmax_clients = 65536\n"
-             "message_timeout_ms = 600000\n"
+             "max_clients_per_uid = 65536\nmessage_timeout_ms = 600000\n"
              "max_groups = 4096\nmax_region_bytes = \"1024GiB\"\n"
              "[proxy]\ncpu = 4095\nspin_us = 1000000\nheartbeat_ms = 10000\n"
              "[peer]\nlisten = \"fd00::1\"\nport = 65535\nconnect_timeout_ms = 600000\n"
@@ -262,6 +266,9 @@ TEST_CASE("every bad value is refused with one line naming the key and what is a
         {"daemon", "max_clients = 0", "daemon.max_clients", "from 1 to 65536"},
         {"daemon", "max_clients = 65537", "daemon.max_clients", "from 1 to 65536"},
         {"daemon", "max_clients = -1", "daemon.max_clients", "from 1 to 65536"},
+        {"daemon", "max_clients_per_uid = 0", "daemon.max_clients_per_uid", "from 1 to 65536"},
+        {"daemon", "max_clients_per_uid = 65537", "daemon.max_clients_per_uid", "from 1 to 65536"},
+        {"daemon", "max_clients_per_uid = \"8\"", "daemon.max_clients_per_uid", "from 1 to 65536"},
         {"daemon", "max_groups = 0", "daemon.max_groups", "from 1 to 4096"},
         {"daemon", "max_groups = 4097", "daemon.max_groups", "from 1 to 4096"},
         {"daemon", "max_region_bytes = \"1023KiB\"", "daemon.max_region_bytes", "1MiB to 1024GiB"},
@@ -398,7 +405,7 @@ TEST_CASE("the shipped example documents exactly the defaults") {
     buf << std::ifstream(path).rdbuf();
     const std::string text = buf.str();
     for (const char* key : {"socket", "socket_group", "log_level", "max_bytes", "ring_entries", "open_timeout_ms",
-                            "max_clients", "max_groups", "max_region_bytes", "cpu", "spin_us", "heartbeat_ms",
+                            "max_clients", "max_clients_per_uid", "message_timeout_ms", "max_groups", "max_region_bytes", "cpu", "spin_us", "heartbeat_ms",
                             "listen", "port", "key_file", "connect_timeout_ms", "hcas", "inflight_bytes",
                             "qp_timeout_ms"}) {
         INFO(key);
