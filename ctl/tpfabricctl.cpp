@@ -107,30 +107,32 @@ int main(int argc, char** argv) {
     layout->add_option("--stripes", stripes, "HCA pairs between two nodes (1..8)")->capture_default_str();
     layout->add_flag("--json", json, "print JSON instead of a table");
 
+    // Options of the daemon's commands, accepted before or after the command:
+    // `tpfabricctl --socket S status` and `tpfabricctl status --socket S`.
     std::string socketPath = tpf::ctl::defaultSocketPath();
     int timeoutMs = 5000;
+    const std::string socketHelp = std::string("tpfabricd's control socket (default: $") + tpf::ctl::kSocketEnv +
+                                   " if set, else " + tpf::ctl::kDefaultSocketPath + ")";
+    const std::string timeoutHelp = "how long to wait for the daemon's answers, 1..600000";
+    const auto addDaemonOptions = [&](CLI::App& to) {
+        to.add_option("--socket", socketPath, socketHelp)->group("Daemon options (before or after the command)");
+        to.add_option("--timeout-ms", timeoutMs, timeoutHelp)
+            ->check(CLI::Range(1, 600000))
+            ->capture_default_str()
+            ->group("Daemon options (before or after the command)");
+    };
+    addDaemonOptions(app);
+
     bool statusJson = false;
     auto* status = app.add_subcommand("status", "show tpfabricd's HCAs, peers, groups and registered memory");
-    status->add_option("--socket", socketPath,
-                       std::string("tpfabricd's control socket (default: $") + tpf::ctl::kSocketEnv +
-                           " if set, else " + tpf::ctl::kDefaultSocketPath + ")");
+    addDaemonOptions(*status);
     status->add_flag("--json", statusJson, "print the daemon's status document as JSON (docs/status.md)");
-    status->add_option("--timeout-ms", timeoutMs, "how long to wait for the daemon's answers, 1..600000")
-        ->check(CLI::Range(1, 600000))
-        ->capture_default_str();
     status->footer("Exit status: 0 printed; 1 the daemon could not be reached, refused, or answered garbage or "
                    "too late (one line on stderr says what and what to do); 2 bad usage.");
 
-    std::string metricsSocket = tpf::ctl::defaultSocketPath();
-    int metricsTimeoutMs = 5000;
     auto* metrics = app.add_subcommand(
         "metrics", "print tpfabricd's counters and gauges in the Prometheus text format (docs/operations.md, Metrics)");
-    metrics->add_option("--socket", metricsSocket,
-                        std::string("tpfabricd's control socket (default: $") + tpf::ctl::kSocketEnv + " if set, else " +
-                            tpf::ctl::kDefaultSocketPath + ")");
-    metrics->add_option("--timeout-ms", metricsTimeoutMs, "how long to wait for the daemon's answers, 1..600000")
-        ->check(CLI::Range(1, 600000))
-        ->capture_default_str();
+    addDaemonOptions(*metrics);
     metrics->footer("Counters count since the daemon started (tpfabric_daemon_start_time_seconds). Serve the output "
                     "with node exporter's textfile collector or any scraper that runs this command.\n"
                     "Exit status: 0 printed; 1 the daemon could not be reached, refused, or answered garbage or too "
@@ -147,6 +149,6 @@ int main(int argc, char** argv) {
     }
     if (*layout) return runLayout(world, maxBytes, stripes, json);
     if (*status) return runStatus(socketPath, timeoutMs, statusJson);
-    if (*metrics) return runMetrics(metricsSocket, metricsTimeoutMs);
+    if (*metrics) return runMetrics(socketPath, timeoutMs);
     return 2;
 }

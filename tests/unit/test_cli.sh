@@ -3,7 +3,9 @@
 # the program (the unit's RestartPreventExitStatus=2 relies on it), --help and
 # --version exit 0, and `tpfabricd --check-config FILE` validates a file:
 # 0 for a good one (the shipped example among them), 2 naming the key for a
-# bad one, 2 for a missing one. Nothing here starts a daemon.
+# bad one, 2 for a missing one. tpfabricctl's daemon options (--socket,
+# --timeout-ms) go before or after the command; tpfabricd's socket path is
+# checked before anything starts. Nothing here starts a daemon.
 # Usage: test_cli.sh TPFABRICD TPFABRICCTL   (TPF_SOURCE_ROOT: the source tree)
 set -u
 d=$1 ctl=$2
@@ -52,6 +54,32 @@ expect 2 "^tpfabricctl: " "$ctl" --no-such-flag
 expect 2 "^tpfabricctl: " "$ctl"
 expect 2 "^tpfabricctl: " "$ctl" status --json --bogus
 expect 2 "^tpfabricctl: " "$ctl" layout --world 99
+
+# Daemon options before or after the command; no daemon at $tmp/none.sock.
+expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" status
+expect 1 "^tpfabricctl: .*none\.sock" "$ctl" status --socket "$tmp/none.sock"
+expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" --timeout-ms 100 metrics
+expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --timeout-ms 100 metrics --socket "$tmp/none.sock"
+expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" status --json
+expect 2 "^tpfabricctl: --timeout-ms" "$ctl" --timeout-ms 0 status
+expect 2 "^tpfabricctl: --timeout-ms" "$ctl" status --timeout-ms 0
+expect 0 "Daemon options" "$ctl" status --help
+
+# The socket path: too long for sun_path, or something that is not a socket
+# (left alone), or a missing directory (none created): exit 2 before anything
+# starts (`timeout`: a daemon that starts anyway fails the check, 124, not the run).
+expect 2 "at most 107" timeout 10 "$d" --foreground --socket "$tmp/$(printf '%0120d' 0).sock"
+printf 'keep me\n' >"$tmp/notes"
+expect 2 "notes exists and is not a socket" timeout 10 "$d" --foreground --socket "$tmp/notes"
+if [ "$(cat "$tmp/notes")" != "keep me" ]; then
+    echo "FAIL: tpfabricd --socket $tmp/notes changed the file"
+    fails=$((fails + 1))
+fi
+expect 2 "no-such-dir does not exist" timeout 10 "$d" --foreground --socket "$tmp/no-such-dir/d.sock"
+if [ -e "$tmp/no-such-dir" ]; then
+    echo "FAIL: tpfabricd created $tmp/no-such-dir"
+    fails=$((fails + 1))
+fi
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails check(s) failed"
