@@ -4,6 +4,7 @@
 // decides whether the proxy polls its ring; bad reports are refused by name.
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -191,8 +192,9 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
     Daemon d;
     auto ipc = openRaw(d, 2, kOpenGpuDoorbells);
     {
-        // Before the reports the kernels may ring (the load-time probe runs then): the proxy polls.
-        const auto doc = nlohmann::json::parse(statusJson(d.socket()));
+        // Before the reports the kernels may ring (the load-time probe runs then): the proxy polls
+        // (once it took the new table: it may still be asleep when the verdicts arrive).
+        const auto doc = statusWhen(d, [](const nlohmann::json& s) { return s["daemon"]["proxy"]["state"] == "polling"; });
         INFO(doc.dump(2));
         const auto& g = onlyGroup(doc);
         CHECK(g["buffers"] == "device");
@@ -264,6 +266,35 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
         later = beat();
     }
     CHECK(later > first);
+
+    // A doorbell of rank 0 in each group (as its kernel would ring it): the
+    // proxy carries it to a proxy-route peer (copy and flag in its host
+    // region), not to an ipc peer (the kernel stored it there itself).
+    const auto ring0 = [&](std::vector<RawRank>& g, std::uint64_t doorbellsBefore) {
+        auto region = mapShared(g[0].fds[0].get(), g[0].verdict.regionBytes, true);
+        auto peer = mapShared(g[1].fds[0].get(), g[1].verdict.regionBytes, true);
+        auto rm = mapShared(g[0].fds[1].get(), RingLayout{g[0].verdict.ringEntries}.totalBytes(), true);
+        REQUIRE((region.ok() && peer.ok() && rm.ok()));
+        const auto layout = Layout::of(2, g[0].verdict.slotBytes, g[0].verdict.stripes);
+        REQUIRE(layout.ok());
+        std::memset(region->data() + layout->slotOffset(phaseOf(1), 0), 0x5a, 16);
+        RingView view(rm->data(), RingLayout{g[0].verdict.ringEntries});
+        REQUIRE(view.push(Doorbell{1, 16, g[0].verdict.groupHandle}));
+        const std::uint64_t one = 1;
+        REQUIRE(::write(g[0].fds[2].get(), &one, sizeof one) == sizeof one);
+        const auto s = statusWhen(d, [&](const nlohmann::json& j) {
+            return j["daemon"]["proxy"]["doorbells"].get<std::uint64_t>() > doorbellsBefore;
+        });
+        REQUIRE(s["daemon"]["proxy"]["doorbells"] == doorbellsBefore + 1); // carried out (or skipped) to its end
+        const auto flag = std::atomic_ref(*reinterpret_cast<std::uint64_t*>(peer->data() + layout->flagOffset(phaseOf(1), 0, 0)))
+                              .load(std::memory_order_acquire);
+        const bool copied = peer->data()[layout->slotOffset(phaseOf(1), 0)] == 0x5a;
+        CHECK(flag == (copied ? 1u : 0u));
+        return copied;
+    };
+    const std::uint64_t before = doc["daemon"]["proxy"]["doorbells"].get<std::uint64_t>();
+    CHECK(ring0(proxied, before));
+    CHECK_FALSE(ring0(ipc, before + 1));
 
     // The proxy group leaves: the proxy sleeps again with the ipc group still open.
     proxied.clear();
