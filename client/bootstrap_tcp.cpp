@@ -297,7 +297,9 @@ Status TcpBootstrap::allGatherUntil(const void* mine, void* out, std::size_t byt
     // The root: every part, in whatever order they come, until shortly before
     // the deadline; the first rank gone or late ends the call on every rank.
     std::memcpy(o, mine, bytes);
-    const std::uint64_t partsBy = deadline > kRefuseLeadNs ? deadline - kRefuseLeadNs : 0;
+    const std::uint64_t now = monotonicNs();
+    const std::uint64_t lead = deadline > now ? std::min(kRefuseLeadNs, (deadline - now) / 2) : 0; // a short call keeps half
+    const std::uint64_t partsBy = deadline - lead;
     std::uint32_t pending = 0;
     for (std::uint32_t r = 1; r < world_; ++r) pending |= 1u << r;
     Error failure{};
@@ -310,8 +312,7 @@ Status TcpBootstrap::allGatherUntil(const void* mine, void* out, std::size_t byt
                 p[n] = pollfd{peers_[r], POLLIN, 0};
                 rankOf[n++] = r;
             }
-        const int left = msLeft(partsBy);
-        if (left == 0 || ::poll(p, n, left) == 0) {
+        if (::poll(p, n, msLeft(partsBy)) == 0) { // what already arrived is still taken once the time is up
             named = rankOf[0];
             failure = Error{Errc::Timeout, rankName(named) + " sent nothing within the deadline: it is connected but has "
                                                              "not reached the same call (for Group::open: it has not called it)"};
