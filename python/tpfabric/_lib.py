@@ -80,6 +80,7 @@ _PROTOTYPES = {
     "tpf_strerror": (_c.c_char_p, [_st]),
     "tpf_last_error": (_c.c_char_p, []),
     "tpf_version": (_c.c_char_p, []),
+    "tpf_bootstrap_time_left_ms": (_u32, []),
 }
 
 

@@ -195,3 +195,17 @@ def test_tcp_bootstrap_bad_address() -> None:
     with pytest.raises(tpfabric.Error) as e:
         tpfabric.TcpBootstrap(0, 2, "no-port-here")
     assert e.value.code > 0 and e.value.name == tpfabric.status_name(e.value.code)
+
+
+def test_every_header_function_has_a_prototype() -> None:
+    """_lib's table binds every TPF_API function of tpfabric.h (argument types checked, not guessed by ctypes)."""
+    import re
+    from pathlib import Path
+
+    header = Path(__file__).resolve().parents[2] / "include" / "tpfabric" / "tpfabric.h"
+    declared = set(re.findall(r"TPF_API[^;(]*?\b(tpf_\w+)\s*\(", header.read_text()))
+    assert declared, f"no TPF_API functions found in {header}"
+    assert declared == set(_lib._PROTOTYPES), (
+        f"in tpfabric.h only: {sorted(declared - set(_lib._PROTOTYPES))}; "
+        f"in _lib only: {sorted(set(_lib._PROTOTYPES) - declared)}"
+    )
