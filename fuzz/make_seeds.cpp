@@ -135,7 +135,6 @@ void peerSeeds() {
     g.fixed.localRanks = 0x3;
     g.fixed.caps[0] = g.fixed.caps[1] = g.fixed.caps[2] = g.fixed.caps[3] = 65536;
     g.fixed.daemonMax = 512 * 1024;
-    g.fixed.daemonMax = 512 * 1024;
     HcaRecord h{};
     h.prefixLen = 120;
     h.port = 1;
