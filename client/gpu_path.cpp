@@ -182,7 +182,10 @@ Status gpuCheck(Group::Impl& g) {
                                       : "rank " + std::to_string(f.missingPeer) + " did not deliver epoch " +
                                             std::to_string(f.epoch) + " within " + std::to_string(g.options.timeout.count()) + " ms";
         break;
-    case Errc::Aborted: why = "a rank aborted the group"; break;
+    case Errc::Aborted: // the daemon names the aborter in the control block's missingPeer
+        why = f.missingPeer < g.world ? "rank " + std::to_string(f.missingPeer) + " aborted the group"
+                                      : std::string("a rank aborted the group");
+        break;
     case Errc::DaemonLost:
         why = "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait (the daemon died or hung); "
               "restart it and reopen (ipc-only groups do not need it)";
