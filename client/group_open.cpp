@@ -219,6 +219,9 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     impl->agreedCap = maxBytes;
     const bool device = options.buffers == Buffers::Device;
     void* const comm = device ? fallbackComm(options, caller) : nullptr; // the caller's own (an NcclBootstrap's)
+    // gpuAttach sees only the bounded wrapper of the caller's bootstrap, not
+    // the NcclBootstrap inside it: hand it the communicator by the options.
+    impl->options.ncclComm = comm;
     auto env = readClientEnv(); // a bad variable is reported in round 0, so that every rank fails with it
     if (env) impl->env = *env;
     if (world == 1) { // a plain copy, no daemon

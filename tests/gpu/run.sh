@@ -9,7 +9,7 @@
 # The multi-process tests and the benchmark need tpf-gpurank, tpfabricd and
 # tpf-gpubench in $TPF_GPU_BIN, with libtpfabric.so.0 and the .so files the
 # GPU machine lacks (libsodium.so.23, libtomlplusplus.so.3, libspdlog.so.1.10,
-# libfmt.so.9) under lib/ (docs/gpu.md). TPF_GPU_SKIP_SINGLE=1 skips the
+# libfmt.so.9; libprometheus-cpp-core.so.1.0 for tpfabricctl) under lib/ (docs/gpu.md). TPF_GPU_SKIP_SINGLE=1 skips the
 # single-process test, TPF_GPU_NO_BENCH=1 the benchmark; TPF_GPU_BENCH_ONLY=1
 # runs only the one-GPU benchmark (under MPS, with the daemon), TPF_GPU_BENCH_W
 # its ipc widths (default "2 4 8").
