@@ -386,4 +386,6 @@ Status gpuFallback(Group::Impl& g, void* comm) {
     return okStatus();
 }
 
+const kernels::DeviceGroupView& testing::deviceView(const Group& g) { return GroupAccess::of(g).gpu->view; }
+
 } // namespace tpf

@@ -372,4 +372,6 @@ std::string Group::path() const { return impl_->nccl ? "nccl" : "fabric"; }
 
 std::string Group::route(std::uint32_t peer) const { return peer < impl_->world ? routeName(impl_->routes[peer]) : "none"; }
 
+const RankStats& testing::ringStats(const Group& g) { return GroupAccess::of(g).ring.stats(); }
+
 } // namespace tpf

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "client/env.hpp"
+#include "client/testing.hpp"
 #include "common/fd.hpp"
 #include "common/shm.hpp"
 #include "proto/client_msg.hpp"
@@ -83,23 +84,7 @@ struct GroupAccess {
     static const Group::Impl& of(const Group& g) { return *g.impl_; }
 };
 
-namespace testing {
-/// Test hook of the load-time probe: the probe of `rank` disagrees with the
-/// reference (-1: none). Internal: not exported from libtpfabric.so, so an
-/// installed library cannot be made to fail its probe.
-void setProbeSabotage(int rank);
-int probeSabotage();
-/// Test hook of Device groups on one machine: a node index per rank (empty:
-/// the daemon's view). Ranks of another index are treated as another node's:
-/// their route stays the proxy while same-index peers take ipc, as in a
-/// group spanning nodes. Internal, not exported.
-void setTestNodes(std::vector<std::uint32_t> nodes);
-const std::vector<std::uint32_t>& testNodes();
-/// Benchmark hook: Device groups opened after setDeviceStats(false) do not
-/// count their calls (to measure what counting costs). Internal.
-void setDeviceStats(bool on);
-bool deviceStats();
-} // namespace testing
+// Test hooks (tpf::testing): client/testing.hpp.
 
 /// GPU hooks of Group::open (client/gpu_open.cpp; client/gpu_stub.cpp without CUDA).
 /// The NCCL communicator of an NcclBootstrap, else nullptr.

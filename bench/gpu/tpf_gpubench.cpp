@@ -32,13 +32,11 @@
 #include <vector>
 
 #include "bench/gpu/bench_kernels.hpp"
-#include "client/gpu_path.hpp"
-#include "client/impl.hpp"
+#include "client/testing.hpp"
 #include "kernels/collectives.hpp"
 #include "tpf_config.h"
 #include <tpfabric/tpfabric.hpp>
 #if TPF_HAVE_NCCL
-#include "tests/gpu/nccl_comm.hpp"
 #include <tpfabric/nccl.hpp>
 #endif
 
@@ -111,7 +109,7 @@ void row(const char* what, std::uint64_t bytes, double us) {
 template <class Barrier>
 int proxyHop(Group& g, cudaStream_t st, Barrier& barrier) {
     constexpr std::uint64_t kHopCalls = 20000, kWarmup = 1000;
-    const kernels::DeviceGroupView& view = GroupAccess::of(g).gpu->view;
+    const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
     std::uint64_t* laps = nullptr;
     CK(cudaMalloc(&laps, kHopCalls * sizeof(std::uint64_t)));
     barrier();
@@ -137,7 +135,7 @@ int proxyHop(Group& g, cudaStream_t st, Barrier& barrier) {
 // --mode nccl (see the top of the file).
 int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_t* recv, std::uint8_t* recv2,
                 std::uint64_t maxBytes) {
-    auto comm = gputest::ncclCommOver(tcp);
+    auto comm = tpf::testing::ncclCommOver(tcp);
     if (!comm) return std::fprintf(stderr, "rank %u: %s\n", a.rank, comm.error().describe().c_str()), 1;
     Options o;
     o.socketPath = a.socket;

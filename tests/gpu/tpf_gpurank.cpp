@@ -46,14 +46,13 @@
 #include <thread>
 #include <vector>
 
-#include "client/impl.hpp"
+#include "client/testing.hpp"
 #include "client/reduce.hpp"
 #include "tests/gpu/rank_kernels.hpp"
 #include "tests/integration/pattern.hpp"
 #include "tpf_config.h"
 #include <tpfabric/tpfabric.hpp>
 #if TPF_HAVE_NCCL
-#include "tests/gpu/nccl_comm.hpp"
 #include <tpfabric/nccl.hpp>
 #endif
 
@@ -139,7 +138,7 @@ int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
     // The kernels counted every call; check() published the counts into the
     // ring the daemon reads (status, metrics).
     ST(g.check());
-    const RankStats& rs = GroupAccess::of(g).ring.stats();
+    const RankStats& rs = tpf::testing::ringStats(g);
     const std::uint64_t gatherBytes = 3 * (16 + 1024 + 4096 + 65536 + 16 + 512 * 1024);
     if (rs.ops[kStatsAllGather].calls != 15 || rs.ops[kStatsAllGather].bytes != gatherBytes ||
         rs.ops[kStatsAllReduceSum].calls != std::uint64_t(sums) || rs.ops[kStatsAllGather].errors != 0)
@@ -509,8 +508,8 @@ int ncclChecks(Group& g, Bootstrap& boot, cudaStream_t st, Buffers2 b, const std
     std::vector<std::uint8_t> h(2 * kMaxBytes), out(2 * kMaxBytes * W), want(2 * kMaxBytes);
     std::uint64_t it = 900, hash = 1469598103934665603ull, fabricCalls = 0, ncclCalls = 0;
     // Which calls the fabric takes: within the cap and the crossover (run.sh sets TPF_NCCL_ABOVE).
-    auto env = readClientEnv();
-    const std::uint64_t crossover = env && env->ncclAbove ? *env->ncclAbove : ~0ull;
+    const char* above = std::getenv("TPF_NCCL_ABOVE"); // run.sh passes plain bytes
+    const std::uint64_t crossover = above && *above ? std::strtoull(above, nullptr, 10) : ~0ull;
     auto viaFabric = [&](std::uint64_t size) { return g.path() == "fabric" && g.fits(size) && size <= crossover; };
     auto fnv = [&](const std::uint8_t* p, std::size_t n) {
         for (std::size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
@@ -563,7 +562,7 @@ int ncclChecks(Group& g, Bootstrap& boot, cudaStream_t st, Buffers2 b, const std
 }
 
 int scenarioNcclW(cudaStream_t st, Buffers2 b, Bootstrap& tcp) {
-    auto comm = gputest::ncclCommOver(tcp);
+    auto comm = tpf::testing::ncclCommOver(tcp);
     if (!comm) return report(false, comm.error().describe());
     auto boot = NcclBootstrap::create(*comm);
     if (!boot) return report(false, "NcclBootstrap: " + boot.error().describe());
