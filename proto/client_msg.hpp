@@ -170,7 +170,7 @@ struct Verdict {
     std::uint32_t rank;
     std::uint32_t world;
     std::uint32_t stripes;      ///< Layout stripes
-    std::uint64_t agreedCap;    ///< exact minimum of every rank's maxBytes
+    std::uint64_t agreedCap;    ///< exact minimum of every rank's maxBytes and every daemon's daemon.max_bytes
     std::uint64_t slotBytes;    ///< slotBytesFor(agreedCap)
     std::uint64_t regionBytes;  ///< Layout::totalBytes()
     std::uint32_t groupHandle;  ///< daemon-local handle, goes into every Doorbell
