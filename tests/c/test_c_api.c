@@ -557,8 +557,9 @@ static void single_process_checks(void) {
     CHECK(strlen(tpf_strerror(TPF_DAEMON_LOST)) > 10 && strstr(tpf_strerror(TPF_DAEMON_LOST), "tpfabricd") != NULL, "strerror");
     CHECK(strstr(tpf_strerror(12345), "unknown") != NULL, "strerror of an unknown code");
     CHECK(strcmp(tpf_version(), TPF_VERSION_STRING) == 0, "library %s, header %s", tpf_version(), TPF_VERSION_STRING);
-    for (int code = TPF_OK; code <= TPF_INVALID_ARGUMENT; ++code)
+    for (int code = TPF_OK; code <= TPF_BUSY; ++code)
         CHECK(strcmp(tpf_status_name(code), "Unknown") != 0, "code %d has no name", code);
+    CHECK(strcmp(tpf_status_name(TPF_BUSY), "Busy") == 0, "name of TPF_BUSY");
 }
 
 static void write_free_port(void) {
