@@ -102,7 +102,9 @@ inline std::vector<std::uint8_t> referenceSum(std::size_t count, DType t, std::u
         std::memcpy(&h, in[r].data() + i * 2, 2);
         return t == DType::BF16 ? ref::bf16ToFloat(h) : ref::f16ToFloat(h);
     };
-    std::vector<std::uint8_t> out(count * esize);
+    // 16 bytes more, cut off below: data() stays a real pointer for count 0
+    // (callers memcmp against it; memcmp's arguments must not be null).
+    std::vector<std::uint8_t> out(count * esize + 16);
     for (std::size_t i = 0; i < count; ++i) {
         float acc = load(0, i);
         for (std::uint32_t r = 1; r < world; ++r) acc += load(r, i);
@@ -113,6 +115,7 @@ inline std::vector<std::uint8_t> referenceSum(std::size_t count, DType t, std::u
             std::memcpy(out.data() + i * 2, &h, 2);
         }
     }
+    out.resize(count * esize);
     return out;
 }
 
