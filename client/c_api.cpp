@@ -38,6 +38,9 @@ tpf_status report(const Status& s) { return s ? tpf_status(TPF_OK) : report(s.er
 
 tpf_status invalid(const char* what) { return report(Error{Errc::InvalidArgument, what}); }
 
+// The last tpf_group_open of this thread returned Unavailable with a fallback allowed.
+thread_local bool lastOpenFallBack = false;
+
 // While a callback of tpf_group_open runs: the open's deadline (tpf_bootstrap_time_left_ms).
 thread_local std::optional<Bootstrap::Clock::time_point> callbackDeadline;
 
@@ -147,6 +150,7 @@ void tpf_open_options_init(tpf_open_options* options) {
 tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf_allgather_fn allgather, void* ctx,
                           const tpf_open_options* options, tpf_group** group) {
     return guarded([&]() -> tpf_status {
+        lastOpenFallBack = false;
         if (!group) return invalid("tpf_group_open: group (the out parameter) is NULL");
         *group = nullptr;
         if (!allgather) return invalid("tpf_group_open: allgather (the bootstrap callback) is NULL");
@@ -159,7 +163,10 @@ tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf
                               ? static_cast<Bootstrap&>(*static_cast<tpf_tcp_bootstrap*>(ctx)->boot)
                               : static_cast<Bootstrap&>(callback);
         auto g = Group::open(boot, rank, world, max_bytes, o);
-        if (!g) return report(g.error());
+        if (!g) {
+            lastOpenFallBack = g.error().code == Errc::Unavailable && lastOpenMayFallBack();
+            return report(g.error());
+        }
         *group = new tpf_group{std::move(*g)};
         return TPF_OK;
     });
@@ -280,6 +287,8 @@ const char* tpf_strerror(tpf_status status) {
     if (status < 0 || !errcFromWire(std::uint32_t(status), e)) return "unknown status code (not from this release of libtpfabric)";
     return errcMessage(e).data();
 }
+
+int tpf_last_open_may_fall_back(void) { return lastOpenFallBack ? 1 : 0; }
 
 const char* tpf_last_error(void) { return lastError.c_str(); }
 

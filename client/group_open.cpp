@@ -182,6 +182,9 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     return okStatus();
 }
 
+// Set by Group::open's fallBack: read by lastOpenMayFallBack() (C: tpf_last_open_may_fall_back).
+thread_local bool openMayFallBack = false;
+
 } // namespace
 
 Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -189,6 +192,7 @@ Group::~Group() { close(); }
 
 Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank, std::uint32_t world,
                                            std::uint64_t maxBytes, const Options& options) {
+    openMayFallBack = false;
     // One deadline for the whole open: every bootstrap call, every daemon request.
     const Clock::time_point deadline = Clock::now() + options.openTimeout;
     BoundedBootstrap boot(caller, deadline + kBootstrapGrace);
@@ -269,6 +273,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
             if (auto s = gpuFallback(*impl, comm); !s) return s.error();
             return std::unique_ptr<Group>(new Group(std::move(impl)));
         }
+        openMayFallBack = disabledBy != kNoPeer || !anyFallbackError;
         const char* because = disabledBy == kNoPeer && anyFallbackError ? " (TPF_FALLBACK=error)"
                               : device && !allComm ? " (no NCCL communicator to fall back to on every rank)"
                                                    : "";
@@ -339,6 +344,8 @@ void Group::close() {
     impl_->region = Mapping();
     if (impl_->failure.code == Errc::Ok) impl_->failure = Error{Errc::Closed, "the group was closed"};
 }
+
+bool lastOpenMayFallBack() { return openMayFallBack; }
 
 Status Group::abort() {
     Impl& g = *impl_;

@@ -118,6 +118,15 @@ TPF_API void tpf_open_options_init(tpf_open_options* options);
 TPF_API tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf_allgather_fn allgather,
                                   void* ctx, const tpf_open_options* options, tpf_group** group);
 
+/** After a tpf_group_open on this thread that returned TPF_UNAVAILABLE: 1
+ *  when the group agreed that a fallback is allowed (no rank asked for
+ *  TPF_FALLBACK_ERROR / TPF_FALLBACK=error, or some rank set TPF_DISABLE=1),
+ *  so the caller may take its own path, as the Python Communicator takes
+ *  torch.distributed (host buffers, and device groups without nccl_comm on
+ *  every rank, have no fallback inside the library); 0 after any other
+ *  outcome, including a successful open. */
+TPF_API int tpf_last_open_may_fall_back(void);
+
 /** Leave the group and free the handle (NULL is a no-op): every fd and
  *  mapping of the group is released before it returns. Every call on the
  *  group must have finished (device groups: the stream synchronised). */

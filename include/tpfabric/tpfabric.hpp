@@ -230,4 +230,13 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
+/// After a Group::open on this thread that returned Unavailable: true when
+/// the group agreed that a fallback is allowed (no rank asked for
+/// Fallback::Error / TPF_FALLBACK=error, or some rank set TPF_DISABLE=1), so
+/// the caller may take its own path, as the Python Communicator takes
+/// torch.distributed (host buffers and groups without an NCCL communicator
+/// have no fallback inside the library). False after any other outcome,
+/// including a successful open.
+TPF_API bool lastOpenMayFallBack();
+
 } // namespace tpf

@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _lib
 from ._buffers import DType, DTypeLike, as_dtype, host_buffer, reduce_dtype
-from .errors import Closed, Error, error_class
+from .errors import Closed, Error, Unavailable, error_class
 
 _L = _lib.lib
 _TIMEOUT, _PEER_LOST = 3, 4
@@ -188,9 +188,12 @@ class Group:
         try:
             code = _L.tpf_group_open(rank, world, max_bytes, fn, ctx, ctypes.byref(opts), ctypes.byref(handle))
             if code != _lib.OK:
+                may_fall_back = bool(_L.tpf_last_open_may_fall_back())  # this thread's, before any other call
                 try:
                     raise_status(code)
                 except Error as e:
+                    if isinstance(e, Unavailable):
+                        e.may_fall_back = may_fall_back
                     if trampoline is not None and trampoline.error is not None:
                         raise e from trampoline.error
                     raise

@@ -81,6 +81,7 @@ _PROTOTYPES = {
     "tpf_last_error": (_c.c_char_p, []),
     "tpf_version": (_c.c_char_p, []),
     "tpf_bootstrap_time_left_ms": (_u32, []),
+    "tpf_last_open_may_fall_back": (_c.c_int, []),
 }
 
 

@@ -161,9 +161,15 @@ class OutOfRange(Error, ValueError):
 
 
 class Unavailable(Error):
-    """The fabric path is refused for this group (no daemon, TPF_DISABLE=1, ...); the message says why."""
+    """The fabric path is refused for this group (no daemon, TPF_DISABLE=1, ...); the message says why.
+
+    Raised by ``Group(...)``, :attr:`may_fall_back` says whether the group
+    agreed that its caller may take its own path (``tpf_last_open_may_fall_back``):
+    False when some rank asked for ``fallback="error"`` / ``TPF_FALLBACK=error``.
+    """
 
     code, name = 15, "Unavailable"
+    may_fall_back: bool = False
 
 
 class AuthFailed(Error):

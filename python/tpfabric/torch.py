@@ -46,7 +46,6 @@ _L = _lib.lib
 _OK, _MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT = 0, 2, 7, 28
 _REFUSED = (_MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT)  # returned at once, nothing launched, group usable
 _SUM_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
-_FALLBACK_ERROR_MARK = "(TPF_FALLBACK=error)"  # the library's Unavailable detail when some rank asked for errors
 
 
 def _bootstrap_over(group: "dist.ProcessGroup", world: int, device: torch.device, into_tensor: bool) -> _RawAllGather:
@@ -155,7 +154,7 @@ class Communicator:
                     max_blocks=max_blocks,
                 )
         except Unavailable as e:
-            if e.detail.endswith(_FALLBACK_ERROR_MARK):
+            if not e.may_fall_back:
                 raise
             self.reason = e.detail
             _log.warning("tpfabric: rank %d: fabric path unavailable (%s); torch.distributed takes this group's calls",

@@ -486,6 +486,39 @@ static int rank_disabled(uint32_t rank, uint32_t world, const char* dir) {
     char want[64];
     snprintf(want, sizeof want, "TPF_DISABLE=1 on rank %u", world - 1);
     CHECK(strstr(tpf_last_error(), want) != NULL, "last error %s", tpf_last_error());
+    CHECK(tpf_last_open_may_fall_back() == 1, "TPF_DISABLE allows a fallback whatever the policy");
+    return 0;
+}
+
+/* No daemon on the socket, rank 0 asks for errors instead of a fallback:
+ * Unavailable on every rank, and tpf_last_open_may_fall_back() says 0 on
+ * every rank; the same group with every rank allowing a fallback says 1. */
+static int rank_fallback_policy(uint32_t rank, uint32_t world, const char* dir) {
+    for (int pass = 0; pass < 2; ++pass) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s/pass%d", dir, pass);
+        mkdir(sub, 0700);
+        struct file_store store;
+        memset(&store, 0, sizeof store);
+        snprintf(store.dir, sizeof store.dir, "%s", sub);
+        store.rank = rank;
+        store.world = world;
+        store.fail_at = -1;
+        tpf_open_options o;
+        tpf_open_options_init(&o);
+        o.socket_path = "/nonexistent/tpfabricd.sock";
+        o.fallback = pass == 0 && rank == 0 ? TPF_FALLBACK_ERROR : TPF_FALLBACK_NCCL;
+        tpf_group* g = NULL;
+        CHECK_STATUS(tpf_group_open(rank, world, 4096, store_allgather, &store, &o, &g), TPF_UNAVAILABLE);
+        const int want = pass == 0 ? 0 : 1;
+        CHECK(tpf_last_open_may_fall_back() == want, "pass %d: tpf_last_open_may_fall_back() %d, want %d (%s)", pass,
+              tpf_last_open_may_fall_back(), want, tpf_last_error());
+    }
+    /* Any later call that is not an Unavailable open resets it. */
+    tpf_group* g = NULL;
+    CHECK_STATUS(tpf_group_open(rank, world, 4096, store_allgather, NULL, NULL, NULL), TPF_INVALID_ARGUMENT);
+    CHECK(tpf_last_open_may_fall_back() == 0, "a refused open argument resets tpf_last_open_may_fall_back()");
+    (void)g;
     return 0;
 }
 
@@ -616,6 +649,7 @@ int main(void) {
         CHECK(before > 0 && after == before, "the daemon logged %d connections before the TPF_DISABLE group, %d after",
               before, after);
     }
+    run_ranks("fallback policy W=2", 2, rank_fallback_policy, 30000);
     write_free_port();
     run_ranks("TCP bootstrap W=2", 2, rank_tcp, 60000);
     stop_daemon();

@@ -207,6 +207,8 @@ def rank_open_fails(rank: int, world: int, sock: str, port: int, want: str, text
         tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock)
     assert e.value.name == want, str(e.value)
     assert text in str(e.value), str(e.value)
+    if want == "Unavailable":  # no rank asked for fallback="error": the caller may take its own path
+        assert e.value.may_fall_back is True, str(e.value)
     return str(e.value)
 
 
