@@ -33,6 +33,12 @@ public:
     std::uint32_t rank() const override { return rank_; }
     std::uint32_t world() const override { return world_; }
     Status allGather(const void* mine, void* out, std::size_t bytes) override;
+    /// Returns by `deadline`: Timeout when the all-gather did not complete
+    /// (a rank of the communicator never called open, or is stuck). The
+    /// collective cannot be withdrawn: the communicator is then wedged, this
+    /// bootstrap refuses every later call, and the caller must
+    /// ncclCommAbort the communicator (and may destroy this bootstrap).
+    Status allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point deadline) override;
     ncclComm_t comm() const { return comm_; }
 
 private:
@@ -42,6 +48,7 @@ private:
     CUstream_st* stream_ = nullptr;
     void* scratch_ = nullptr;      ///< device: world * bytes of the largest call so far
     std::size_t scratchBytes_ = 0;
+    bool wedged_ = false;          ///< an all-gather passed its deadline and is still pending
 };
 
 } // namespace tpf

@@ -15,6 +15,8 @@
 # its ipc widths (default "2 4 8").
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
+# The MPS suite ends with the chaos run (tests/gpu/chaos.sh; TPF_GPU_CHAOS_SECONDS,
+# default 60; TPF_GPU_CHAOS_SEED replays one; TPF_GPU_NO_CHAOS=1 skips it).
 # Last, the torch Communicator's suite (tests/gpu/python/run.sh; TPF_GPU_NO_PYTHON=1 skips it).
 # Several GPUs (nvidia-smi -L lists N >= 2): first, with no MPS, one rank
 # process per GPU (rank r on GPU r % N): the scenarios at W = N, the NCCL
@@ -187,6 +189,7 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   nccl_case probe-fails nccl-fallback "$sock" TPF_PROBE_SABOTAGE=1
   nccl_case probe-fails-error nccl-error "$sock" TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error
   nccl_case daemon-stopped-error nccl-error "$xdir/stopped.sock" TPF_FALLBACK=error
+  nccl_case late-rank nccl-late "$sock"
   # TPF_DISABLE=1 on the last rank only: NCCL on every rank, and no rank connects to the daemon.
   start_daemon "$xdir/disabled.sock" "$logdir/tpfabricd-disabled.log" --log-level debug && xpid=$started
   nccl_case disabled nccl-disabled "$xdir/disabled.sock"
@@ -291,6 +294,11 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
     judge 1; echo "FAIL gpu-multiprocess daemonkill: the daemon did not start"
   fi
   rm -rf "$dkdir"
+  # The chaos run (tests/gpu/chaos.sh): random kills, stalls, aborts and daemon kills under W = 2..4 groups.
+  if [ -z "${TPF_GPU_NO_CHAOS:-}" ]; then
+    . tests/gpu/chaos.sh
+    tpf_gpu_chaos
+  fi
   (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); judge $?
   echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
   grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'

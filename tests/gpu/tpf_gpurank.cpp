@@ -20,6 +20,10 @@
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
 //   stall      the last rank never posts call 3: the others get Timeout naming it
+//   chaos      calls back to back (gather / f32 sum, 4 KiB and 64 KiB, each checked; a failed call
+//              must leave its 0xa5 output untouched) for --seconds or until one fails; READY after 5
+//              calls; SIGUSR1 makes the rank abort the group. Prints outcome=none|ERRC, the failed call's
+//              ms and detail; tests/gpu/chaos.sh injects the event and judges the outcomes
 //   probefail  TPF_PROBE_SABOTAGE on the last rank: open fails on every rank (TPF_FALLBACK=error)
 //   nccl1      world 1 over an NcclBootstrap: above-cap calls go to NCCL
 // Over an NcclBootstrap of W processes, one per GPU (run.sh on a machine of
@@ -30,6 +34,8 @@
 //   nccl-error     as nccl-fallback with TPF_FALLBACK=error: open fails with Unavailable on every rank
 //   nccl-refuse    holds the daemon's only group (daemon.max_groups = 1) over the TCP bootstrap, then
 //                  opens over NCCL: the daemon refuses, every rank falls back to NCCL
+//   nccl-late      the last rank never calls open: the others' open ends Timeout within openTimeout (2 s)
+//                  + 1 s (the NcclBootstrap's all-gather is bounded by the open's deadline)
 //   nccl-disabled  the last rank sets TPF_DISABLE=1: every rank opens in NCCL mode without the daemon
 //                  (run.sh checks the daemon's debug log saw no connection); the same checks
 #include <cuda_runtime.h>
@@ -38,6 +44,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +71,7 @@ namespace {
 struct Args {
     std::string socket, bootstrap, scenario = "data", route = "auto";
     std::uint32_t rank = 0, world = 2, timeoutMs = 5000;
+    double seconds = 6; ///< chaos: how long to run calls when nothing fails
     std::uint64_t maxBytes = 512 * 1024;
     int device = -1; ///< -1: rank % visible devices
 };
@@ -427,6 +435,81 @@ int scenarioB2b(Group& g, cudaStream_t st, Buffers2 b) {
     return report(true, buf);
 }
 
+// chaos: calls until --seconds pass or one fails (tests/gpu/chaos.sh kills,
+// stops, aborts or kills the daemon meanwhile). Every successful call is
+// checked on the host, a failed one must have written nothing. The rank
+// judges only what it alone can (right bytes, nothing written on failure, a
+// named error); chaos.sh judges the outcome against the event and the time.
+volatile std::sig_atomic_t abortRequested = 0;
+int scenarioChaos(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    std::signal(SIGUSR1, [](int) { abortRequested = 1; });
+    const std::uint64_t sizes[2] = {4096, 65536};
+    std::vector<std::uint8_t> out(65536 * W);
+    std::vector<float> sum(65536 / 4);
+    const auto start = std::chrono::steady_clock::now();
+    std::uint64_t call = 0;
+    for (;; ++call) {
+        if (call == 5) std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
+        if (abortRequested == 1) {
+            abortRequested = 2;
+            const Status s = g.abort();
+            std::printf("ABORTED rank=%u abort=%s\n", a.rank, std::string(errcName(s.code())).c_str()), std::fflush(stdout);
+        }
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > a.seconds && abortRequested == 0)
+            break;
+        const std::uint64_t size = sizes[(call / 2) % 2];
+        const bool gather = call % 2 == 0;
+        const std::uint64_t outBytes = gather ? size * W : size;
+        if (gather) gputest::fillShard(b.send, size, call, g.rank(), st);
+        else gputest::fillInts(reinterpret_cast<float*>(b.send), size / 4, call, g.rank(), st);
+        CK(cudaMemsetAsync(b.recv, 0xa5, outBytes, st));
+        CK(cudaStreamSynchronize(st));
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status posted = gather ? g.allGather(b.send, b.recv, size, st)
+                                     : g.allReduceSum(b.send, b.recv, size / 4, DType::F32, st);
+        CK(cudaStreamSynchronize(st));
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const Status s = posted ? g.check() : posted;
+        CK(cudaMemcpy(out.data(), b.recv, outBytes, cudaMemcpyDeviceToHost));
+        if (!s) {
+            for (std::uint64_t i = 0; i < outBytes; ++i)
+                if (out[i] != 0xa5)
+                    return report(false, "call " + std::to_string(call) + " failed (" + s.error().describe() +
+                                             ") but wrote its output at byte " + std::to_string(i));
+            const Errc c = s.code();
+            const bool named = c == Errc::PeerLost || c == Errc::DaemonLost || c == Errc::Aborted || c == Errc::Timeout;
+            char buf[512];
+            std::snprintf(buf, sizeof buf, "outcome=%s call=%llu ms=%.1f detail=%s", std::string(errcName(c)).c_str(),
+                          (unsigned long long)call, ms, s.error().detail.c_str());
+            return report(named, buf);
+        }
+        // Right bytes: the gather rows are fillShard's pattern, the sum the exact integer total.
+        std::vector<std::uint8_t> want(size);
+        if (gather) {
+            std::vector<std::uint8_t> row(size);
+            for (std::uint32_t q = 0; q < W; ++q) {
+                CK(cudaMemsetAsync(b.send + 2 * 65536, 0, size, st));
+                gputest::fillShard(b.send + 2 * 65536, size, call, q, st);
+                CK(cudaMemcpyAsync(row.data(), b.send + 2 * 65536, size, cudaMemcpyDeviceToHost, st));
+                CK(cudaStreamSynchronize(st));
+                if (std::memcmp(out.data() + q * size, row.data(), size) != 0)
+                    return report(false, "call " + std::to_string(call) + ": gather row " + std::to_string(q) + " differs");
+            }
+        } else {
+            unsigned long long* cnt = reinterpret_cast<unsigned long long*>(b.send + 3 * 65536);
+            const unsigned long long init[2] = {0, ~0ull};
+            CK(cudaMemcpyAsync(cnt, init, 16, cudaMemcpyHostToDevice, st));
+            gputest::verifySum(reinterpret_cast<float*>(b.recv), size / 4, W, call, cnt, cnt + 1, st);
+            unsigned long long res[2];
+            CK(cudaMemcpyAsync(res, cnt, 16, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            if (res[0]) return report(false, "call " + std::to_string(call) + ": " + std::to_string(res[0]) + " wrong sum words");
+        }
+    }
+    return report(true, "outcome=none calls=" + std::to_string(call));
+}
+
 // kill / stall: the last rank misbehaves at call 3; the others must fail with `want` naming it.
 int scenarioFault(Group& g, cudaStream_t st, Buffers2 b, bool kill) {
     const std::uint32_t W = g.world(), bad = W - 1;
@@ -579,6 +662,26 @@ int scenarioNcclW(cudaStream_t st, Buffers2 b, Bootstrap& tcp) {
         if (!hg) return report(false, "holder group did not open: " + hg.error().describe());
         holder = std::move(*hg);
     }
+    if (a.scenario == "nccl-late") { // the last rank never opens: the others' open ends by its deadline
+        constexpr int kOpenMs = 2000;
+        if (a.rank == a.world - 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(kOpenMs + 3000));
+            boot->reset();
+            ncclCommAbort(*comm);
+            return report(true, "late rank: never opened");
+        }
+        o.openTimeout = std::chrono::milliseconds(kOpenMs);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto late = Group::open(**boot, a.rank, a.world, a.maxBytes, o);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        boot->reset(); // a wedged bootstrap does not wait for its pending collective
+        ncclCommAbort(*comm); // the pending collective cannot be withdrawn
+        if (late) return report(false, "open succeeded without the last rank");
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "open ended after %.0f ms (bound %d + 1000): %s", ms, kOpenMs,
+                      late.error().describe().c_str());
+        return report(late.code() == Errc::Timeout && ms <= kOpenMs + 1000, buf);
+    }
     auto grp = Group::open(**boot, a.rank, a.world, a.maxBytes, o);
     int rc = 0;
     if (a.scenario == "nccl-error") {
@@ -610,6 +713,7 @@ int main(int argc, char** argv) {
     app.add_option("--timeout-ms", a.timeoutMs);
     app.add_option("--max-bytes", a.maxBytes, "the group's cap (nccl-* scenarios)");
     app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
+    app.add_option("--seconds", a.seconds, "chaos: seconds of calls when nothing fails");
     CLI11_PARSE(app, argc, argv);
     // The probe's test hook is internal to libtpfabric (not in the installed library).
     if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); sab && *sab) tpf::testing::setProbeSabotage(std::atoi(sab));
@@ -671,9 +775,9 @@ int main(int argc, char** argv) {
         if (nodes.size() < a.world) return report(false, "mixed needs TPF_TEST_NODES with a node per rank");
         std::string routes;
         for (std::uint32_t q = 0; q < a.world; ++q) {
-            const std::string want = q == a.rank ? "self" : nodes[q] == nodes[a.rank] ? "ipc" : "shm";
+            const std::string wantRoute = q == a.rank ? "self" : nodes[q] == nodes[a.rank] ? "ipc" : "shm";
             routes += (q ? "," : "") + g.route(q);
-            if (g.route(q) != want) return report(false, "route to rank " + std::to_string(q) + " is " + g.route(q) + ", wanted " + want);
+            if (g.route(q) != wantRoute) return report(false, "route to rank " + std::to_string(q) + " is " + g.route(q) + ", wanted " + wantRoute);
         }
         if (int rc = scenarioData(g, st, b); rc) return rc;
         if (int rc = scenarioOdd(g, st, b); rc) return rc;
@@ -689,5 +793,6 @@ int main(int argc, char** argv) {
     if (a.scenario == "b2b") return scenarioB2b(g, st, b);
     if (a.scenario == "kill") return scenarioFault(g, st, b, true);
     if (a.scenario == "stall") return scenarioFault(g, st, b, false);
+    if (a.scenario == "chaos") return scenarioChaos(g, st, b);
     return report(false, "unknown scenario");
 }
