@@ -6,10 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/gpu/reference.hpp"
+#include "tests/common/reference.hpp"
 #include "tests/gpu/sim_group.hpp"
 
 namespace tpf::gputest {
+
+using namespace tpf::testref; // the host references, shared with tests/integration
 
 struct Stats {
     std::uint32_t passed = 0, failed = 0;

@@ -1,12 +1,14 @@
-// Host references for the GPU collective tests: f16/bf16 conversions written
-// out bit by bit (independent of cuda_fp16.h) and rank-order sums.
+// Host references for the collective tests (GPU: tests/gpu/cases.hpp; host
+// and GPU ranks: tests/integration/pattern.hpp): f16/bf16 conversions written
+// out bit by bit (independent of cuda_fp16.h and of the library's
+// client/reduce.cpp) and rank-order sums.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-namespace tpf::gputest {
+namespace tpf::testref {
 
 inline float bitsToFloat(std::uint32_t u) {
     float f;
@@ -64,9 +66,10 @@ inline std::uint16_t floatToHalfRne(float f) {
 
 inline float bf16ToFloat(std::uint16_t b) { return bitsToFloat(std::uint32_t(b) << 16); }
 
-/// f32 -> bfloat16, round to nearest even (inputs here are never NaN).
+/// f32 -> bfloat16, round to nearest even; a NaN stays a NaN (quiet bit set).
 inline std::uint16_t floatToBf16Rne(float f) {
     const std::uint32_t u = floatToBits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);
     return std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
@@ -107,4 +110,4 @@ inline std::vector<std::uint8_t> sumRows(Elem t, const std::vector<std::vector<s
     return out;
 }
 
-} // namespace tpf::gputest
+} // namespace tpf::testref
