@@ -16,6 +16,11 @@ constexpr std::uint32_t kUnroll = 4;
 /// How long a proxy-route wait tolerates a silent daemon heartbeat before it
 /// ends DaemonLost (the proxy beats every 1 ms while such a group is open).
 constexpr std::uint64_t kDaemonSilentNs = 500ull * 1000 * 1000;
+/// A wait reads the heartbeat only once it has waited this long: a hop takes
+/// a few microseconds, and the beat's line (host memory the proxy rewrites
+/// every millisecond) would otherwise be one more PCIe read in every poll of
+/// every call. DaemonLost still comes within kDaemonSilentNs + this.
+constexpr std::uint64_t kBeatAfterNs = 50ull * 1000;
 constexpr std::uint32_t kWarp = 32;
 
 __device__ __forceinline__ bool isProxy(std::uint8_t route) { return proxyCarries(route); }
@@ -134,9 +139,12 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
             aborted = ldRelaxedSys(&v.control->abort);
             ringFull = ldRelaxedGpu(&v.state->ringFullEpoch) == e;
             if (beat) {
-                const std::uint64_t b = ldRelaxedSys(beat), now = globalTimerNs();
-                if (b != lastBeat) lastBeat = b, beatSeen = now;
-                silent = now - beatSeen > kDaemonSilentNs;
+                const std::uint64_t now = globalTimerNs();
+                if (now - t0 > kBeatAfterNs) {
+                    const std::uint64_t b = ldRelaxedSys(beat);
+                    if (b != lastBeat) lastBeat = b, beatSeen = now;
+                    silent = now - beatSeen > kDaemonSilentNs;
+                }
             }
         }
         std::uint32_t missing = kNoPeer;
