@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -66,6 +67,13 @@ bool futexWait(std::uint32_t* word, std::uint32_t expected, std::uint64_t timeou
 }
 
 void futexWakeAll(std::uint32_t* word) { ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+void wakeIfWaiting(std::uint32_t* waiters, std::uint32_t* wakeSeq) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (std::atomic_ref(*waiters).load(std::memory_order_relaxed) == 0) return;
+    std::atomic_ref(*wakeSeq).fetch_add(1, std::memory_order_seq_cst);
+    futexWakeAll(wakeSeq);
+}
 
 std::uint64_t monotonicNs() {
     timespec ts;

@@ -46,6 +46,12 @@ Result<Mapping> mapShared(int fd, std::size_t bytes, bool requireSeals);
 bool futexWait(std::uint32_t* word, std::uint32_t expected, std::uint64_t timeoutNs);
 /// Wake every sleeper on *word.
 void futexWakeAll(std::uint32_t* word);
+/// The writer's side of a region's sleep protocol (ControlBlock waiters and
+/// wakeSeq), after it stored flags: when some thread announced that it
+/// sleeps, bump *wakeSeq and wake every sleeper on it. The seq_cst fence
+/// pairs with the sleeper's seq_cst increment of *waiters before it re-checks
+/// the flags, so a sleeper either sees the flags or is woken.
+void wakeIfWaiting(std::uint32_t* waiters, std::uint32_t* wakeSeq);
 
 /// CLOCK_MONOTONIC in nanoseconds.
 std::uint64_t monotonicNs();

@@ -184,6 +184,7 @@ void replyRecord(ByteView frame, const MsgHeader& h, ByteView payload) {
     }
     case kErrorReply: fixedRecord<ErrorReply>(frame, h, payload, "ErrorReply"); break;
     case kPeerRegion: fixedRecord<PeerRegion>(frame, h, payload, "PeerRegion"); break;
+    case kPeerHostRegion: fixedRecord<PeerHostRegion>(frame, h, payload, "PeerHostRegion"); break;
     default: break; // a client ignores nothing silently: it fails the call (client/)
     }
 }

@@ -29,8 +29,13 @@ inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// breaking its group; a rank of 2 never sends it, so its daemon would poll
 /// its Device groups forever. Replies carry the sender's version, so both
 /// ends must speak 3.
-inline constexpr std::uint16_t kClientVersion = 3;
-inline constexpr std::uint16_t kClientMinVersion = 3;
+/// 4: kOpenHostDirect, Verdict.hostPeers and PeerHostRegion (same-node ranks
+/// of a Host group write into each other's regions; the proxy carries only
+/// what crosses nodes). A daemon of 3 would refuse the flag; a rank of 3
+/// would ring for every peer, so its daemon skipping same-node peers would
+/// lose shards. Both ends must speak 4.
+inline constexpr std::uint16_t kClientVersion = 4;
+inline constexpr std::uint16_t kClientMinVersion = 4;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
 inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
 
@@ -56,6 +61,7 @@ enum Opcode : std::uint16_t {
     kPeerRegion = 14,     ///< daemon -> client: PeerRegion + 1 fd (a same-node member's shared device region)
     kOpenReport = 15,     ///< client -> daemon: OpenReport; no reply
     kDeviceAttach = 16,   ///< client -> daemon: DeviceAttach; no reply
+    kPeerHostRegion = 17, ///< daemon -> client: PeerHostRegion + 1 fd (a same-node member's host region memfd)
 };
 
 /// Who connects. Hello.role.
@@ -68,6 +74,13 @@ enum OpenFlags : std::uint32_t {
     /// sleeping from its open until its DeviceAttach says no peer of it is on
     /// a proxy route (ipc only), and for as long as one is.
     kOpenGpuDoorbells = 1,
+    /// A Host group rank that writes its shards into the regions of the
+    /// group's other ranks on this node itself (the host-direct path): the
+    /// daemon sends it their region memfds (PeerHostRegion, one per rank in
+    /// Verdict.hostPeers) right after the verdict, and its proxy carries that
+    /// rank's doorbells to ranks of other nodes only. Not with
+    /// kOpenGpuDoorbells (BadMessage).
+    kOpenHostDirect = 2,
 };
 
 /// Region kind; GroupOpen.regionKind.
@@ -163,10 +176,12 @@ struct GroupOpen {
 
 /// The daemon's verdict on a GroupOpen, the same for every member. 192 bytes.
 /// When errc == 0 three fds follow: region memfd (Layout-sized), ring memfd
-/// (RingLayout-sized), proxy eventfd (write 1 to wake an idle proxy).
+/// (RingLayout-sized), proxy eventfd (write 1 to wake an idle proxy). Then,
+/// for a rank that opened with kOpenHostDirect, one PeerHostRegion message
+/// per bit of hostPeers, in rank order.
 struct Verdict {
     std::uint16_t errc;         ///< 0 = ok, else why the fabric path is unavailable
-    std::uint16_t reserved0;
+    std::uint16_t hostPeers;    ///< bit per rank whose region memfd follows (PeerHostRegion); 0 unless kOpenHostDirect
     std::uint32_t rank;
     std::uint32_t world;
     std::uint32_t stripes;      ///< Layout stripes
@@ -179,6 +194,7 @@ struct Verdict {
     char reason[128];           ///< human reason when errc != 0, NUL-terminated
 };
 static_assert(sizeof(Verdict) == 192);
+static_assert(offsetof(Verdict, hostPeers) == 2);
 static_assert(offsetof(Verdict, agreedCap) == 16);
 static_assert(offsetof(Verdict, groupHandle) == 40);
 static_assert(offsetof(Verdict, routes) == 48);
@@ -209,6 +225,20 @@ struct PeerRegion {
 static_assert(sizeof(PeerRegion) == 16);
 static_assert(offsetof(PeerRegion, bytes) == 8);
 static_assert(std::is_trivially_copyable_v<PeerRegion>);
+
+/// Another member's host region, sent by the daemon after the Verdict to a
+/// rank that opened with kOpenHostDirect (1 fd beside it: the member's sealed
+/// region memfd, to be mapped read-write, shared). The receiver copies its
+/// shard into slot (phase, its rank) of that region and release-stores the
+/// epoch into the matching flags, as the proxy would. 16 bytes.
+struct PeerHostRegion {
+    std::uint32_t rank;     ///< the member's rank in the group (a bit of Verdict.hostPeers)
+    std::uint32_t reserved; ///< 0
+    std::uint64_t bytes;    ///< its region's size: Verdict.regionBytes
+};
+static_assert(sizeof(PeerHostRegion) == 16);
+static_assert(offsetof(PeerHostRegion, bytes) == 8);
+static_assert(std::is_trivially_copyable_v<PeerHostRegion>);
 
 /// OpenReport.outcome: where a group went that did not take the fabric path.
 enum OpenOutcome : std::uint16_t {
@@ -331,8 +361,10 @@ inline Status validate(const GroupOpenFixed& m) {
         return {Errc::OutOfRange, "GroupOpen: timeout " + std::to_string(m.timeoutMs) + " ms outside 1..600000"};
     if (m.regionKind != kRegionHost && m.regionKind != kRegionDevice)
         return {Errc::OutOfRange, "GroupOpen: region kind " + std::to_string(m.regionKind)};
-    if (m.flags & ~std::uint32_t(kOpenGpuDoorbells))
+    if (m.flags & ~std::uint32_t(kOpenGpuDoorbells | kOpenHostDirect))
         return {Errc::BadMessage, "GroupOpen: unknown flags " + std::to_string(m.flags)};
+    if ((m.flags & kOpenGpuDoorbells) && (m.flags & kOpenHostDirect))
+        return {Errc::BadMessage, "GroupOpen: host-direct writes are for host buffers, not a Device group"};
     return okStatus();
 }
 
@@ -357,6 +389,17 @@ inline Status validate(const Verdict& m) {
     for (std::uint32_t r = 0; r < m.world; ++r)
         if (m.routes[r] > kLastRoute || (m.routes[r] == kRouteSelf) != (r == m.rank))
             return {Errc::OutOfRange, "Verdict: route " + std::to_string(m.routes[r]) + " for rank " + std::to_string(r)};
+    for (std::uint32_t r = 0; r < kMaxWorld; ++r)
+        if ((m.hostPeers >> r & 1u) && (r >= m.world || m.routes[r] != kRouteShm))
+            return {Errc::OutOfRange, "Verdict: host region of rank " + std::to_string(r) + ", which is no same-node peer"};
+    return okStatus();
+}
+
+inline Status validate(const PeerHostRegion& m) {
+    if (m.rank >= kMaxWorld) return {Errc::OutOfRange, "PeerHostRegion: rank " + std::to_string(m.rank)};
+    if (m.bytes == 0 || m.bytes % kSlotAlign != 0)
+        return {Errc::OutOfRange, "PeerHostRegion: " + std::to_string(m.bytes) + " bytes, not a positive number of pages"};
+    if (m.reserved) return {Errc::BadMessage, "PeerHostRegion: reserved field not 0"};
     return okStatus();
 }
 

@@ -140,6 +140,8 @@ void Connection::sendVerdict(const Verdict& v, std::vector<int> fds) {
 
 void Connection::sendPeerRegion(const PeerRegion& m, int fd) { send(encode(kPeerRegion, 0, m), {fd}); }
 
+void Connection::sendPeerHostRegion(const PeerHostRegion& m, int fd) { send(encode(kPeerHostRegion, 0, m), {fd}); }
+
 void Connection::send(Bytes bytes, const std::vector<int>& fds) {
     if (closed_) return;
     Outgoing o;

@@ -33,6 +33,7 @@ public:
 
     void sendVerdict(const client_proto::Verdict& v, std::vector<int> fds) override;
     void sendPeerRegion(const client_proto::PeerRegion& m, int fd) override;
+    void sendPeerHostRegion(const client_proto::PeerHostRegion& m, int fd) override;
     std::int32_t pid() const override { return pid_; }
     std::uint32_t uid() const override { return uid_; }
     std::uint64_t id() const { return id_; }

@@ -102,6 +102,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     g.everJoined |= 1u << f.rank;
     g.gpuDoorbells |= (f.flags & kOpenGpuDoorbells) != 0;
     g.members[f.rank] = Member{&link, link.pid(), link.uid(), nullptr, nullptr};
+    g.members[f.rank].hostDirect = (f.flags & kOpenHostDirect) != 0;
     spdlog::info("group {}: rank {} joined (pid {}, uid {})", shortId(id), f.rank, link.pid(), link.uid());
     if ((g.everJoined & g.localMask) == g.localMask) tryOpen(g);
 }
@@ -207,8 +208,16 @@ void GroupTable::finishOpen(Group& g) {
         v.groupHandle = g.handle;
         v.ringEntries = cfg_.ringEntries;
         for (std::uint32_t r = 0; r < g.world; ++r) v.routes[r] = r == rank ? kRouteSelf : g.routes[r];
+        const std::uint32_t direct = g.directPeers(rank, m);
+        v.hostPeers = std::uint16_t(direct);
         m.link->sendVerdict(v, {m.region->fd.get(), m.ring->fd.get(), proxy_.eventFd()});
+        // Every local rank joined (else no verdict), so each bit has a member.
+        for (auto& [q, peer] : g.members)
+            if (direct >> q & 1u) m.link->sendPeerHostRegion(PeerHostRegion{q, 0, g.layout.totalBytes()}, peer.region->fd.get());
     }
+    std::uint32_t writers = 0;
+    for (auto& [rank, m] : g.members) writers |= std::uint32_t(g.directPeers(rank, m) != 0) << rank;
+    if (writers) spdlog::info("group {}: ranks {:#x} write into their same-node peers' regions (host-direct)", shortId(g.id), writers);
 }
 
 void GroupTable::openTimedOut(const GroupId& id) {
@@ -380,6 +389,7 @@ std::uint64_t GroupTable::publishProxyTable() {
             ProxyRank pr{g.proxyGroup, rank, m.ring};
             pr.gpuDoorbells = g.ringsProxy(m);
             for (std::uint32_t q = 0; m.attach && q < g.world; ++q) pr.ipcPeers |= std::uint32_t(m.attach->routes[q] == kRouteIpc) << q;
+            pr.directPeers = g.directPeers(rank, m);
             table.push_back(std::move(pr));
         }
     }

@@ -34,6 +34,8 @@ public:
     virtual void sendVerdict(const client_proto::Verdict& v, std::vector<int> fds) = 0;
     /// Forward a same-group member's device region (ipc route) with its fd.
     virtual void sendPeerRegion(const client_proto::PeerRegion& m, int fd) = 0;
+    /// Hand a same-node member's host region memfd to a host-direct rank.
+    virtual void sendPeerHostRegion(const client_proto::PeerHostRegion& m, int fd) = 0;
     virtual std::int32_t pid() const = 0;
     virtual std::uint32_t uid() const = 0;
 };
@@ -88,6 +90,9 @@ public:
         std::shared_ptr<CommandRing> ring;
         /// Its DeviceAttach, once it came (Device groups only).
         std::optional<client_proto::DeviceAttach> attach{};
+        /// Opened with kOpenHostDirect (Host groups only): it writes into its
+        /// same-node peers' regions itself and holds their memfds.
+        bool hostDirect = false;
     };
     struct Group {
         GroupId id{};
@@ -113,6 +118,11 @@ public:
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its routes yet, or has a proxy-route peer.
         bool ringsProxy(const Member& m) const { return gpuDoorbells && (!m.attach || client_proto::ringsProxy(*m.attach)); }
+        /// Ranks whose region member `rank` writes itself (bit per rank): the
+        /// group's other ranks on this node, when it opened host-direct.
+        std::uint32_t directPeers(std::uint32_t rank, const Member& m) const {
+            return m.hostDirect && !gpuDoorbells ? localMask & ~(1u << rank) : 0u;
+        }
     };
     /// Every group, by id (status reads them).
     const std::map<GroupId, Group>& groups() const { return groups_; }

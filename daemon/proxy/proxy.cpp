@@ -97,7 +97,7 @@ bool Proxy::resume(ProxyRank& pr) {
     const HostRegion& src = *g.regions[pr.rank];
     for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
         const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
-        if (pr.ipcPeers >> q & 1u) continue; // the kernel stored it there itself
+        if ((pr.ipcPeers | pr.directPeers) >> q & 1u) continue; // the rank (or its kernel) stored it there itself
         if (g.routes[q] == kRouteVerbs) {
             if (!resumeVerbs(pr, q, phase, cur)) return false;
             continue;

@@ -27,11 +27,7 @@ void HostRegion::fail(Errc code, std::uint32_t missingPeer) const {
 
 void HostRegion::wakeIfWaiting() const {
     auto& c = control();
-    // Pairs with the waiter's seq_cst increment of `waiters` before it re-checks flags.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (std::atomic_ref(c.waiters).load(std::memory_order_relaxed) == 0) return;
-    std::atomic_ref(c.wakeSeq).fetch_add(1, std::memory_order_seq_cst);
-    futexWakeAll(&c.wakeSeq);
+    tpf::wakeIfWaiting(&c.waiters, &c.wakeSeq);
 }
 
 Result<std::shared_ptr<CommandRing>> CommandRing::create(std::uint32_t entries, std::uint32_t groupHandle,
