@@ -21,7 +21,7 @@ namespace {
 
 // The variables the client reads (readClientEnv below).
 constexpr std::string_view kClientNames[] = {"TPF_SOCKET", "TPF_DISABLE", "TPF_FALLBACK", "TPF_GPU_ROUTE",
-                                             "TPF_NCCL_ABOVE", "TPF_GPU_LL", "TPF_GPU_LL_CHUNKS"};
+                                             "TPF_NCCL_ABOVE", "TPF_GPU_LL", "TPF_GPU_LL_CHUNKS", "TPF_HOST_DIRECT"};
 
 // Edit distance counting a swap of neighbours as one edit (optimal string
 // alignment): TPF_DISBALE and TPF_DISABLED are both one from TPF_DISABLE.
@@ -100,6 +100,11 @@ Result<ClientEnv> readClientEnv() {
     if (const char* v = get("TPF_GPU_LL_CHUNKS")) {
         if (std::strcmp(v, "1") == 0 || std::strcmp(v, "2") == 0 || std::strcmp(v, "4") == 0) env.llChunks = std::uint32_t(*v - '0');
         else return bad("TPF_GPU_LL_CHUNKS", v, "1, 2, 4");
+    }
+    if (const char* v = get("TPF_HOST_DIRECT")) {
+        if (std::strcmp(v, "0") == 0) env.hostDirect = false;
+        else if (std::strcmp(v, "1") != 0)
+            return bad("TPF_HOST_DIRECT", v, "1 (write same-node peers' regions directly) and 0 (the proxy carries every shard)");
     }
     return env;
 }

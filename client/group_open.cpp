@@ -134,6 +134,34 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Cl
     return okStatus();
 }
 
+// Host-direct: the same-node peers' regions, one PeerHostRegion each right
+// after the verdict. Every peer the daemon did not hand over is rung for.
+Status mapPeerRegions(Group::Impl& g, const Verdict& v, Clock::time_point deadline) {
+    if (v.hostPeers && !(g.options.buffers == Buffers::Host && g.env.hostDirect))
+        return Error{Errc::BadMessage, "verdict hands over host regions this rank did not ask for"};
+    for (std::uint32_t q = 0; q < g.world; ++q) {
+        if (!(v.hostPeers >> q & 1u)) continue;
+        auto m = receiveMessage(g.socket.get(), kReplySpec, msLeft(deadline + kVerdictGrace));
+        if (!m) return m.error();
+        if (m->header.opcode != kPeerHostRegion || m->fds.size() != 1)
+            return Error{Errc::BadMessage, "expected rank " + std::to_string(q) + "'s host region after the verdict, got opcode " +
+                                               std::to_string(m->header.opcode) + " with " + std::to_string(m->fds.size()) + " fds"};
+        auto p = decodeFixed<PeerHostRegion>(m->payload, "PeerHostRegion");
+        if (!p) return p.error();
+        if (p->rank != q || p->bytes != v.regionBytes)
+            return Error{Errc::BadMessage, "host region of rank " + std::to_string(p->rank) + " (" + std::to_string(p->bytes) +
+                                               " bytes) where rank " + std::to_string(q) + "'s (" +
+                                               std::to_string(v.regionBytes) + " bytes) belongs"};
+        auto region = mapShared(m->fds[0].get(), v.regionBytes, true); // sealed against shrinking: no SIGBUS
+        if (!region) return region.error();
+        g.peerRegions[q] = std::move(*region);
+    }
+    g.directPeers = v.hostPeers;
+    g.ringsProxy = false;
+    for (std::uint32_t q = 0; q < g.world; ++q) g.ringsProxy |= q != g.rank && !(g.directPeers >> q & 1u);
+    return okStatus();
+}
+
 // Join at the daemon and map what the verdict hands over.
 Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::vector<RosterEntry>& roster,
                  Clock::time_point deadline) {
@@ -144,7 +172,9 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     open.fixed.maxBytes = roster[g.rank].maxBytes;
     open.fixed.timeoutMs = std::uint32_t(std::min(msLeft(deadline), 600000)); // the daemon refuses by then, naming who is missing
     open.fixed.regionKind = kRegionHost;
-    open.fixed.flags = g.options.buffers == Buffers::Device ? std::uint32_t(kOpenGpuDoorbells) : 0u;
+    open.fixed.flags = g.options.buffers == Buffers::Device ? std::uint32_t(kOpenGpuDoorbells)
+                       : g.env.hostDirect                   ? std::uint32_t(kOpenHostDirect)
+                                                            : 0u;
     open.roster = roster;
     auto m = request(g, encode(g.seq++, open), kVerdict, msLeft(deadline + kVerdictGrace));
     if (!m) return m.error();
@@ -179,7 +209,7 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     if (g.ring.header().magic != kRingMagic || g.ring.header().group != g.handle)
         return Error{Errc::BadMessage, "command ring header does not match the verdict"};
     g.proxyEvent = std::move(m->fds[2]);
-    return okStatus();
+    return mapPeerRegions(g, *v, deadline);
 }
 
 // Set by Group::open's fallBack: read by lastOpenMayFallBack() (C: tpf_last_open_may_fall_back).
@@ -267,6 +297,8 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
         impl->ring = RingView();
         impl->ringMap = Mapping();
         impl->region = Mapping();
+        impl->peerRegions = {};
+        impl->directPeers = 0;
         if (ncclFallback) {
             std::fprintf(stderr, "tpfabric: rank %u: fabric path unavailable (%s); NCCL takes this group's calls\n", rank,
                          why.describe().c_str());
@@ -342,6 +374,8 @@ void Group::close() {
     impl_->ring = RingView();
     impl_->ringMap = Mapping();
     impl_->region = Mapping();
+    impl_->peerRegions = {};
+    impl_->directPeers = 0;
     if (impl_->failure.code == Errc::Ok) impl_->failure = Error{Errc::Closed, "the group was closed"};
 }
 

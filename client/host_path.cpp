@@ -26,6 +26,9 @@ constexpr std::uint64_t kSleepSliceNs = 10 * 1000 * 1000; // re-check the daemon
 // How long a wait still takes shards after its group broke: deliveries the
 // daemon had begun (a proxy copy, RDMA writes in flight) land; nothing new comes.
 constexpr std::uint64_t kBrokenGraceNs = 200 * 1000 * 1000;
+// A host-direct call needs no daemon, but only the daemon sees ranks die:
+// calls look at its socket this often and end DaemonLost once it is gone.
+constexpr std::uint64_t kDaemonCheckNs = 1000 * 1000;
 
 } // namespace
 
@@ -137,18 +140,49 @@ Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t&
 Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
     const std::uint64_t e = ++epoch;
     phase = phaseOf(e);
-    const Doorbell d{e, std::uint32_t(bytes), handle};
-    const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
-    while (!ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
-        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
-        if (monotonicNs() >= deadline) return fail(Error{Errc::Timeout, "the daemon's proxy does not take doorbells"});
-        ::sched_yield();
+    if (ringsProxy) { // first, so that the proxy's RDMA writes overlap our own copies
+        const Doorbell d{e, std::uint32_t(bytes), handle};
+        const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
+        while (!ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
+            if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
+            if (monotonicNs() >= deadline) return fail(Error{Errc::Timeout, "the daemon's proxy does not take doorbells"});
+            ::sched_yield();
+        }
+        if (ring.proxyNeedsWake()) {
+            const std::uint64_t one = 1;
+            [[maybe_unused]] auto n = ::write(proxyEvent.get(), &one, sizeof one);
+        }
     }
-    if (ring.proxyNeedsWake()) {
-        const std::uint64_t one = 1;
-        [[maybe_unused]] auto n = ::write(proxyEvent.get(), &one, sizeof one);
-    }
+    if (directPeers)
+        if (auto s = writePeers(e, phase, bytes); !s) return s;
     return waitPeers(e, phase);
+}
+
+// As the proxy's shm delivery: slot, then each stripe's flag (release), then
+// a wake. Safe by the two-phase rule: this rank completed epoch e - 1, so
+// every peer has left phase(e)'s slots of epoch e - 2. Nothing is written
+// once the group broke (the proxy drops a broken group's doorbells too).
+Status Group::Impl::writePeers(std::uint64_t e, std::uint32_t phase, std::size_t bytes) {
+    if (const std::uint64_t now = monotonicNs(); now - daemonCheckedNs >= kDaemonCheckNs) {
+        daemonCheckedNs = now;
+        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection"});
+    }
+    if (std::atomic_ref(control().error).load(std::memory_order_acquire)) return okStatus(); // waitPeers reports it
+    const std::uint8_t* const src = slot(phase, rank);
+    for (std::uint32_t i = 0; i + 1 < world; ++i) {
+        const std::uint32_t q = peerAt(rank, i, world);
+        if (!(directPeers >> q & 1u)) continue;
+        std::uint8_t* const dst = peerRegions[q].data();
+        for (std::uint32_t k = 0; k < layout.stripes; ++k) {
+            const Stripe st = stripeOf(bytes, layout.stripes, k);
+            std::memcpy(dst + layout.slotOffset(phase, rank) + st.offset, src + st.offset, st.bytes);
+            std::atomic_ref(*reinterpret_cast<std::uint64_t*>(dst + layout.flagOffset(phase, rank, k)))
+                .store(e, std::memory_order_release);
+        }
+        auto& c = *reinterpret_cast<ControlBlock*>(dst + layout.controlOffset());
+        wakeIfWaiting(&c.waiters, &c.wakeSeq);
+    }
+    return okStatus();
 }
 
 Status Group::allGather(const void* send, void* recv, std::size_t bytes) {

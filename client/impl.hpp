@@ -41,6 +41,12 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     RingView ring;
     std::uint64_t epoch = 0;
     std::uint32_t seq = 1;
+    // Host-direct (Host groups, TPF_HOST_DIRECT unset or 1): the regions of
+    // the same-node peers, which this rank writes into itself.
+    std::array<Mapping, kMaxWorld> peerRegions; ///< mapped at the ranks of directPeers only
+    std::uint32_t directPeers = 0;              ///< bit per rank written directly (Verdict.hostPeers)
+    bool ringsProxy = true;                     ///< some peer is reached through the proxy: ring for each call
+    std::uint64_t daemonCheckedNs = 0;          ///< when a host-direct call last looked at the daemon's socket
 
     Error failure;   ///< sticky; code Ok while healthy
     bool closed = false;
@@ -63,6 +69,9 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// slot(phaseOf(epoch + 1), rank) itself.
     Status post(std::size_t bytes, std::uint32_t& phase);
     Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
+    /// Host-direct: the own staged shard of `epoch` into every directPeers
+    /// region, its flags, a wake; what the proxy does for the other peers.
+    Status writePeers(std::uint64_t epoch, std::uint32_t phase, std::size_t bytes);
     Status fail(Error e);
     /// allGatherV's arguments, before anything is staged: world counts, send
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.
