@@ -1,0 +1,95 @@
+// The host-direct path (docs/design.md §4): same-node ranks of a host group
+// copy their shards into each other's regions and wake each other, so the
+// daemon's proxy carries nothing for them; TPF_HOST_DIRECT=0 forces the old
+// proxy-carried path. Both must be byte/bit-exact and fail alike.
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "catch.hpp"
+#include "harness.hpp"
+
+#include "common/shm.hpp"
+
+using namespace tpf::testing;
+
+namespace {
+
+// Doorbells the daemon's proxy carried out since it started (status).
+std::uint64_t proxyDoorbells(const Daemon& d) {
+    return nlohmann::json::parse(statusJson(d.socket()))["daemon"]["proxy"]["doorbells"].get<std::uint64_t>();
+}
+
+std::vector<Child*> pointers(RankRun& run) {
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    return all;
+}
+
+} // namespace
+
+TEST_CASE("one-node host groups: byte-exact over either path; host-direct rings no doorbell, the proxy path one a call") {
+    const std::uint64_t iters = 200;
+    for (const bool direct : {true, false}) {
+        INFO((direct ? "TPF_HOST_DIRECT=1" : "TPF_HOST_DIRECT=0"));
+        Daemon d;
+        std::uint64_t calls = 0;
+        for (std::uint32_t world : {2u, 5u, 16u}) {
+            INFO("world " << world);
+            // mixed: gathers and bf16 sums; the ranks check every byte against their own reference.
+            auto run = startRanks(d, world, {"--iters", std::to_string(iters), "--sizes", "16,4096,12345", "--mode", "mixed"}, {},
+                                  {{"TPF_HOST_DIRECT", direct ? "1" : "0"}});
+            REQUIRE(waitAll(pointers(run), 300000));
+            for (std::uint32_t r = 0; r < world; ++r)
+                CHECK(run.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=" + std::to_string(iters));
+            calls += world * iters;
+        }
+        INFO("daemon log:\n" << d.log());
+        if (direct) CHECK(proxyDoorbells(d) == 0);
+        else CHECK(proxyDoorbells(d) >= calls);
+        CHECK((d.log().find("(host-direct)") != std::string::npos) == direct);
+    }
+}
+
+TEST_CASE("host-direct: a rank killed mid-run ends every other rank's call with PeerLost, not at its timeout") {
+    Daemon d;
+    const std::uint32_t world = 4, victim = 1, timeoutMs = 10000;
+    auto run = startRanks(d, world, {"--iters", "100000", "--sizes", "64,4096", "--mode", "mixed", "--timeout-ms",
+                                     std::to_string(timeoutMs)},
+                          {{victim, {"--stall-at", "300"}}}, {{"TPF_HOST_DIRECT", "1"}});
+    REQUIRE(waitForOutput(run.ranks[victim], "STALL", 120000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300)); // the others wait inside call 301
+    const std::uint64_t killedAt = tpf::monotonicNs();
+    ::kill(run.ranks[victim].pid, SIGKILL);
+    REQUIRE(waitAll(pointers(run), 30000));
+    INFO("daemon log:\n" << d.log());
+    for (std::uint32_t r = 0; r < world; ++r) {
+        if (r == victim) continue;
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(run.line(r).find("error=PeerLost calls=300 ") != std::string::npos);
+        CHECK(exitCode(run.ranks[r]) == 1); // 3: a failed call wrote into its output
+        CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
+    }
+    CHECK(proxyDoorbells(d) == 0); // the daemon saw the death by the socket alone
+}
+
+TEST_CASE("host-direct: the daemon killed while the ranks keep calling: every rank ends DaemonLost") {
+    // A one-node host-direct group needs no daemon for its data, but only the
+    // daemon sees ranks die: without it the calls end DaemonLost.
+    Daemon d;
+    const std::uint32_t world = 3, timeoutMs = 10000;
+    auto run = startRanks(d, world, {"--iters", "1000000000", "--sizes", "4096", "--timeout-ms", std::to_string(timeoutMs),
+                                     "--progress", "64"},
+                          {}, {{"TPF_HOST_DIRECT", "1"}});
+    for (auto& c : run.ranks) REQUIRE(waitForOutput(c, "PROGRESS", 120000));
+    const std::uint64_t killedAt = tpf::monotonicNs();
+    d.signal(SIGKILL);
+    REQUIRE(waitAll(pointers(run), 30000));
+    for (std::uint32_t r = 0; r < world; ++r) {
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(run.line(r).find(" error=DaemonLost ") != std::string::npos);
+        CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
+    }
+}
