@@ -137,6 +137,14 @@ std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::ui
 /// `tpf-bench floor-peer`: the answering side; memfd inherited as `fd`.
 int runFloorPeer(int fd, const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup);
 
+/// The worlds run again with the host path forced the other way
+/// (--host-path direct,proxy): TPF_HOST_DIRECT=1 or 0 in the ranks.
+struct PathRun {
+    std::string path;                                  ///< "direct" or "proxy"
+    std::vector<std::pair<std::uint32_t, Point>> rows; ///< (world, point)
+    std::vector<WorldControl> control;                 ///< one per world
+};
+
 /// Everything one `tpf-bench run` measured.
 struct Results {
     std::vector<std::uint64_t> sizes;
@@ -149,6 +157,8 @@ struct Results {
     DaemonSample idleBefore, idleAfter;               ///< no group open: before the worlds, after them
     std::string daemonHow;                            ///< how the daemon's pid was found, or why not
     std::uint32_t settleMs = 0;                       ///< wait before each daemon sample
+    std::string hostPath = "direct";                  ///< the host path of rows and control
+    std::vector<PathRun> otherPaths;                  ///< the same worlds over the other host path
 };
 
 /// The human tables (or Markdown): latency beside the floor, sum beside
@@ -161,6 +171,11 @@ std::string formatSumVsGather(const Results& r, bool markdown);
 std::string formatControl(const Results& r, bool markdown);
 /// The JSON of those two tables: "sum_vs_gather" and "control".
 void addControlJson(const Results& r, nlohmann::json& doc);
+/// Each (op, W, size) over the host-direct path beside the proxy-carried one,
+/// and the daemon's memory with each world's group open; "" without otherPaths.
+std::string formatHostPaths(const Results& r, bool markdown);
+/// Their JSON: "host_paths".
+void addHostPathsJson(const Results& r, nlohmann::json& doc);
 /// `tpf-bench reduce`: sumRowsInOrder alone, every kernel this CPU runs,
 /// beside a memcpy of the same W rows; prints a table. Returns the exit status.
 int runReduceBench(const std::vector<std::uint32_t>& worlds, const std::vector<std::uint64_t>& sizes, bool markdown);

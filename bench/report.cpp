@@ -113,6 +113,9 @@ std::string formatTable(const Results& r, bool markdown) {
             target += (target.empty() ? "" : ", ") + std::string(opName(p.op)) + " " + fmt(x) + "x (" +
                       (x <= kTargetRatio ? "met" : "missed") + ")";
         }
+    out += bullet + "host path: " + r.hostPath +
+           (r.hostPath == "direct" ? " (same-node ranks write into each other's regions; TPF_HOST_DIRECT=1)"
+                                   : " (the daemon's proxy carries every shard; TPF_HOST_DIRECT=0)") + "\n";
     out += bullet + "target: W=2 at 4 KiB within 3x the floor (p50): " +
            (target.empty() ? std::string("not measured in this run (needs --world 2 and 4KiB in --sizes)") : target) + "\n";
     out += bullet + "floor: raw two-process shared-memory ping-pong, one way = round trip / 2; each leg copies the bytes in, "
@@ -138,6 +141,7 @@ std::string formatTable(const Results& r, bool markdown) {
                             : ".") +
            "\n";
     out += "\n" + formatSumVsGather(r, markdown) + "\n" + formatControl(r, markdown);
+    if (!r.otherPaths.empty()) out += "\n" + formatHostPaths(r, markdown);
     return out;
 }
 
@@ -162,7 +166,7 @@ nlohmann::json toJson(const Results& r) {
         if (world == kTargetWorld && p.size == kTargetSize)
             target.push_back({{"op", jsonOp(p.op)}, {"ratio_p50", ratioOf(r, p)},
                               {"limit", kTargetRatio}, {"met", ratioOf(r, p) <= kTargetRatio}});
-    nlohmann::json doc = {{"bench_version", 2},
+    nlohmann::json doc = {{"bench_version", 3}, {"host_path", r.hostPath},
             {"machine", {{"cpus", onlineCpus()}, {"kernel", std::string(u.sysname) + " " + u.release},
                          {"arch", u.machine}, {"date_utc", when},
                          {"loadavg_1m_before", r.loadBefore}, {"loadavg_1m_after", r.loadAfter}}},
@@ -170,6 +174,7 @@ nlohmann::json toJson(const Results& r) {
             {"units", "microseconds; p50/p99 nearest rank over all ranks' calls"},
             {"floor", floor}, {"results", rows}, {"target", target}};
     addControlJson(r, doc);
+    addHostPathsJson(r, doc);
     return doc;
 }
 

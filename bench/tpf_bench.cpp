@@ -28,6 +28,7 @@ struct RunArgs {
     std::vector<std::uint32_t> worlds{2, 4, 8, 16};
     std::vector<std::string> sizes{"64", "256", "1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "512KiB"};
     std::vector<std::string> ops{"gather", "sum"};
+    std::vector<std::string> hostPaths{"direct"};
     std::uint64_t iters = 200, warmup = 20, floorIters = 2000, pointMs = 100, minIters = 10;
     std::uint32_t timeoutMs = 5000, spinUs = 20, holdMs = 0, deadlineS = 300;
     std::uint32_t opens = 5, idleMs = 1000, settleMs = 200;
@@ -137,27 +138,39 @@ int runCommand(const RunArgs& a) {
             res.idleBefore = sampleDaemon(daemonPid, a.idleMs);
         }
         WorldRun held;
-        for (std::size_t i = 0; i < a.worlds.size(); ++i) {
-            const bool last = i + 1 == a.worlds.size();
-            RankPlan plan{socket, "127.0.0.1:" + std::to_string(freeLoopbackPort()), a.worlds[i], res.sizes, ops,
-                          a.iters, a.warmup, a.pointMs, a.minIters, a.timeoutMs, a.spinUs, last ? a.holdMs : 0, a.opens};
-            const std::uint64_t t0 = nowNs();
-            std::fprintf(stderr, "tpf-bench: W=%u: %u ranks, %u opens, %zu points ...", plan.world, plan.world, plan.opens,
-                         res.sizes.size() * ops.size());
-            WorldRun run = runWorld(plan, a.deadlineS, true);
-            std::fprintf(stderr, " %.1f s (route %s)\n", double(nowNs() - t0) / 1e9,
-                         run.reports[0].value("route", std::string("?")).c_str());
-            for (auto& p : poolReports(run)) res.rows.emplace_back(plan.world, std::move(p));
-            WorldControl c{plan.world, openTimes(run), {}};
-            if (daemonPid > 0) { // the ranks hold their group open, no call in flight
-                settle();
-                c.groupsOpen = sampleDaemon(daemonPid, a.idleMs);
+        // Each world of one host path; the ranks read TPF_HOST_DIRECT from the environment they inherit.
+        auto runWorlds = [&](const std::string& path, std::vector<std::pair<std::uint32_t, Point>>& rows,
+                             std::vector<WorldControl>& control, bool mayHold) {
+            ::setenv("TPF_HOST_DIRECT", path == "direct" ? "1" : "0", 1);
+            for (std::size_t i = 0; i < a.worlds.size(); ++i) {
+                const bool last = mayHold && i + 1 == a.worlds.size();
+                RankPlan plan{socket, "127.0.0.1:" + std::to_string(freeLoopbackPort()), a.worlds[i], res.sizes, ops,
+                              a.iters, a.warmup, a.pointMs, a.minIters, a.timeoutMs, a.spinUs, last ? a.holdMs : 0, a.opens};
+                const std::uint64_t t0 = nowNs();
+                std::fprintf(stderr, "tpf-bench: W=%u (%s): %u ranks, %u opens, %zu points ...", plan.world, path.c_str(),
+                             plan.world, plan.opens, res.sizes.size() * ops.size());
+                WorldRun run = runWorld(plan, a.deadlineS, true);
+                std::fprintf(stderr, " %.1f s (route %s)\n", double(nowNs() - t0) / 1e9,
+                             run.reports[0].value("route", std::string("?")).c_str());
+                for (auto& p : poolReports(run)) rows.emplace_back(plan.world, std::move(p));
+                WorldControl c{plan.world, openTimes(run), {}};
+                if (daemonPid > 0) { // the ranks hold their group open, no call in flight
+                    settle();
+                    c.groupsOpen = sampleDaemon(daemonPid, a.idleMs);
+                }
+                control.push_back(std::move(c));
+                releaseWorld(run);
+                if (plan.holdMs) held = std::move(run);
+                else reapWorld(run, 30000);
             }
-            res.control.push_back(std::move(c));
-            releaseWorld(run);
-            if (plan.holdMs) held = std::move(run);
-            else reapWorld(run, 30000);
+        };
+        res.hostPath = a.hostPaths[0];
+        for (std::size_t k = 1; k < a.hostPaths.size(); ++k) { // the comparison first: the held world comes last
+            PathRun other{a.hostPaths[k], {}, {}};
+            runWorlds(other.path, other.rows, other.control, false);
+            res.otherPaths.push_back(std::move(other));
         }
+        runWorlds(res.hostPath, res.rows, res.control, true);
         if (daemonPid > 0 && held.pids.empty()) {
             settle();
             res.idleAfter = sampleDaemon(daemonPid, a.idleMs);
@@ -218,6 +231,11 @@ int main(int argc, char** argv) {
     run->add_option("--settle-ms", a.settleMs, "wait before each daemon sample (the proxy spins briefly after a call)")
         ->capture_default_str();
     run->add_option("--deadline-s", a.deadlineS, "give up on a world whose ranks have not reported by then")->capture_default_str();
+    run->add_option("--host-path", a.hostPaths, "host path of the ranks: direct (same-node ranks write into each other's "
+                                                "regions), proxy (TPF_HOST_DIRECT=0: the daemon's proxy carries every shard); "
+                                                "both (direct,proxy) adds a table of one beside the other, the first is the "
+                                                "main table's")
+        ->delimiter(',')->check(CLI::IsMember({"direct", "proxy"}))->capture_default_str();
     run->add_option("--json", a.jsonPath, "also write every number to this file");
     run->add_flag("--markdown", a.markdown, "print the table as Markdown");
     run->footer("Exit status: 0 measured; 1 no daemon (or --daemon did not start), a rank failed or timed out, or wrong data.");
