@@ -222,13 +222,16 @@ TEST_CASE("the local daemon killed: every call ends DaemonLost, open is refused 
                                         "--reopen-go-file", back, "--reopen-iters", "200"};
         if (!midCall) common.insert(common.end(), {"--pause-at", "100", "--go-file", go});
         // Two groups, one per fallback policy: host buffers have no NCCL to fall back to, so both refuse.
-        auto a = startRanks(d, 3, common, {}, {{"TPF_FALLBACK", "nccl"}});
-        auto b = startRanks(d, 2, common, {}, {{"TPF_FALLBACK", "error"}});
+        // Inside a call: the proxy-carried path, which a stopped daemon holds up; between calls: host-direct
+        // (it needs no daemon to run, and still ends DaemonLost; test_host_direct kills it mid-run).
+        const std::string direct = midCall ? "0" : "1";
+        auto a = startRanks(d, 3, common, {}, {{"TPF_FALLBACK", "nccl"}, {"TPF_HOST_DIRECT", direct}});
+        auto b = startRanks(d, 2, common, {}, {{"TPF_FALLBACK", "error"}, {"TPF_HOST_DIRECT", direct}});
         std::vector<Child*> all = pointers(a);
         for (Child* c : pointers(b)) all.push_back(c);
         for (Child* c : all) REQUIRE(waitForOutput(*c, midCall ? "PROGRESS" : "PAUSED", kSlowStartMs));
         if (midCall) {
-            // A stopped daemon takes no doorbell: every rank is then inside a call, waiting.
+            // A stopped daemon takes no doorbell (TPF_HOST_DIRECT=0): every rank is then inside a call, waiting.
             d.signal(SIGSTOP);
             std::this_thread::sleep_for(std::chrono::milliseconds(300));
         }
