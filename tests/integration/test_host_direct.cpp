@@ -93,3 +93,21 @@ TEST_CASE("host-direct: the daemon killed while the ranks keep calling: every ra
         CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
     }
 }
+
+TEST_CASE("ranks of one group may differ: TPF_HOST_DIRECT=0 on one rank, the proxy carries its shards and only its") {
+    Daemon d;
+    const std::uint32_t world = 4, proxied = 2;
+    const std::uint64_t iters = 300;
+    RankRun run;
+    const std::string boot = "127.0.0.1:" + std::to_string(freePort());
+    for (std::uint32_t r = 0; r < world; ++r)
+        run.ranks.push_back(spawn({envPath("TPF_TESTRANK"), "--socket", d.socket(), "--bootstrap", boot, "--rank", std::to_string(r),
+                                   "--world", std::to_string(world), "--iters", std::to_string(iters), "--sizes", "16,4096,12345",
+                                   "--mode", "mixed"},
+                                  {{"TPF_HOST_DIRECT", r == proxied ? "0" : "1"}}));
+    REQUIRE(waitAll(pointers(run), 300000));
+    INFO("daemon log:\n" << d.log());
+    for (std::uint32_t r = 0; r < world; ++r)
+        CHECK(run.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=" + std::to_string(iters));
+    CHECK(proxyDoorbells(d) == iters); // one a call, from the proxied rank alone
+}
