@@ -71,11 +71,15 @@ tpf_gpu_chaos() {
     local base_fds
     base_fds=$(ls "/proc/$cpid/fd" | wc -l)
     local log=$logdir/chaos-r$round
+    # The ranks themselves, not under timeout(1): the signals below must reach
+    # them (timeout would die of SIGUSR1 or SIGKILL and leave its child running).
     for ((r = 0; r < w; r++)); do
-      timeout 60 "$bin/tpf-gpurank" --socket "$csock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route $route \
+      "$bin/tpf-gpurank" --socket "$csock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route $route \
         --scenario chaos --timeout-ms $tmo --seconds 4 >"$log.$r.log" 2>&1 &
       pids+=($!)
     done
+    (sleep 60; kill -9 "${pids[@]}" 2>/dev/null) & # a watchdog: no round outlives a minute
+    local watchdog=$!
     for _ in $(seq 300); do
       [ "$(cat "$log".*.log 2>/dev/null | grep -c READY)" = "$w" ] && break
       sleep 0.1
@@ -95,6 +99,7 @@ tpf_gpu_chaos() {
     for ((r = 0; r < w; r++)); do
       wait "${pids[$r]}"; rcs+=($?); ends+=($SECONDS)
     done
+    kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
     # Judge each rank: its own checks (exit 0), then its outcome against the event and the clock.
     for ((r = 0; r < w; r++)); do
       local line out ms
