@@ -34,6 +34,7 @@ struct DaemonConfig {
     int proxyCpu = -1;                         ///< proxy.cpu: pin the proxy thread to this CPU; -1 = do not pin
     std::uint32_t proxySpinUs = 50;            ///< proxy.spin_us: busy-poll this long without work before sleeping, 0..1000000
     std::uint32_t heartbeatMs = 100;           ///< proxy.heartbeat_ms: ring heartbeat period while idle, 10..10000
+    std::uint32_t gpuPollUs = 0;               ///< proxy.gpu_poll_us: sleep between polls of GPU rings once idle, 0 (busy-poll)..1000
 
     // [peer]
     std::string peerListen = "";               ///< peer.listen: address for daemon<->daemon TCP; "" = peer negotiation off

@@ -20,8 +20,9 @@ inline void cpuRelax() {
 }
 } // namespace
 
-Proxy::Proxy(std::uint32_t spinUs, std::uint32_t heartbeatMs, int cpu, ProxyEvents events)
-    : spinNs_(std::uint64_t(spinUs) * 1000), heartbeatMs_(heartbeatMs), cpu_(cpu), events_(std::move(events)),
+Proxy::Proxy(std::uint32_t spinUs, std::uint32_t heartbeatMs, int cpu, std::uint32_t gpuPollUs, ProxyEvents events)
+    : spinNs_(std::uint64_t(spinUs) * 1000), heartbeatMs_(heartbeatMs), cpu_(cpu),
+      gpuPollNs_(std::uint64_t(gpuPollUs) * 1000), events_(std::move(events)),
       eventFd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
 Proxy::~Proxy() { stop(); }
@@ -321,9 +322,16 @@ void Proxy::run() {
             for (auto& pr : table) std::atomic_ref(pr.ring->view.header().heartbeatNs).store(now, std::memory_order_relaxed);
             lastBeat = now;
         }
-        if (work || mustSpin || verbsBusy) {
-            if (work) lastWork = now;
+        if (work) lastWork = now;
+        if (work || verbsBusy || (mustSpin && (gpuPollNs_ == 0 || now - lastWork < spinNs_))) {
             cpuRelax();
+            continue;
+        }
+        if (mustSpin) { // GPU rings, idle, proxy.gpu_poll_us: a kernel cannot write the eventfd, so nap and poll again
+            markAwake(false, now);
+            const timespec nap{0, long(gpuPollNs_)};
+            ::nanosleep(&nap, nullptr);
+            markAwake(true, monotonicNs());
             continue;
         }
         if (now - lastWork < spinNs_) {

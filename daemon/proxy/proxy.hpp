@@ -69,7 +69,12 @@ struct ProxyEvents {
 
 class Proxy {
 public:
-    Proxy(std::uint32_t spinUs, std::uint32_t heartbeatMs, int cpu, ProxyEvents events);
+    /// gpuPollUs: while it serves rings GPU kernels may ring and has had no
+    /// work for spinUs, sleep this long between polls instead of
+    /// busy-polling (0: busy-poll, a whole core for as long as such a group
+    /// is open; else about one poll pass a period, and a doorbell waits up
+    /// to that much longer).
+    Proxy(std::uint32_t spinUs, std::uint32_t heartbeatMs, int cpu, std::uint32_t gpuPollUs, ProxyEvents events);
     ~Proxy();
     Proxy(const Proxy&) = delete;
     Proxy& operator=(const Proxy&) = delete;
@@ -125,6 +130,7 @@ private:
     const std::uint64_t spinNs_;
     const std::uint32_t heartbeatMs_;
     const int cpu_;
+    const std::uint64_t gpuPollNs_;
     ProxyEvents events_;
     UniqueFd eventFd_;
     std::thread thread_;

@@ -278,6 +278,32 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
   else
     judge 77; echo "SKIP gpu-multiprocess idle: no $bin/tpfabricctl (carry build-gpu/ctl/tpfabricctl)"
   fi
+  # An idle proxy-route group: the daemon busy-polls its ring (a kernel cannot
+  # wake it), a whole core; proxy.gpu_poll_us = 100 bounds that (issue 16.6).
+  # Both measured, the bounded one must stay under 20 % of a core, and the
+  # group's calls before and after the idle stretch must be right.
+  if [ -x "$bin/tpfabricctl" ]; then
+    pdir=$(mktemp -d)
+    printf '[proxy]\ngpu_poll_us = 100\n' >"$pdir/nap.toml"
+    for cfg in busy nap; do
+      args=(); [ $cfg = nap ] && args=(--config "$pdir/nap.toml")
+      start_daemon "$pdir/$cfg.sock" "$logdir/tpfabricd-idle-proxy-$cfg.log" "${args[@]}" || { judge 1; continue; }
+      pd=$started
+      ilog=$logdir/tpf-gpurank-idle-proxy-w2-$cfg.log
+      (sock=$pdir/$cfg.sock; tag=-$cfg; ranks tpf-gpurank 2 proxy idle 5000 --scenario idle) &
+      rp=$!
+      for _ in $(seq 300); do [ "$(grep -c READY "$ilog" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
+      sleep 0.5
+      t1=$(awk '{print $14 + $15}' "/proc/$pd/stat"); sleep 2; t2=$(awk '{print $14 + $15}' "/proc/$pd/stat")
+      cpu=$(awk -v d=$((t2 - t1)) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", 100 * d / hz / 2}')
+      wait "$rp"; rr=$?
+      kill "$pd"; wait "$pd" 2>/dev/null
+      if [ $cfg = busy ]; then judge $rr; else [ $rr = 0 ] && awk -v c="$cpu" 'BEGIN {exit !(c < 20)}' && judge 0 || judge 1; fi
+      echo "$st gpu-multiprocess idle W=2 route=proxy proxy.gpu_poll_us=$([ $cfg = nap ] && echo 100 || echo 0): daemon CPU $cpu % of a core over 2 s idle"
+      grep -h RESULT "$ilog" | sort | sed 's/^/    /'
+    done
+    rm -rf "$pdir"
+  fi
   # The daemon killed under a proxy-route Device group: DaemonLost within 1 s.
   dkdir=$(mktemp -d)
   if start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then

@@ -105,7 +105,7 @@ void run(const Scenario& sc) {
     group->verbs = wire;
 
     std::atomic<int> reports{0};
-    Proxy proxy(50, 100, -1,
+    Proxy proxy(50, 100, -1, 0,
                 ProxyEvents{[](std::uint64_t) {}, [&](std::uint32_t, std::uint32_t, Error) { ++reports; },
                             [&](std::uint32_t, std::uint32_t, Error) { ++reports; }});
     proxy.setHcas(hcas);
