@@ -1,6 +1,6 @@
 """One rank of the tpfabric.torch benchmark: µs per call inside a CUDA graph, the Communicator beside torch.distributed (NCCL).
 
-    bench_comm.py --socket PATH [--calls 100] [--replays 20]
+    bench_comm.py --socket PATH [--calls 100] [--replays 20] [--backend nccl|gloo]
 
 One process per GPU (tests/gpu/python/run.sh starts them; torch.distributed
 from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each size 4 KiB ..
@@ -10,7 +10,10 @@ torch.cuda.graph, replays it once to warm up, then times --replays replays
 back to back, each between two CUDA events; a call's time is a replay's
 time / calls, the best replay (as bench/gpu's "best of N") and the mean.
 Rank 0 prints the table (ROW lines) with the path the Communicator's calls
-took.
+took. --backend gloo (ranks sharing one GPU under MPS, where NCCL refuses
+two ranks of a communicator on one GPU): the Communicator alone, its
+torch columns "-"; run.sh prints tpf-gpubench's C++ rows of the same sizes
+in the same run, for the Python layer's cost inside a graph.
 """
 
 from __future__ import annotations
@@ -64,12 +67,14 @@ def main() -> int:
     ap.add_argument("--socket", required=True)
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dev = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl")
-    comm = Communicator(socket_path=a.socket)
+    dist.init_process_group(a.backend)
+    comm = Communicator(device=dev, socket_path=a.socket)
+    nccl = a.backend == "nccl"
     if rank == 0:
         print(f"INFO {comm!r}; {torch.cuda.get_device_name(dev)}; torch {torch.__version__}; "
               f"{a.calls} calls a graph, {a.replays} replays", flush=True)
@@ -88,10 +93,13 @@ def main() -> int:
             before = dict(comm.calls)
             t_ours, m_ours = per_call_us(ours, a.calls, a.replays)
             path = "fabric" if comm.calls["torch.distributed"] == before["torch.distributed"] else "torch.distributed"
-            t_theirs, m_theirs = per_call_us(theirs, a.calls, a.replays)
+            if nccl:
+                t_theirs, m_theirs = per_call_us(theirs, a.calls, a.replays)
+                row = f"{t_ours:.2f} {t_theirs:.2f} {t_ours / t_theirs:.2f} {m_ours:.2f} {m_theirs:.2f}"
+            else:  # gloo: torch.distributed's calls are not capturable on CUDA tensors
+                row = f"{t_ours:.2f} - - {m_ours:.2f} -"
             if rank == 0:
-                print(f"ROW {op} {size} {t_ours:.2f} {t_theirs:.2f} {t_ours / t_theirs:.2f} {m_ours:.2f} {m_theirs:.2f} {path}",
-                      flush=True)
+                print(f"ROW {op} {size} {row} {path}", flush=True)
     comm.close()
     dist.destroy_process_group()
     return 0

@@ -13,7 +13,8 @@
 #   2. always: every rank on GPU 0 under MPS (run.sh's MPS daemon when
 #      CUDA_MPS_PIPE_DIRECTORY is set, else a private one), a gloo process
 #      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
-#      and 4: the same four scenarios.
+#      and 4: the same four scenarios; then bench_comm.py --backend gloo at
+#      W = 2 (the Communicator alone; TPF_GPU_NO_BENCH=1 skips it).
 # TPF_PY_GPU_ONLY=pergpu or mps runs only that part (to split a run under a
 # command time limit); TPF_GPU_NO_BENCH=1 skips the benchmark.
 # Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
@@ -122,6 +123,13 @@ tpf_python_gpu_suite() {
       own_mps=1
     fi
     for w in 2 4; do _suite mps "$w" gloo; done
+    if [ -z "${TPF_GPU_NO_BENCH:-}" ]; then # the Communicator alone, W = 2 on one GPU (run.sh's tpf-gpubench rows beside it)
+      _daemon mps-bench || exit 1
+      echo "== python benchmark under MPS (bench_comm.py --backend gloo, W=2 on one GPU): $(date -u +%FT%TZ)"
+      if _ranks mps-bench 2 gloo "$tmp/mps-bench.sock" bench_comm.py --backend gloo; then grep -h '^ROW\|^INFO' "$logdir/py-mps-bench.log"
+      else echo "FAIL python benchmark under MPS"; grep -hv 'NCCL INFO' "$logdir/py-mps-bench.log" | head -30 | sed 's/^/    ! /'; rc=1; fi
+      kill "$_dpid"; wait "$_dpid" 2>/dev/null
+    fi
     [ -n "$own_mps" ] && { echo quit | nvidia-cuda-mps-control; sleep 1; }
     exit $rc
   ) || rc=1
