@@ -14,7 +14,7 @@
 # kernel cannot be obtained here. Environment: see README.md (TPF_VM_*).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-timeout_s=${TPF_VM_TIMEOUT:-900}
+timeout_s=${TPF_VM_TIMEOUT:-1200}
 cache=${TPF_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpfabric-vm}
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers
   rdmacm-utils perftest cpio kmod iproute2 coreutils util-linux bash)
@@ -177,6 +177,8 @@ TPF_NODE_B_DEVS="rxe1 rxe3"
 TPF_NODE_B_IPS="10.77.0.2 10.78.0.2"
 TPF_NODE_B_NETDEVS="veth1 veth3"
 EOF
+  # Scenario knobs from the host (50-chaos: TPF_CHAOS_SEED, _SECONDS, _ROUNDS); numbers only.
+  env | grep -E '^TPF_CHAOS_[A-Z_]+=[0-9]+$' >>"$root/etc/tpf-vm.env"
   ldconfig -r "$root" 2>/dev/null || log "warning: ldconfig -r failed (not root?); the guest relies on LD_LIBRARY_PATH"
   (cd "$root" && find . -print0 | cpio --null -o -H newc -R 0:0 --quiet) >"$work/initrd.cpio" ||
     bail "cpio of the initramfs failed"
