@@ -4,7 +4,7 @@
 # proxy, chosen at random) running checked calls back to back
 # (tpf-gpurank --scenario chaos), and one event per round once every rank
 # printed READY:
-#   none        nothing happens: every rank ends its calls with outcome=none
+#   none        nothing happens: every rank ends its 20,000 calls with outcome=none
 #   kill        SIGKILL one rank: every other rank ends PeerLost
 #   stall       SIGSTOP one rank for the timeout + 2 s: every other rank ends
 #               Timeout or PeerLost (naming a rank)
@@ -23,6 +23,14 @@
 #     `data` group).
 # The seed is printed; TPF_GPU_CHAOS_SEED=N replays the same rounds.
 # Uses run.sh's $bin, $logdir, start_daemon and judge.
+
+# chaos_ready SOCKET: wait (5 s at most) until the daemon answers status (a
+# restarted daemon's socket file exists before it listens: the stale one).
+chaos_ready() {
+  local _
+  for _ in $(seq 50); do "$bin/tpfabricctl" status --json --socket "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  return 1
+}
 
 # chaos_status_clean SOCKET DAEMON_PID BASE_FDS: "ok" once the daemon lists no
 # group and no region and holds BASE_FDS descriptors (within 5 s), else what is left.
@@ -60,6 +68,7 @@ tpf_gpu_chaos() {
   csock=$cdir/chaos.sock
   start_daemon "$csock" "$logdir/tpfabricd-chaos.log" || { judge 1; echo "FAIL gpu-chaos: the daemon did not start"; return; }
   cpid=$started
+  chaos_ready "$csock"
   local end=$((SECONDS + secs))
   while [ $SECONDS -lt $end ]; do
     round=$((round + 1))
@@ -75,7 +84,7 @@ tpf_gpu_chaos() {
     # them (timeout would die of SIGUSR1 or SIGKILL and leave its child running).
     for ((r = 0; r < w; r++)); do
       "$bin/tpf-gpurank" --socket "$csock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route $route \
-        --scenario chaos --timeout-ms $tmo --seconds 4 >"$log.$r.log" 2>&1 &
+        --scenario chaos --timeout-ms $tmo --calls 20000 >"$log.$r.log" 2>&1 &
       pids+=($!)
     done
     (sleep 60; kill -9 "${pids[@]}" 2>/dev/null) & # a watchdog: no round outlives a minute
@@ -128,6 +137,8 @@ tpf_gpu_chaos() {
     if [ "$ev" = daemonkill ]; then
       start_daemon "$csock" "$logdir/tpfabricd-chaos-r$round.log" || { why="${why:+$why; }the daemon did not restart"; }
       cpid=$started
+      chaos_ready "$csock" || why="${why:+$why; }the restarted daemon does not answer status"
+      sleep 0.5 # its descriptors settle before the next round's baseline
     else
       local clean
       clean=$(chaos_status_clean "$csock" "$cpid" "$base_fds") || why="${why:+$why; }after the round the daemon holds $clean"

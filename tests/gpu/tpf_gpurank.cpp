@@ -20,8 +20,8 @@
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
 //   stall      the last rank never posts call 3: the others get Timeout naming it
-//   chaos      calls back to back (gather / f32 sum, 4 KiB and 64 KiB, each checked; a failed call
-//              must leave its 0xa5 output untouched) for --seconds or until one fails; READY after 5
+//   chaos      --calls calls back to back (gather / f32 sum, 4 KiB and 64 KiB, each checked; a failed
+//              call must leave its 0xa5 output untouched) or until one fails; READY after 5
 //              calls; SIGUSR1 makes the rank abort the group. Prints outcome=none|ERRC, the failed call's
 //              ms and detail; tests/gpu/chaos.sh injects the event and judges the outcomes
 //   probefail  TPF_PROBE_SABOTAGE on the last rank: open fails on every rank (TPF_FALLBACK=error)
@@ -71,7 +71,7 @@ namespace {
 struct Args {
     std::string socket, bootstrap, scenario = "data", route = "auto";
     std::uint32_t rank = 0, world = 2, timeoutMs = 5000;
-    double seconds = 6; ///< chaos: how long to run calls when nothing fails
+    std::uint64_t calls = 20000; ///< chaos: calls when nothing fails (a count, so that every rank stops at the same call)
     std::uint64_t maxBytes = 512 * 1024;
     int device = -1; ///< -1: rank % visible devices
 };
@@ -435,7 +435,7 @@ int scenarioB2b(Group& g, cudaStream_t st, Buffers2 b) {
     return report(true, buf);
 }
 
-// chaos: calls until --seconds pass or one fails (tests/gpu/chaos.sh kills,
+// chaos: --calls calls or until one fails (tests/gpu/chaos.sh kills,
 // stops, aborts or kills the daemon meanwhile). Every successful call is
 // checked on the host, a failed one must have written nothing. The rank
 // judges only what it alone can (right bytes, nothing written on failure, a
@@ -447,7 +447,6 @@ int scenarioChaos(Group& g, cudaStream_t st, Buffers2 b) {
     const std::uint64_t sizes[2] = {4096, 65536};
     std::vector<std::uint8_t> out(65536 * W);
     std::vector<float> sum(65536 / 4);
-    const auto start = std::chrono::steady_clock::now();
     std::uint64_t call = 0;
     for (;; ++call) {
         if (call == 5) std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
@@ -456,8 +455,7 @@ int scenarioChaos(Group& g, cudaStream_t st, Buffers2 b) {
             const Status s = g.abort();
             std::printf("ABORTED rank=%u abort=%s\n", a.rank, std::string(errcName(s.code())).c_str()), std::fflush(stdout);
         }
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > a.seconds && abortRequested == 0)
-            break;
+        if (call >= a.calls && abortRequested == 0) break;
         const std::uint64_t size = sizes[(call / 2) % 2];
         const bool gather = call % 2 == 0;
         const std::uint64_t outBytes = gather ? size * W : size;
@@ -713,7 +711,7 @@ int main(int argc, char** argv) {
     app.add_option("--timeout-ms", a.timeoutMs);
     app.add_option("--max-bytes", a.maxBytes, "the group's cap (nccl-* scenarios)");
     app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
-    app.add_option("--seconds", a.seconds, "chaos: seconds of calls when nothing fails");
+    app.add_option("--calls", a.calls, "chaos: calls when nothing fails");
     CLI11_PARSE(app, argc, argv);
     // The probe's test hook is internal to libtpfabric (not in the installed library).
     if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); sab && *sab) tpf::testing::setProbeSabotage(std::atoi(sab));
