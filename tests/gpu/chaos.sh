@@ -80,6 +80,7 @@ tpf_gpu_chaos() {
     local base_fds
     base_fds=$(ls "/proc/$cpid/fd" | wc -l)
     local log=$logdir/chaos-r$round
+    rm -f "$log".*.log # a log of an earlier run's round would count its READY
     # The ranks themselves, not under timeout(1): the signals below must reach
     # them (timeout would die of SIGUSR1 or SIGKILL and leave its child running).
     for ((r = 0; r < w; r++)); do
@@ -89,11 +90,14 @@ tpf_gpu_chaos() {
     done
     (sleep 60; kill -9 "${pids[@]}" 2>/dev/null) & # a watchdog: no round outlives a minute
     local watchdog=$!
+    local ready=0
     for _ in $(seq 300); do
-      [ "$(cat "$log".*.log 2>/dev/null | grep -c READY)" = "$w" ] && break
+      ready=0
+      for ((r = 0; r < w; r++)); do grep -q READY "$log.$r.log" 2>/dev/null && ready=$((ready + 1)); done
+      [ $ready = "$w" ] && break
       sleep 0.1
     done
-    if [ "$(cat "$log".*.log | grep -c READY)" != "$w" ]; then
+    if [ $ready != "$w" ]; then
       why="not every rank became READY within 30 s (the group did not open?)"
     fi
     sleep "0.$((RANDOM % 5))"
