@@ -52,6 +52,13 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         return refuse(link, Errc::GroupMismatch, "rank " + std::to_string(f.rank) +
                                                      "'s roster entry names another node than this daemon");
     auto it = groups_.find(id);
+    if (it != groups_.end() && it->second.closingAt) {
+        // Its id opens again while the old group waits for its last shards: drop that one now.
+        spdlog::info("group {}: closed (opened again)", shortId(id));
+        std::erase_if(pendingBreaks_, [&](const PendingBreak& b) { return b.id == id; });
+        erase(it);
+        it = groups_.end();
+    }
     if (it == groups_.end()) {
         if (groups_.size() >= cfg_.maxGroups) {
             const std::string why = "daemon serves its maximum of " + std::to_string(cfg_.maxGroups) +
@@ -169,6 +176,7 @@ void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t r
     auto it = groups_.find(id);
     if (it == groups_.end()) return;
     Group& g = it->second;
+    if (g.closingAt) return; // every local rank closed: nobody here to tell
     if (seenHere) {
         if (g.state == State::Open) breakGroup(g, code, rank, why, false);
     } else if (g.state == State::Open || code == Errc::Aborted) {
@@ -268,6 +276,14 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     const std::uint64_t v = publishProxyTable();
     pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group",
                               orderly ? Cause::Closed : Cause::Fault});
+    if (orderly && g->members.empty() && g->negotiation && g->proxyGroup) {
+        // Ranks on other nodes may still wait for this node's last shards:
+        // close the peer link (erase) only once the proxy carried them and
+        // their RDMA WRITEs completed (drained(v)).
+        g->closingAt = v;
+        spdlog::info("group {}: closing once its last shards landed on the other nodes", shortId(id));
+        return;
+    }
     eraseIfEmpty(id);
 }
 
@@ -280,6 +296,14 @@ void GroupTable::drained(std::uint64_t version) {
     for (auto& b : due) {
         auto it = groups_.find(b.id);
         if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why, true, b.cause);
+    }
+    for (auto it = groups_.begin(); it != groups_.end();) {
+        const auto next = std::next(it);
+        if (it->second.closingAt && *it->second.closingAt <= version) {
+            spdlog::info("group {}: closed", shortId(it->first));
+            erase(it);
+        }
+        it = next;
     }
 }
 
@@ -345,7 +369,7 @@ void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Err
 
 void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why) {
     Group* g = findByHandle(handle);
-    if (!g || g->state != State::Open) return;
+    if (!g || g->state != State::Open || g->closingAt) return; // closing: its peer link closes soon anyway
     breakGroup(*g, why.code, remoteRank, why.detail);
 }
 

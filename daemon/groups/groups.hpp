@@ -49,9 +49,13 @@ public:
     /// or when the last local rank joins (or the open times out).
     void join(MemberLink& link, const client_proto::GroupOpen& m);
     /// A rank leaves: orderly (Close) or its connection dropped. Open groups
-    /// break with PeerLost naming it once the proxy drained its ring; only a
-    /// dropped connection counts as a broken group in the metrics. Its calls
-    /// stay counted in the daemon's lifetime totals.
+    /// break with PeerLost naming it once the proxy drained its ring (and its
+    /// RDMA WRITEs completed); only a dropped connection counts as a broken
+    /// group in the metrics. Its calls stay counted in the daemon's lifetime
+    /// totals. A group whose last local rank left is erased then, except
+    /// that after an orderly Close a group with ranks on other nodes stays
+    /// (closingAt) until the proxy drained it, so that the other daemons learn
+    /// it closed only after its last shards landed there.
     void leave(MemberLink& link, bool orderly);
     /// A rank reports that its open did not take the fabric path (metrics only).
     void openReport(MemberLink& link, const client_proto::OpenReport& m);
@@ -114,6 +118,11 @@ public:
         std::shared_ptr<VerbsGroup> verbs;        ///< the negotiation's wire, once every node is ready
         Error lastError;
         bool brokenCounted = false; ///< counted in the lifetime metrics as broken
+        /// Its last local rank closed in order while ranks on other nodes may
+        /// still wait for its shards: the table version published then. The
+        /// group (and its peer link) stays until the proxy drained that
+        /// version, i.e. every shard its ranks posted landed (Proxy::drained).
+        std::optional<std::uint64_t> closingAt;
 
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its routes yet, or has a proxy-route peer.

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/shm.hpp"
 
@@ -215,6 +216,27 @@ void Proxy::retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRan
     }
 }
 
+// A rank leaving the table (its Close, or its connection gone) may have RDMA
+// WRITEs still on the wire: its last shards. drained() waits until they
+// completed, so that its group's other nodes learn it left (or, when it was
+// the group's last local rank, that the group closed) only after they landed.
+void Proxy::land(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next, std::uint64_t nowNs) {
+    for (const auto& pr : old) {
+        const auto& vg = pr.group->verbs;
+        if (!vg || !vg->busy(pr.rank)) continue;
+        bool stays = false;
+        for (const auto& n : next) stays |= n.ring == pr.ring;
+        if (!stays) landing_.push_back(Landing{vg, pr.rank, nowNs});
+    }
+}
+
+void Proxy::reportDrained(std::uint64_t nowNs) {
+    std::erase_if(landing_, [&](const Landing& l) { return !l.group->busy(l.rank) || nowNs - l.sinceNs > kLandingNs; });
+    if (!landing_.empty()) return;
+    const std::uint64_t version = std::exchange(drainDue_, 0);
+    if (version && events_.drained) events_.drained(version);
+}
+
 std::size_t Proxy::pollOnce(std::vector<ProxyRank>& table) {
     std::size_t work = 0;
     for (auto& pr : table) {
@@ -295,11 +317,13 @@ void Proxy::run() {
                 version = pendingVersion_;
             }
             finishLeaving(table, next);
+            land(table, next, monotonicNs());
             retire(table, next);
             table = std::move(next);
             mustSpin = false;
             for (auto& pr : table) mustSpin |= pr.gpuDoorbells;
-            if (events_.drained) events_.drained(version);
+            drainDue_ = version;
+            reportDrained(monotonicNs());
         }
         const std::size_t work = pollOnce(table);
         const std::uint64_t now = monotonicNs();
@@ -315,6 +339,10 @@ void Proxy::run() {
                 }
                 return false;
             });
+            verbsBusy = true;
+        }
+        if (drainDue_) {
+            reportDrained(now);
             verbsBusy = true;
         }
         verbsBusy |= wakeVerbsWaiters(table);

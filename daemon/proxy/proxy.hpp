@@ -59,7 +59,10 @@ struct ProxyRank {
 
 /// Events the proxy reports; called on the proxy thread (post them on).
 struct ProxyEvents {
-    /// Every doorbell published before table `version` was published is carried out.
+    /// Every doorbell published before table `version` was published is
+    /// carried out, and the RDMA WRITEs of the ranks that left the table with
+    /// it completed (every shard they posted landed on the other nodes), or
+    /// 1 s passed since the switch (Proxy::kLandingNs).
     std::function<void(std::uint64_t version)> drained;
     /// A rank's doorbell or ring was invalid; its group must break.
     std::function<void(std::uint32_t groupHandle, std::uint32_t rank, Error why)> badDoorbell;
@@ -84,8 +87,12 @@ public:
     Status start();
     void stop();
 
+    /// How long drained() waits at most for the RDMA WRITEs of leaving ranks.
+    static constexpr std::uint64_t kLandingNs = 1000000000ull;
+
     /// Replace the set of served ranks (control thread). The proxy drains the
-    /// old set before switching and then reports drained(version).
+    /// old set before switching and, once the leaving ranks' RDMA WRITEs
+    /// completed (or kLandingNs passed), reports drained(version).
     void publish(std::vector<ProxyRank> table, std::uint64_t version);
 
     /// The eventfd clients write to wake an idle proxy (dup it for each client).
@@ -124,6 +131,10 @@ private:
     /// rank of a verbs group is waiting (then the proxy must not sleep).
     bool wakeVerbsWaiters(std::vector<ProxyRank>& table);
     void retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);
+    /// Note the verbs ranks leaving the table, whose RDMA WRITEs drained() waits for.
+    void land(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next, std::uint64_t nowNs);
+    /// Report drained(drainDue_) once every leaving rank's writes completed (or kLandingNs passed).
+    void reportDrained(std::uint64_t nowNs);
     /// Proxy thread, at each sleep/wake transition: close or open an awake period.
     void markAwake(bool awake, std::uint64_t nowNs);
 
@@ -154,6 +165,13 @@ private:
         bool flushed = false;
     };
     std::vector<Retiring> retiring_; ///< dropped groups whose QPs still have requests posted (proxy thread)
+    struct Landing {
+        std::shared_ptr<VerbsGroup> group;
+        std::uint32_t rank;
+        std::uint64_t sinceNs;
+    };
+    std::vector<Landing> landing_; ///< ranks that left with RDMA WRITEs still posted (proxy thread)
+    std::uint64_t drainDue_ = 0;   ///< table version whose drained() waits for landing_ (0: none)
 };
 
 } // namespace tpf::daemon
