@@ -15,9 +15,9 @@
 # tpfabricd, back to what they were when the daemons started; and a fresh
 # group (another random layout) opens and runs 100 calls byte-exact over both
 # rails. One TAP line per round names the seed, the round, the event and what
-# every rank got; a failure says how to replay it. A fault-free group that
-# ends the way the open close race does (docs/reliability.md) gets a
-# "not ok ... # TODO" line instead of failing the round.
+# every rank got; a failure says how to replay it. A fault-free group (the
+# first, or a round's fresh one) must end ok on every rank: the cross-node
+# close race it once found (docs/reliability.md) counts as a failure.
 # From the host's environment (run.sh passes TPF_CHAOS_* into the guest):
 # TPF_CHAOS_SEED (default: random, printed), TPF_CHAOS_SECONDS (default 180:
 # how long new rounds start), TPF_CHAOS_ROUNDS (exactly this many rounds).
@@ -132,28 +132,20 @@ random_layout() {
   _l="${l[*]}"
 }
 
-# judge_clean NAME W ITERS: how a group that saw no fault ended. CLEAN=ok
-# (every rank ok), race (the open close race below, and nothing else wrong) or
-# bad; CLEAN_WHY lists every rank that did not end ok.
-# The close race (docs/reliability.md, fault matrix findings): a node's ranks
-# finish their last call and close; the other node's ranks, still in that last
-# call, end it PeerLost "rank Q is gone" naming a rank that ended ok.
+# judge_clean NAME W: how a group that saw no fault ended. CLEAN=ok (every
+# rank ok) or bad; CLEAN_WHY lists every rank that did not end ok (among them
+# the signature of the fixed close race of docs/reliability.md: a last call
+# ended PeerLost "rank Q is gone" naming a rank of the other node that ended ok).
 judge_clean() {
-  local name=$1 w=$2 iters=$3 r l q race=1
+  local name=$1 w=$2 r l
   CLEAN_WHY=()
   for ((r = 0; r < w; r++)); do
     [ "$(exit_status "$name" "$r")" = 0 ] && [ "$(result_of "$name" "$r")" = ok ] && continue
     l=$(grep '^RESULT' "$name.r$r.log" | tail -n1)
     CLEAN_WHY+=("rank $r: exit $(exit_status "$name" "$r"), ${l:-no RESULT line}")
-    q=$(sed -n 's/.*detail=rank \([0-9]*\) is gone.*/\1/p' <<<"$l")
-    [[ $l == *"error=PeerLost calls=$((iters - 1)) "* ]] && [ -n "$q" ] && [ "$(exit_status "$name" "$q")" = 0 ] &&
-      grep -q "^RESULT rank=$q ok calls=$iters" "$name.r$q.log" || race=0
   done
-  if [ ${#CLEAN_WHY[@]} = 0 ]; then CLEAN=ok; elif [ $race = 1 ]; then CLEAN=race; else CLEAN=bad; fi
+  if [ ${#CLEAN_WHY[@]} = 0 ]; then CLEAN=ok; else CLEAN=bad; fi
 }
-# tap_todo NAME WHY: a known, open failure: shown as "not ok ... # TODO", not counted.
-tap_todo() { TAP_N=$((TAP_N + 1)); echo "not ok $TAP_N - $1 # TODO $2"; }
-RACE_TODO="open bug: a cross-node group's last call can end PeerLost when the other node's ranks close first (docs/reliability.md)"
 
 # The daemons, their baselines.
 start_daemon a A && start_daemon b B || tap_done
@@ -163,13 +155,12 @@ diag "baselines: a: ${BASE[a]}; b: ${BASE[b]}; $(rdma_snapshot)"
 EXTRA_0= EXTRA_1= EXTRA_2= EXTRA_3=
 start_ranks warm "A B" --iters 200 --mode mixed
 wait_until 180 _all_exited warm 2 || kill_ranks warm 2
-judge_clean warm 2 200
-[ "$CLEAN" = race ] && tap_todo "seed $SEED: the first W=2 group: ${CLEAN_WHY[*]}" "$RACE_TODO"
-if [ "$CLEAN" != bad ] && wait_until 30 _at_baseline; then
+judge_clean warm 2
+if [ "$CLEAN" = ok ] && wait_until 30 _at_baseline; then
   tap_ok "seed $SEED: a W=2 group runs clean and both daemons are back to their baselines (a: ${BASE[a]}; b: ${BASE[b]})"
 else
   tap_fail "seed $SEED: a W=2 group runs clean and both daemons are back to their baselines" \
-    "exit codes $(exit_status warm 0) $(exit_status warm 1); a: $(snapshot a) (baseline ${BASE[a]}); b: $(snapshot b) (baseline ${BASE[b]}); $(rdma_snapshot)"
+    "exit codes $(exit_status warm 0) $(exit_status warm 1)${CLEAN_WHY:+ (${CLEAN_WHY[*]})}; a: $(snapshot a) (baseline ${BASE[a]}); b: $(snapshot b) (baseline ${BASE[b]}); $(rdma_snapshot)"
   kill_ranks warm 2; show_group warm
 fi
 
@@ -268,11 +259,8 @@ while :; do
   snap_counters
   start_ranks "f$round" "$flayout" --iters 100 --mode mixed
   wait_until 180 _all_exited "f$round" "$fw" || { bad+=("the fresh group did not end within 180 s"); kill_ranks "f$round" "$fw"; }
-  judge_clean "f$round" "$fw" 100
-  case $CLEAN in
-    race) tap_todo "$title: the fresh W=$fw ($flayout) group's last call: ${CLEAN_WHY[*]}" "$RACE_TODO" ;;
-    bad) for l in "${CLEAN_WHY[@]}"; do bad+=("fresh W=$fw ($flayout) group: $l"); done ;;
-  esac
+  judge_clean "f$round" "$fw"
+  for l in "${CLEAN_WHY[@]}"; do bad+=("fresh W=$fw ($flayout) group: $l"); done
   for rl in $RAILS; do
     for d in $(rail_dev A "$rl") $(rail_dev B "$rl"); do
       [ "$(delta "$d" sent_pkts)" -gt 0 ] || bad+=("fresh group: $d (rail $rl) sent nothing")
@@ -281,9 +269,7 @@ while :; do
   wait_until 30 _at_baseline || bad+=("not back to baseline after the fresh group: a: $(snapshot a); b: $(snapshot b); $(rdma_snapshot)")
 
   if [ ${#bad[@]} = 0 ]; then
-    fresh="fresh W=$fw ($flayout) group ok on both rails"
-    [ "$CLEAN" = race ] && fresh="fresh W=$fw ($flayout) group opened and ran on both rails (its last call: the TODO above)"
-    tap_ok "$title: ${got%; }; back to baseline; $fresh"
+    tap_ok "$title: ${got%; }; back to baseline; fresh W=$fw ($flayout) group ok on both rails"
   else
     failed_rounds=$((failed_rounds + 1))
     tap_fail "$title" "${bad[@]}" "ranks: $got" \
