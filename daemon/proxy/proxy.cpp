@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/shm.hpp"
+#include "common/stream_copy.hpp"
 
 namespace tpf::daemon {
 
@@ -108,7 +109,14 @@ bool Proxy::resume(ProxyRank& pr) {
         const HostRegion& dst = *g.regions[q];
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
-            std::memcpy(dst.slot(phase, pr.rank) + s.offset, src.slot(phase, pr.rank) + s.offset, s.bytes);
+            std::uint8_t* const to = dst.slot(phase, pr.rank) + s.offset;
+            const std::uint8_t* const from = src.slot(phase, pr.rank) + s.offset;
+            if (pr.gpuDoorbells) { // a Device group: a GPU reads these rows over PCIe
+                streamCopy(to, from, s.bytes);
+                streamFence(); // the streamed lines before the flag
+            } else {
+                std::memcpy(to, from, s.bytes);
+            }
             std::atomic_ref(*dst.flag(phase, pr.rank, k)).store(d.epoch, std::memory_order_release);
         }
         dst.wakeIfWaiting();

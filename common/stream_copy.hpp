@@ -1,0 +1,54 @@
+// Copies into host memory that a GPU reads next over PCIe: non-temporal
+// stores for whole 64-byte lines, so the copy neither reads the destination
+// lines first nor leaves them dirty in this core's cache for the GPU's reads
+// to snoop. Measured (docs/perf.md, 2026-12-01, proxy route, one H200): 6 to
+// 17 % faster from 128 KiB a stripe, 1 to 2 us slower at 4..64 KiB, hence
+// the threshold. Not for a CPU reader (it would then read from memory
+// instead of another core's cache). Non-temporal stores are weakly ordered:
+// call streamFence() before the release store that publishes the bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace tpf {
+
+/// Copies at or above this many bytes stream; below it memcpy.
+inline constexpr std::size_t kStreamCopyMin = 128 * 1024;
+
+inline void streamCopy(void* dst, const void* src, std::size_t n) {
+#if defined(__x86_64__)
+    auto* d = static_cast<std::uint8_t*>(dst);
+    const auto* s = static_cast<const std::uint8_t*>(src);
+    if (n >= kStreamCopyMin && reinterpret_cast<std::uintptr_t>(d) % 16 == 0) {
+        const std::size_t body = n & ~std::size_t(63);
+        for (std::size_t i = 0; i < body; i += 64) {
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+            const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+            const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+        }
+        std::memcpy(d + body, s + body, n - body);
+        return;
+    }
+#endif
+    std::memcpy(dst, src, n);
+}
+
+/// Orders every streamCopy store before the stores after it.
+inline void streamFence() {
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
+}
+
+} // namespace tpf
