@@ -14,7 +14,7 @@
 # kernel cannot be obtained here. Environment: see README.md (TPF_VM_*).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-timeout_s=${TPF_VM_TIMEOUT:-1200}
+timeout_s=${TPF_VM_TIMEOUT:-1700}
 cache=${TPF_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpfabric-vm}
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers
   rdmacm-utils perftest cpio kmod iproute2 coreutils util-linux bash)
