@@ -63,8 +63,10 @@ Status NcclBootstrap::allGatherUntil(const void* mine, void* out, std::size_t by
         if (q == cudaSuccess) return okStatus();
         if (q != cudaErrorNotReady) return TPF_GPU(q);
         ncclResult_t async = ncclSuccess;
-        if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+            wedged_ = true; // its kernel may never end either
             return Error{Errc::NcclError, std::string("the bootstrap's ncclAllGather failed: ") + ncclGetErrorString(async)};
+        }
         const auto now = Clock::now();
         if (now >= deadline) {
             wedged_ = true;
