@@ -148,7 +148,12 @@ int runCalls(const Args& a, Group& g) {
                      std::string(errcName(s.code())).c_str(), i);
                 return 3;
             }
-        return finish(a, s, calls, start);
+        const int rc = finish(a, s, calls, start);
+        // --hold-ms holds a failed rank's group open too (after its RESULT
+        // line): a refusal that does not break the group (CapMismatch) must
+        // not close this rank while slower peers are still in a call with it.
+        if (a.holdMs) std::this_thread::sleep_for(std::chrono::milliseconds(a.holdMs));
+        return rc;
     };
     for (std::uint64_t it = 0; it < a.iters; ++it) {
         if (std::int64_t(it) == a.exitAt) std::_Exit(0);
