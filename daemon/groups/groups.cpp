@@ -110,6 +110,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     g.gpuDoorbells |= (f.flags & kOpenGpuDoorbells) != 0;
     g.members[f.rank] = Member{&link, link.pid(), link.uid(), nullptr, nullptr};
     g.members[f.rank].hostDirect = (f.flags & kOpenHostDirect) != 0;
+    if (f.flags & kOpenHostDirect) g.directMask |= 1u << f.rank;
     spdlog::info("group {}: rank {} joined (pid {}, uid {})", shortId(id), f.rank, link.pid(), link.uid());
     if ((g.everJoined & g.localMask) == g.localMask) tryOpen(g);
 }

@@ -107,6 +107,7 @@ public:
         std::uint32_t localMask = 0;
         std::map<std::uint32_t, Member> members; ///< by rank, local ranks that joined and did not leave
         std::uint32_t everJoined = 0;            ///< bit per rank that joined at some time
+        std::uint32_t directMask = 0;            ///< bit per local rank that joined host-direct (kOpenHostDirect)
         std::uint32_t ownerUid = 0;              ///< uid of the first rank to join (others must match, or be root)
         std::unique_ptr<boost::asio::steady_timer> openTimer; ///< until every local rank joined
         std::uint64_t agreedCap = 0;
@@ -127,10 +128,14 @@ public:
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its routes yet, or has a proxy-route peer.
         bool ringsProxy(const Member& m) const { return gpuDoorbells && (!m.attach || client_proto::ringsProxy(*m.attach)); }
-        /// Ranks whose region member `rank` writes itself (bit per rank): the
-        /// group's other ranks on this node, when it opened host-direct.
+        /// Ranks that exchange shards with member `rank` without the proxy
+        /// (bit per rank): the group's other ranks on this node that opened
+        /// host-direct, when it did too. Both ends must: a rank that opened
+        /// without (TPF_HOST_DIRECT=0, an older client) neither writes into
+        /// its peers' regions nor reads theirs, so the proxy carries every
+        /// shard to and from it.
         std::uint32_t directPeers(std::uint32_t rank, const Member& m) const {
-            return m.hostDirect && !gpuDoorbells ? localMask & ~(1u << rank) : 0u;
+            return m.hostDirect && !gpuDoorbells ? localMask & directMask & ~(1u << rank) : 0u;
         }
     };
     /// Every group, by id (status reads them).
