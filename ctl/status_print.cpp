@@ -235,7 +235,11 @@ void printRanks(const json& g, std::ostream& out) {
     Table t(device ? std::vector<std::string>{"RANK", "LOCAL", "PID", "UID", "ROUTE", "PEER ROUTES", "DEVICE REGION"}
                    : std::vector<std::string>{"RANK", "LOCAL", "PID", "UID", "ROUTE"});
     for (const auto& r : *ranks) {
-        std::vector<std::string> row{text(r, "rank"), text(r, "local"), text(r, "pid"), text(r, "uid"), text(r, "route")};
+        // A host group's local rank: whether it exchanges shards with its
+        // host-direct peers itself ("direct") or through the daemon's proxy.
+        std::string route = text(r, "route");
+        if (const json* d = field(r, "host_direct"); d && d->is_boolean()) route += d->get<bool>() ? " (direct)" : " (proxy)";
+        std::vector<std::string> row{text(r, "rank"), text(r, "local"), text(r, "pid"), text(r, "uid"), route};
         if (device) {
             std::string peers;
             const json* routes = field(r, "routes");

@@ -36,7 +36,8 @@ constexpr const char* kExample = R"json({
   "groups": [
     {"id": "32 hex digits", "world": 4, "state": "pending|negotiating|open|broken",
      "agreed_cap": 524288, "slot_bytes": 524288, "stripes": 1,
-     "ranks": [{"rank": 0, "local": true, "pid": 4321, "uid": 1000, "route": "shm"}],
+     "ranks": [{"rank": 0, "local": true, "pid": 4321, "uid": 1000, "route": "shm", "host_direct": true},
+               {"rank": 1, "local": true, "pid": 4322, "uid": 1000, "route": "shm", "host_direct": false}],
      "calls": 2000, "bytes": 8192000, "errors": 0,
      "latency_us": {"p50": 12.0, "p99": 40.0},
      "last_error": ""}
@@ -116,7 +117,8 @@ TEST_CASE("the example document of docs/status.md prints every section") {
     CHECK(rankHead.rfind("    RANK", 0) == 0);
     CHECK(has(rankRow, "yes"));
     CHECK(has(rankRow, "1000"));
-    CHECK(has(rankRow, "shm"));
+    CHECK(has(rankRow, "shm (direct)"));
+    CHECK(has(lineWith(out, "4322"), "shm (proxy)"));
     CHECK(rankHead.find("PID") == rankRow.find("4321"));
 
     CHECK(has(out, "\nRegions: 4 (host 4.0MiB, device 0B)\n"));

@@ -129,11 +129,13 @@ nlohmann::json groupsPart(const GroupTable& table) {
         for (std::uint32_t r = 0; r < g.world; ++r) {
             const bool local = g.localMask >> r & 1u;
             nlohmann::json e = {{"rank", r}, {"local", local}, {"pid", nullptr}, {"uid", nullptr},
-                                {"route", local ? "shm" : "verbs"}, {"routes", nullptr}, {"device_bytes", nullptr}};
+                                {"route", local ? "shm" : "verbs"}, {"host_direct", nullptr}, {"routes", nullptr},
+                                {"device_bytes", nullptr}};
             auto m = g.members.find(r);
             if (m != g.members.end()) {
                 e["pid"] = m->second.pid;
                 e["uid"] = m->second.uid;
+                if (!g.gpuDoorbells) e["host_direct"] = m->second.hostDirect;
                 proxyPolls |= m->second.ring && g.ringsProxy(m->second);
                 if (const auto& a = m->second.attach) {
                     nlohmann::json routes = nlohmann::json::array();

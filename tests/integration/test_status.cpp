@@ -44,6 +44,7 @@ TEST_CASE("status --json shows the group and its counters; SIGTERM removes the s
     for (std::uint32_t r = 0; r < 3; ++r) {
         CHECK(g["ranks"][r]["pid"] == run.ranks[r].pid);
         CHECK(g["ranks"][r]["route"] == "shm");
+        CHECK(g["ranks"][r]["host_direct"] == true); // TPF_HOST_DIRECT's default
     }
     CHECK(doc["regions"]["count"] == 3);
     CHECK(doc["hcas"].is_array());
@@ -202,6 +203,7 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
         CHECK(g["ranks"][0]["route"] == "shm");
         CHECK(g["ranks"][0]["routes"].is_null());
         CHECK(g["ranks"][0]["device_bytes"].is_null());
+        CHECK(g["ranks"][0]["host_direct"].is_null()); // host groups only
         CHECK(doc["daemon"]["proxy"]["state"] == "polling");
         CHECK(doc["regions"]["device_bytes"] == 0);
     }
