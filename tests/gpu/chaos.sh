@@ -76,7 +76,7 @@ tpf_gpu_chaos() {
     [ $((RANDOM % 2)) = 0 ] && route=ipc # (no $RANDOM in a subshell: the seed must replay)
     ev=${events[RANDOM % ${#events[@]}]}
     victim=$((RANDOM % w))
-    port=$((20000 + RANDOM % 30000))
+    port=$(freeport); : $((RANDOM)) # (the draw keeps an older seed's rounds as they were)
     local base_fds
     base_fds=$(ls "/proc/$cpid/fd" | wc -l)
     local log=$logdir/chaos-r$round
@@ -156,7 +156,8 @@ tpf_gpu_chaos() {
     fi
   done
   # A new group still opens and is right after all of it.
-  local port=$((20000 + RANDOM % 30000)) pids=() r after=0
+  local port pids=() r after=0
+  port=$(freeport)
   for ((r = 0; r < 2; r++)); do
     timeout 60 "$bin/tpf-gpurank" --socket "$csock" --bootstrap 127.0.0.1:$port --rank $r --world 2 --route ipc \
       --scenario data >"$logdir/chaos-after.$r.log" 2>&1 &

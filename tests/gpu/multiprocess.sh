@@ -22,7 +22,8 @@ esac
 dpid=$!
 for _ in $(seq 100); do [ -S "$dir/d.sock" ] && break; sleep 0.1; done
 [ -S "$dir/d.sock" ] || { echo "FAIL: tpfabricd did not start"; cat "$dir/daemon.log"; exit 1; }
-port=$((20000 + RANDOM % 30000))
+# A port the kernel says is free now (a random one may be taken).
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pids=()
 for r in 0 1; do
   timeout 120 "$rank" --socket "$dir/d.sock" --bootstrap 127.0.0.1:$port --rank $r --world 2 --scenario data \

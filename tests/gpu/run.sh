@@ -51,6 +51,10 @@ build_here() {
   [ $ok = 1 ] && nvcc -arch=sm_90 -Xcompiler -pthread -o build-gpu-device/test_gpu_collectives "${objs[@]}"
 }
 
+# A TCP port free on 127.0.0.1 now (the kernel picks it) for a group's
+# bootstrap: a random one may be taken (an earlier group's TIME_WAIT, a service).
+freeport() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
 if [ -z "${TPF_GPU_BUILD:-}" ] && [ -x "$bin/test_gpu_collectives" ]; then
   export LD_LIBRARY_PATH="$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
@@ -130,7 +134,8 @@ start_daemon() {
 tag=
 ranks() {
   local prog=$1 w=$2 route=$3 scen=$4 tmo=$5; shift 5
-  local port=$((20000 + RANDOM % 30000)) pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log"
+  local port pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log"
+  port=$(freeport)
   : >"$log"
   for ((r = 0; r < w; r++)); do
     timeout 40 "$bin/$prog" --socket "$sock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" \

@@ -54,7 +54,8 @@ tpf_python_gpu_suite() {
   # _ranks TAG W BACKEND SOCKET PROGRAM ARGS...: W rank processes; fails unless every one exits 0.
   _ranks() {
     local tag=$1 w=$2 backend=$3 sock=$4 prog=$5; shift 5
-    local port=$((20000 + RANDOM % 30000)) pids=() r ok=0 log="$logdir/py-$tag.log"
+    local port pids=() r ok=0 log="$logdir/py-$tag.log"
+    port=$(freeport)
     : >"$log"
     for ((r = 0; r < w; r++)); do
       RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 \
