@@ -1,16 +1,21 @@
 """One rank of the tpfabric.torch benchmark: µs per call inside a CUDA graph, the Communicator beside torch.distributed (NCCL).
 
-    bench_comm.py --socket PATH [--calls 100] [--replays 20] [--backend nccl|gloo]
+    bench_comm.py --socket PATH [--calls 100] [--replays 5] [--timing synced|pipelined] [--backend nccl|gloo]
 
 One process per GPU (tests/gpu/python/run.sh starts them; torch.distributed
 from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). For each size 4 KiB ..
 512 KiB (a rank's shard for the all-gather, the tensor for the bf16 sum),
 each way captures --calls back-to-back calls on the same buffers into one
-torch.cuda.graph, replays it once to warm up, then times --replays replays
-back to back, each between two CUDA events; a call's time is a replay's
-time / calls, the best replay (as bench/gpu's "best of N") and the mean.
-Rank 0 prints the table (ROW lines) with the path the Communicator's calls
-took. --backend gloo (ranks sharing one GPU under MPS, where NCCL refuses
+torch.cuda.graph, replays it once to warm up, then times --replays replays,
+each between two CUDA events; a call's time is a replay's time / calls, the
+best replay and the mean. --timing synced (default) synchronises after each
+replay, exactly as tpf-gpubench's timeGraph (best of 5); pipelined replays
+back to back. Beside the Communicator, the same graph built from direct
+calls of the C ABI through ctypes (tpf_all_gather_async /
+tpf_all_reduce_sum_async on the Communicator's handle, same buffers, same
+stream): the Python layer's own cost inside a graph is the difference of
+those two columns, measured in one process. Rank 0 prints the table (ROW
+lines) with the path the Communicator's calls took. --backend gloo (ranks sharing one GPU under MPS, where NCCL refuses
 two ranks of a communicator on one GPU): the Communicator alone, its
 torch columns "-"; run.sh prints tpf-gpubench's C++ rows of the same sizes
 in the same run, for the Python layer's cost inside a graph.
@@ -31,12 +36,20 @@ if not torch.cuda.is_available():
 
 import torch.distributed as dist  # noqa: E402
 
+from tpfabric import _lib as tpfabric_lib  # noqa: E402
 from tpfabric.torch import Communicator  # noqa: E402
+
+BF16 = tpfabric_lib.DTYPE_BF16
+
+
+def raw_check(code: int) -> None:
+    if code != 0:
+        raise RuntimeError(f"C ABI call failed: tpf_errc {code}")
 
 SIZES = [4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10]
 
 
-def per_call_us(fn: Callable[[], None], calls: int, replays: int) -> "tuple[float, float]":
+def per_call_us(fn: Callable[[], None], calls: int, replays: int, synced: bool = True) -> "tuple[float, float]":
     """(best, mean) µs per call over the replays, each replay timed alone (as bench/gpu's best of N)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -52,13 +65,23 @@ def per_call_us(fn: Callable[[], None], calls: int, replays: int) -> "tuple[floa
     graph.replay()
     torch.cuda.synchronize()
     dist.barrier()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
-    events[0].record()
-    for i in range(replays):
-        graph.replay()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    laps = [events[i].elapsed_time(events[i + 1]) * 1000.0 / calls for i in range(replays)]
+    laps = []
+    if synced:  # as tpf-gpubench's timeGraph: record, launch, record, synchronize, each replay
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            laps.append(start.elapsed_time(end) * 1000.0 / calls)
+    else:
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
+        events[0].record()
+        for i in range(replays):
+            graph.replay()
+            events[i + 1].record()
+        torch.cuda.synchronize()
+        laps = [events[i].elapsed_time(events[i + 1]) * 1000.0 / calls for i in range(replays)]
     return min(laps), sum(laps) / replays
 
 
@@ -66,7 +89,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
     ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--timing", choices=["synced", "pipelined"], default="synced")
     ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -77,8 +101,11 @@ def main() -> int:
     nccl = a.backend == "nccl"
     if rank == 0:
         print(f"INFO {comm!r}; {torch.cuda.get_device_name(dev)}; torch {torch.__version__}; "
-              f"{a.calls} calls a graph, {a.replays} replays", flush=True)
-        print("ROW op size_bytes tpfabric_us torch_nccl_us ratio tpfabric_mean_us torch_nccl_mean_us path", flush=True)
+              f"{a.calls} calls a graph, best of {a.replays} replays, {a.timing}", flush=True)
+        print("ROW op size_bytes tpfabric_us torch_nccl_us ratio tpfabric_mean_us torch_nccl_mean_us path c_abi_us",
+              flush=True)
+    synced = a.timing == "synced"
+    lib, h = tpfabric_lib.lib, comm._h  # the C ABI beside the Communicator: same handle, buffers, stream
     for op in ("all_gather", "all_reduce_bf16"):
         for size in SIZES:
             if op == "all_gather":
@@ -86,20 +113,25 @@ def main() -> int:
                 y = torch.empty(world * size, dtype=torch.uint8, device=dev)
                 ours: Callable[[], None] = lambda: comm.all_gather_into_tensor(y, x)  # noqa: E731
                 theirs: Callable[[], None] = lambda: dist.all_gather_into_tensor(y, x)  # noqa: E731
+                raw: Callable[[], None] = lambda: raw_check(  # noqa: E731
+                    lib.tpf_all_gather_async(h, x.data_ptr(), y.data_ptr(), size, torch.cuda.current_stream().cuda_stream))
             else:
                 x = torch.zeros(size // 2, dtype=torch.bfloat16, device=dev)  # zeros: no overflow over many calls
                 ours = lambda: comm.all_reduce(x)  # noqa: E731
                 theirs = lambda: dist.all_reduce(x)  # noqa: E731
+                raw = lambda: raw_check(lib.tpf_all_reduce_sum_async(  # noqa: E731
+                    h, x.data_ptr(), x.data_ptr(), size // 2, BF16, torch.cuda.current_stream().cuda_stream))
             before = dict(comm.calls)
-            t_ours, m_ours = per_call_us(ours, a.calls, a.replays)
+            t_ours, m_ours = per_call_us(ours, a.calls, a.replays, synced)
             path = "fabric" if comm.calls["torch.distributed"] == before["torch.distributed"] else "torch.distributed"
+            t_raw = per_call_us(raw, a.calls, a.replays, synced)[0] if path == "fabric" else None
             if nccl:
-                t_theirs, m_theirs = per_call_us(theirs, a.calls, a.replays)
+                t_theirs, m_theirs = per_call_us(theirs, a.calls, a.replays, synced)
                 row = f"{t_ours:.2f} {t_theirs:.2f} {t_ours / t_theirs:.2f} {m_ours:.2f} {m_theirs:.2f}"
             else:  # gloo: torch.distributed's calls are not capturable on CUDA tensors
                 row = f"{t_ours:.2f} - - {m_ours:.2f} -"
             if rank == 0:
-                print(f"ROW {op} {size} {row} {path}", flush=True)
+                print(f"ROW {op} {size} {row} {path} {'-' if t_raw is None else f'{t_raw:.2f}'}", flush=True)
     comm.close()
     dist.destroy_process_group()
     return 0
