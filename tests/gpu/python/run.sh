@@ -25,6 +25,9 @@
 tpf_python_gpu_suite() {
   local bin=${1:-${TPF_GPU_BIN:-.carry/gpu}} logdir=${2:-${TPF_GPU_LOG:-${OUT:-build-gpu-device}}}
   local rc=0 py=python3 dir tmp ngpu w scen own_mps=
+  # run.sh defines freeport; standalone, a port the kernel says is free now.
+  declare -F freeport >/dev/null ||
+    freeport() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP python: no GPU"; return 77; }
   mkdir -p "$logdir"
   dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
