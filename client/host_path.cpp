@@ -69,7 +69,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         for (; next + 1 < world; ++next) {
             const std::uint32_t q = peerAt(rank, next, world);
             for (std::uint32_t k = 0; k < layout.stripes; ++k)
-                if (std::atomic_ref(*flag(phase, q, k)).load(std::memory_order_acquire) < e) return false;
+                if (std::atomic_ref(*flagOf(phase, q, k)).load(std::memory_order_acquire) < e) return false;
         }
         return true;
     };
@@ -88,7 +88,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (err == std::uint32_t(Errc::Aborted) || std::atomic_ref(c.abort).load(std::memory_order_acquire) || who == kNoPeer)
             return true;
         for (std::uint32_t k = 0; k < layout.stripes; ++k)
-            if (who < world && who != rank && std::atomic_ref(*flag(phase, who, k)).load(std::memory_order_acquire) < e)
+            if (who < world && who != rank && std::atomic_ref(*flagOf(phase, who, k)).load(std::memory_order_acquire) < e)
                 return true;
         const std::uint64_t now = monotonicNs();
         if (!brokenSeenNs) brokenSeenNs = now;
@@ -154,32 +154,30 @@ Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
         }
     }
     if (directPeers)
-        if (auto s = writePeers(e, phase, bytes); !s) return s;
+        if (auto s = publish(e, phase); !s) return s;
     return waitPeers(e, phase);
 }
 
-// As the proxy's shm delivery: slot, then each stripe's flag (release), then
-// a wake. Safe by the two-phase rule: this rank completed epoch e - 1, so
-// every peer has left phase(e)'s slots of epoch e - 2. Nothing is written
-// once the group broke (the proxy drops a broken group's doorbells too).
-Status Group::Impl::writePeers(std::uint64_t e, std::uint32_t phase, std::size_t bytes) {
+// Host-direct is "pull": our row of epoch e is staged in our own slot
+// (exchange, allGatherV); our own flags, released in our own region, publish
+// it, and each direct peer polls them and reads the row from our region
+// (rowOf, flagOf), so a call writes nothing into a peer's region but a wake.
+// Safe by the two-phase rule: we re-stage slot phase(e) at epoch e + 2 only
+// after completing e + 1, which needs every peer's e + 1 flag, which a peer
+// releases only after it finished reading our row of epoch e. Nothing is
+// published once the group broke (the proxy drops a broken group's doorbells
+// too).
+Status Group::Impl::publish(std::uint64_t e, std::uint32_t phase) {
     if (const std::uint64_t now = monotonicNs(); now - daemonCheckedNs >= kDaemonCheckNs) {
         daemonCheckedNs = now;
         if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection"});
     }
     if (std::atomic_ref(control().error).load(std::memory_order_acquire)) return okStatus(); // waitPeers reports it
-    const std::uint8_t* const src = slot(phase, rank);
+    for (std::uint32_t k = 0; k < layout.stripes; ++k) std::atomic_ref(*flag(phase, rank, k)).store(e, std::memory_order_release);
     for (std::uint32_t i = 0; i + 1 < world; ++i) {
         const std::uint32_t q = peerAt(rank, i, world);
         if (!(directPeers >> q & 1u)) continue;
-        std::uint8_t* const dst = peerRegions[q].data();
-        for (std::uint32_t k = 0; k < layout.stripes; ++k) {
-            const Stripe st = stripeOf(bytes, layout.stripes, k);
-            std::memcpy(dst + layout.slotOffset(phase, rank) + st.offset, src + st.offset, st.bytes);
-            std::atomic_ref(*reinterpret_cast<std::uint64_t*>(dst + layout.flagOffset(phase, rank, k)))
-                .store(e, std::memory_order_release);
-        }
-        auto& c = *reinterpret_cast<ControlBlock*>(dst + layout.controlOffset());
+        auto& c = *reinterpret_cast<ControlBlock*>(peerRegions[q].data() + layout.controlOffset());
         wakeIfWaiting(&c.waiters, &c.wakeSeq);
     }
     return okStatus();
@@ -201,7 +199,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
     const Status s = g.exchange(send, bytes, phase);
     if (s) {
         for (std::uint32_t q = 0; q < g.world; ++q)
-            std::memmove(out + std::size_t(q) * bytes, g.slot(phase, q), bytes); // own slot holds our staged shard
+            std::memmove(out + std::size_t(q) * bytes, g.rowOf(phase, q), bytes); // own slot holds our staged shard
     }
     g.record(kStatsAllGather, start, bytes, bool(s));
     return s;
@@ -223,7 +221,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     const Status s = g.exchange(send, bytes, phase);
     if (s) {
         const void* rows[kMaxWorld];
-        for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.slot(phase, q);
+        for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.rowOf(phase, q);
         sumRowsInOrder(rows, g.world, recv, count, type);
     }
     g.record(kStatsAllReduceSum, start, bytes, bool(s));
@@ -262,7 +260,7 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
     // Every row's header before any byte of output: all or nothing.
     for (std::uint32_t q = 0; q < g.world && s; ++q) {
         RowHeader h;
-        std::memcpy(&h, g.slot(phase, q), sizeof h);
+        std::memcpy(&h, g.rowOf(phase, q), sizeof h);
         if (h.magic != kRowHeaderMagic || h.countsHash != mine.countsHash || h.rowBytes != counts[q])
             s = g.fail(Error{Errc::GroupMismatch, "allGatherV: rank " + std::to_string(q) + " passed other counts than rank " +
                                                       std::to_string(g.rank) + " (its row is " + std::to_string(h.rowBytes) +
@@ -271,7 +269,7 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
     }
     if (s)
         for (std::uint32_t q = 0; q < g.world; ++q)
-            std::memmove(out + offset[q], g.slot(phase, q) + sizeof(RowHeader), counts[q]);
+            std::memmove(out + offset[q], g.rowOf(phase, q) + sizeof(RowHeader), counts[q]);
     g.record(kStatsAllGatherV, start, counts[g.rank], bool(s));
     return s;
 }

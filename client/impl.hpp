@@ -42,9 +42,9 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint64_t epoch = 0;
     std::uint32_t seq = 1;
     // Host-direct (Host groups, TPF_HOST_DIRECT unset or 1): the regions of
-    // the same-node peers, which this rank writes into itself.
+    // the same-node peers, whose rows and flags this rank reads there itself.
     std::array<Mapping, kMaxWorld> peerRegions; ///< mapped at the ranks of directPeers only
-    std::uint32_t directPeers = 0;              ///< bit per rank written directly (Verdict.hostPeers)
+    std::uint32_t directPeers = 0;              ///< bit per rank read directly (Verdict.hostPeers)
     bool ringsProxy = true;                     ///< some peer is reached through the proxy: ring for each call
     std::uint64_t daemonCheckedNs = 0;          ///< when a host-direct call last looked at the daemon's socket
 
@@ -60,6 +60,15 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint64_t* flag(std::uint32_t phase, std::uint32_t src, std::uint32_t k) const {
         return reinterpret_cast<std::uint64_t*>(region.data() + layout.flagOffset(phase, src, k));
     }
+    /// The region that holds rank q's row and flags as this rank reads them:
+    /// a direct peer's own (it publishes there), else ours (our own row, and
+    /// the rows the proxy delivers).
+    std::uint8_t* regionOf(std::uint32_t q) const { return (directPeers >> q & 1u ? peerRegions[q] : region).data(); }
+    const std::uint8_t* rowOf(std::uint32_t phase, std::uint32_t q) const { return regionOf(q) + layout.slotOffset(phase, q); }
+    /// Only loaded (atomic_ref of a const object is not C++20).
+    std::uint64_t* flagOf(std::uint32_t phase, std::uint32_t q, std::uint32_t k) const {
+        return reinterpret_cast<std::uint64_t*>(regionOf(q) + layout.flagOffset(phase, q, k));
+    }
 
     /// Stage `bytes` of `send` into the own slot of a new epoch, ring the
     /// doorbell and wait until every peer's shard of that epoch arrived.
@@ -69,9 +78,10 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// slot(phaseOf(epoch + 1), rank) itself.
     Status post(std::size_t bytes, std::uint32_t& phase);
     Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
-    /// Host-direct: the own staged shard of `epoch` into every directPeers
-    /// region, its flags, a wake; what the proxy does for the other peers.
-    Status writePeers(std::uint64_t epoch, std::uint32_t phase, std::size_t bytes);
+    /// Host-direct: release the own row of `epoch` (staged in our own slot)
+    /// by our own flags, then wake the directPeers that sleep; they read it
+    /// from our region (the proxy carries it to the other peers).
+    Status publish(std::uint64_t epoch, std::uint32_t phase);
     Status fail(Error e);
     /// allGatherV's arguments, before anything is staged: world counts, send
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.

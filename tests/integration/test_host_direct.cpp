@@ -1,7 +1,7 @@
 // The host-direct path (docs/design.md §4): same-node ranks of a host group
-// copy their shards into each other's regions and wake each other, so the
-// daemon's proxy carries nothing for them; TPF_HOST_DIRECT=0 forces the old
-// proxy-carried path. Both must be byte/bit-exact and fail alike.
+// publish their shards in their own regions and read each other's rows there
+// ("pull"), so the daemon's proxy carries nothing for them; TPF_HOST_DIRECT=0
+// forces the old proxy-carried path. Both must be byte/bit-exact and fail alike.
 #include <csignal>
 #include <cstdlib>
 #include <thread>
@@ -53,6 +53,53 @@ TEST_CASE("one-node host groups: byte-exact over either path; host-direct rings 
     }
 }
 
+// Every rank checks every byte of every call against its own reference
+// (tests/common/reference.hpp for the sums: f32, f16 and bf16 in turn, the
+// rank-order float sum rounded once). The sizes alternate call by call, so
+// each slot is re-staged with another size two calls later while the peers
+// read the other phase's rows: the two-phase rule under pull.
+TEST_CASE("host-direct pull, W = 2, 3, 4, 8, 16: back-to-back gathers and sums of alternating sizes exact, all-gather-v rows exact") {
+    for (std::uint32_t world : {2u, 3u, 4u, 8u, 16u}) {
+        DYNAMIC_SECTION("world " << world) {
+            Daemon d;
+            const std::uint64_t iters = world <= 4 ? 3000 : 600;
+            auto run = startRanks(d, world, {"--iters", std::to_string(iters), "--sizes", "4096,16,65536,48,12345,1008",
+                                             "--mode", "mixed", "--timeout-ms", "20000"},
+                                  {}, {{"TPF_HOST_DIRECT", "1"}});
+            REQUIRE(waitAll(pointers(run), 300000));
+            auto gv = startRanks(d, world, {"--iters", "300", "--sizes", "1,4097,65536", "--mode", "gatherv", "--timeout-ms", "20000"},
+                                 {}, {{"TPF_HOST_DIRECT", "1"}});
+            REQUIRE(waitAll(pointers(gv), 300000));
+            INFO("daemon log:\n" << d.log());
+            for (std::uint32_t r = 0; r < world; ++r) {
+                CHECK(run.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=" + std::to_string(iters));
+                CHECK(gv.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=300");
+            }
+            CHECK(proxyDoorbells(d) == 0); // no shard went through the proxy
+        }
+    }
+}
+
+// The last rank's own counts differ at call 5: its row header, read from its
+// own region, tells every rank so before anything is written.
+TEST_CASE("host-direct: all-gather-v with mismatched counts fails GroupMismatch on every rank, nothing written") {
+    for (std::uint32_t world : {2u, 4u, 16u}) {
+        DYNAMIC_SECTION("world " << world) {
+            Daemon d;
+            auto run = startRanks(d, world, {"--max-bytes", "4096", "--sizes", "4000", "--mode", "gatherv", "--iters", "20",
+                                             "--mismatch-at", "5"},
+                                  {}, {{"TPF_HOST_DIRECT", "1"}});
+            REQUIRE(waitAll(pointers(run), 60000));
+            for (std::uint32_t r = 0; r < world; ++r) {
+                INFO("rank " << r << ": " << run.line(r));
+                CHECK(exitCode(run.ranks[r]) == 1); // 3: wrong data, or a failed call wrote into its output
+                CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
+                CHECK(run.line(r).find("passed other counts") != std::string::npos);
+            }
+        }
+    }
+}
+
 TEST_CASE("host-direct: a rank killed mid-run ends every other rank's call with PeerLost, not at its timeout") {
     Daemon d;
     const std::uint32_t world = 4, victim = 1, timeoutMs = 10000;
@@ -73,6 +120,29 @@ TEST_CASE("host-direct: a rank killed mid-run ends every other rank's call with 
         CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
     }
     CHECK(proxyDoorbells(d) == 0); // the daemon saw the death by the socket alone
+}
+
+// Killed while every rank is calling, at any point of a call (before its
+// row is staged, between row and flag, while peers read its region): the
+// others end PeerLost, nothing wrong written, within timeout + 1 s.
+TEST_CASE("host-direct: a rank killed while W = 8 ranks call back to back: the others end PeerLost within timeout + 1 s") {
+    Daemon d;
+    const std::uint32_t world = 8, victim = 5, timeoutMs = 10000;
+    auto run = startRanks(d, world, {"--iters", "1000000000", "--sizes", "16,4096,12345", "--mode", "mixed", "--timeout-ms",
+                                     std::to_string(timeoutMs), "--progress", "64"},
+                          {}, {{"TPF_HOST_DIRECT", "1"}});
+    for (auto& c : run.ranks) REQUIRE(waitForOutput(c, "PROGRESS", 120000));
+    const std::uint64_t killedAt = tpf::monotonicNs();
+    ::kill(run.ranks[victim].pid, SIGKILL);
+    REQUIRE(waitAll(pointers(run), 30000));
+    INFO("daemon log:\n" << d.log());
+    for (std::uint32_t r = 0; r < world; ++r) {
+        if (r == victim) continue;
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(run.line(r).find(" error=PeerLost ") != std::string::npos);
+        CHECK(exitCode(run.ranks[r]) == 1);
+        CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
+    }
 }
 
 TEST_CASE("host-direct: the daemon killed while the ranks keep calling: every rank ends DaemonLost") {
