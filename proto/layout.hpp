@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <tpfabric/error.hpp>
 
@@ -43,14 +44,26 @@ inline constexpr std::uint64_t kBufferAlign = 16;   ///< user buffers and sizes:
 TPF_HD constexpr std::uint64_t roundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 /// Shared control words of a region. Lives at Layout::controlOffset().
-/// Written by: daemon (error, missingPeer, abort, wakeSeq), the region's own
-/// rank (epoch, waiters). Read by the rank's waits (host code or kernels).
+/// Written by: daemon (error, missingPeer, carriedThrough, abort, wakeSeq),
+/// the region's own rank (epoch, waiters). Read by the rank's waits (host
+/// code or kernels).
 struct ControlBlock {
     std::uint64_t epoch;        ///< @0   last epoch this rank started (device-resident mirror for graphs)
     std::uint8_t reserved0[120];
     std::uint32_t error;        ///< @128 Errc of a group-wide failure, 0 while healthy (daemon writes)
     std::uint32_t missingPeer;  ///< @132 rank the failure names, 0xffffffff if none
-    std::uint8_t reserved1[120];
+    /// @136 With error PeerLost: missingPeer closed in order after posting
+    /// epochs 1..carriedThrough, and every other rank's shards of those
+    /// epochs are still carried, so a wait for an epoch up to it goes on
+    /// (until its timeout) while missingPeer's own shard is there; a later
+    /// epoch lacks that shard and fails at once. 0: nothing is carried (a
+    /// fault: a wait ends after a short grace for shards under way).
+    /// kCarriedUnknown: the daemon cannot tell the last epoch (the rank
+    /// exchanged every shard by ipc); its own shard decides. The daemon
+    /// writes it before error (release); it may lower it or reset it to 0
+    /// later (another rank left earlier, a fault followed).
+    std::uint64_t carriedThrough;
+    std::uint8_t reserved1[112];
     std::uint32_t abort;        ///< @256 non-zero once any rank aborted (daemon writes)
     std::uint8_t reserved2[124];
     std::uint32_t wakeSeq;      ///< @384 futex word: daemon bumps it and wakes after storing flags or errors
@@ -60,11 +73,17 @@ struct ControlBlock {
 static_assert(sizeof(ControlBlock) == 512);
 static_assert(offsetof(ControlBlock, error) == 128);
 static_assert(offsetof(ControlBlock, missingPeer) == 132);
+static_assert(offsetof(ControlBlock, carriedThrough) == 136);
+static_assert(offsetof(ControlBlock, reserved1) == 144);
+static_assert(offsetof(ControlBlock, reserved2) == 260);
+static_assert(std::is_trivially_copyable_v<ControlBlock>);
 static_assert(offsetof(ControlBlock, abort) == 256);
 static_assert(offsetof(ControlBlock, wakeSeq) == 384);
 static_assert(offsetof(ControlBlock, waiters) == 388);
 
 inline constexpr std::uint32_t kNoPeer = 0xffffffffu;
+/// ControlBlock::carriedThrough when the leaving rank's last epoch is unknown.
+inline constexpr std::uint64_t kCarriedUnknown = ~0ull;
 
 /// Offsets of one rank's region for a group of `world` ranks. Trivially
 /// copyable so it can be passed by value into a kernel.

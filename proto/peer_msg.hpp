@@ -140,10 +140,17 @@ struct PeerVerdict {
     std::uint16_t reserved0;
     std::uint32_t missingRank;  ///< kNoPeer if none
     char reason[128];           ///< NUL-terminated
-    std::uint64_t reserved1;
+    /// kPeerBroken with errc PeerLost only: missingRank closed in order
+    /// after posting epochs 1..leftAfter (ControlBlock::carriedThrough,
+    /// kCarriedUnknown when its daemon cannot tell), and the group's other
+    /// ranks go on carrying shards of those epochs. 0: a fault, nothing more
+    /// is carried. Was reserved (zero): a daemon that predates it sends and
+    /// reads 0, which is the older meaning, so the magic is unchanged.
+    std::uint64_t leftAfter;
 };
 static_assert(sizeof(PeerVerdict) == 160);
 static_assert(offsetof(PeerVerdict, reason) == 24);
+static_assert(offsetof(PeerVerdict, leftAfter) == 152);
 static_assert(std::is_trivially_copyable_v<PeerVerdict>);
 
 // ---- validation --------------------------------------------------------

@@ -1,9 +1,11 @@
 // Layout invariants, peerAt, stripes and caps (proto/layout.hpp).
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <vector>
 
 #include "catch.hpp"
+#include "golden.hpp"
 #include "proto/layout.hpp"
 
 using namespace tpf;
@@ -146,4 +148,23 @@ TEST_CASE("countsHash tells counts apart and is the same for equal counts") {
     CHECK(slotBytesFor(1) == 4096);
     CHECK(slotBytesFor(4064) == 4096);
     CHECK(slotBytesFor(4065) == 8192);
+}
+
+// The control block is shared memory between the daemon, host waits and
+// kernels: its bytes are a wire. carriedThrough sits in what was reserved1.
+TEST_CASE("control block: golden byte image") {
+    ControlBlock c{};
+    c.epoch = 0x1112131415161718ull;
+    c.error = 0x21222324u;
+    c.missingPeer = 0x31323334u;
+    c.carriedThrough = 0x4142434445464748ull;
+    c.abort = 0x51525354u;
+    c.wakeSeq = 0x61626364u;
+    c.waiters = 0x71727374u;
+    std::vector<std::uint8_t> b(sizeof c);
+    std::memcpy(b.data(), &c, sizeof c);
+    std::string want = "1817161514131211" + std::string(240, '0') + "2423222134333231" + "4847464544434241" +
+                       std::string(224, '0') + "54535251" + std::string(248, '0') + "6463626174737271" +
+                       std::string(240, '0');
+    CHECK(golden(b, "control") == want);
 }

@@ -282,4 +282,21 @@ TEST_CASE("golden byte images of peer records") {
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
           "00000000000000000000000000000000");
+    // leftAfter (the former reserved1, zero above) in the last 8 bytes: an
+    // orderly leave of rank 5 after epoch 0x0102030405060708. No version
+    // bump: a daemon that predates it sends and ignores 0, the fault it meant.
+    PeerVerdict left{};
+    fill(left.groupId, 0xa0);
+    left.errc = std::uint16_t(Errc::PeerLost);
+    left.missingRank = 5;
+    left.leftAfter = 0x0102030405060708ull;
+    setText(left.reason, "rank 5 left");
+    CHECK(golden(encode(kPeerBroken, 5, left), "left") ==
+          "5450500103000500a000000005000000a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"
+          "040000000500000072616e6b2035206c65667400000000000000000000000000"
+          "0000000000000000000000000000000000000000000000000000000000000000"
+          "0000000000000000000000000000000000000000000000000000000000000000"
+          "0000000000000000000000000000000000000000000000000000000000000000"
+          "00000000000000000807060504030201");
+    CHECK(decodeFixed<PeerVerdict>(payloadOf(encode(kPeerBroken, 5, left)), "PeerVerdict")->leftAfter == left.leftAfter);
 }
