@@ -87,9 +87,19 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
         if (err == std::uint32_t(Errc::Aborted) || std::atomic_ref(c.abort).load(std::memory_order_acquire) || who == kNoPeer)
             return true;
+        // `who` closed in order after epoch `carried`: the daemons still carry
+        // every other rank's shards of epochs up to it (ControlBlock::carriedThrough).
+        const std::uint64_t carried =
+            err == std::uint32_t(Errc::PeerLost) ? std::atomic_ref(c.carriedThrough).load(std::memory_order_acquire) : 0;
         for (std::uint32_t k = 0; k < layout.stripes; ++k)
-            if (who < world && who != rank && std::atomic_ref(*flagOf(phase, who, k)).load(std::memory_order_acquire) < e)
+            if (who < world && who != rank && std::atomic_ref(*flagOf(phase, who, k)).load(std::memory_order_acquire) < e) {
+                if (carried && carried != kCarriedUnknown && e > carried) // its shard of e never comes: say why
+                    static_cast<void>(fail(Error{Errc::PeerLost, "rank " + std::to_string(who) + " left the group after epoch " +
+                                                                     std::to_string(carried) + " (this call is epoch " +
+                                                                     std::to_string(e) + ")"}));
                 return true;
+            }
+        if (e <= carried) return false; // still carried: wait as in a healthy group, up to the timeout
         const std::uint64_t now = monotonicNs();
         if (!brokenSeenNs) brokenSeenNs = now;
         return now - brokenSeenNs >= kBrokenGraceNs;

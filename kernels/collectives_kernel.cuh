@@ -113,6 +113,19 @@ __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t
     st->ringHead = head + 1;
 }
 
+/// The daemon's error `err` leaves a wait for epoch e going (lane 0): a rank
+/// closed in order after an epoch >= e (ControlBlock::carriedThrough) and its
+/// own shard of e is here, so the other ranks' shards of e still come.
+__device__ bool leaveCarries(const DeviceGroupView& v, std::uint32_t err, std::uint64_t e, std::uint32_t p) {
+    if (err != std::uint32_t(Errc::PeerLost) || e > ldRelaxedSys(&v.control->carriedThrough)) return false;
+    const std::uint32_t who = ldRelaxedSys(&v.control->missingPeer);
+    if (who >= v.world || who == v.rank) return false;
+    const std::uint8_t* base = isProxy(v.routes[who]) ? v.hostRegion : v.region;
+    for (std::uint32_t k = 0; k < v.layout.stripes; ++k)
+        if (ldAcquireSys(reinterpret_cast<const std::uint64_t*>(base + v.layout.flagOffset(p, who, k))) < e) return false;
+    return true;
+}
+
 /// Warp 0 of block 0: waits until every peer's flags for every stripe reach
 /// e, or abort/error/ring-full/timeout. Returns 0 (all arrived) or the Errc
 /// to report; records it in the control block when it is this rank's own.
@@ -133,10 +146,11 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
     for (;;) {
         // Control words first: relaxed loads issue without waiting, so their
         // latency overlaps the flags' acquire loads.
-        std::uint32_t daemonErr = 0, aborted = 0, ringFull = 0, silent = 0;
+        std::uint32_t daemonErr = 0, aborted = 0, ringFull = 0, silent = 0, carried = 0;
         if (lane == 0) {
             daemonErr = ldRelaxedSys(&v.control->error);
             aborted = ldRelaxedSys(&v.control->abort);
+            carried = daemonErr != 0 && aborted == 0 && leaveCarries(v, daemonErr, e, p);
             ringFull = ldRelaxedGpu(&v.state->ringFullEpoch) == e;
             if (beat) {
                 const std::uint64_t now = globalTimerNs();
@@ -165,6 +179,7 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
         aborted = __shfl_sync(0xffffffffu, aborted, 0);
         ringFull = __shfl_sync(0xffffffffu, ringFull, 0);
         silent = __shfl_sync(0xffffffffu, silent, 0);
+        carried = __shfl_sync(0xffffffffu, carried, 0);
         // Every flag arrived: the call is whole, whatever the daemon recorded
         // since (a peer that delivered and then left, an abort after the
         // last shard); the next call sees the record. As the host path.
@@ -175,7 +190,7 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
             return 0;
         }
         std::uint32_t code = 0;
-        if (daemonErr != 0) code = daemonErr;
+        if (daemonErr != 0 && !carried) code = daemonErr; // carried: wait on, up to the timeout
         else if (aborted != 0) code = std::uint32_t(Errc::Aborted), missing = kNoPeer;
         else if (ringFull != 0) code = std::uint32_t(Errc::Timeout), missing = v.rank;
         else if (silent != 0) code = std::uint32_t(Errc::DaemonLost), missing = kNoPeer;

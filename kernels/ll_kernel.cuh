@@ -144,11 +144,22 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         }
         if ((spins & 1023u) == 0) { // the daemon's words live in host memory: read them rarely
             const std::uint32_t err = ldRelaxedSys(&v.control->error), ab = ldRelaxedSys(&v.control->abort);
+            // A rank that closed in order after an epoch >= e (ControlBlock::
+            // carriedThrough), whose lines this thread has, leaves the wait
+            // going up to the timeout: the other ranks' lines of e still come.
+            bool carried = false;
+            if (err == std::uint32_t(Errc::PeerLost) && ab == 0 && e <= ldRelaxedSys(&v.control->carriedThrough)) {
+                const std::uint32_t who = ldRelaxedSys(&v.control->missingPeer);
+                carried = who < W && who != me;
+#pragma unroll
+                for (std::uint32_t k = 0; k < kPer; ++k)
+                    if (carried && (pending >> (k * kPeers + (who < me ? who : who - 1)) & 1u)) carried = false;
+            }
             // Lines that landed before the record (a peer that delivered, then
             // left) still count: fail at the second look, 1,024 polls later.
             if ((err != 0 || ab != 0) && !recorded) {
                 recorded = true;
-            } else if (err != 0 || ab != 0) {
+            } else if ((err != 0 || ab != 0) && !carried) {
                 atomicCAS(&sCode, 0u, err != 0 ? kLlKeep : std::uint32_t(Errc::Aborted));
                 ok = false;
                 break;

@@ -173,14 +173,21 @@ void GroupTable::negotiationRefused(const GroupId& id, Errc code, const std::str
 }
 
 void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
-                                   bool seenHere) {
+                                   bool seenHere, std::uint64_t leftAfter) {
     auto it = groups_.find(id);
     if (it == groups_.end()) return;
     Group& g = it->second;
     if (g.closingAt) return; // every local rank closed: nobody here to tell
+    if (leftAfter && !seenHere) {
+        if (g.state == State::Open || g.state == State::Broken) rankLeft(g, rank, leftAfter, false);
+        return;
+    }
+    const bool carrying = g.state == State::Broken && g.carriedThrough;
     if (seenHere) {
-        if (g.state == State::Open) breakGroup(g, code, rank, why, false);
-    } else if (g.state == State::Open || code == Errc::Aborted) {
+        // A node whose every rank closed in order closes its link: no fault.
+        if (carrying && (nodeRanks(g, rank) & ~g.leftMask) == 0) return;
+        if (g.state == State::Open || carrying) breakGroup(g, code, rank, why, false);
+    } else if (g.state == State::Open || carrying || code == Errc::Aborted) {
         breakGroup(g, code, rank, why, false, Cause::Remote);
     }
 }
@@ -261,7 +268,12 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     Group* g = findByLink(link, &rank);
     if (!g) return;
     const GroupId id = g->id;
-    if (const auto& ring = g->members[rank].ring) lifetime_.rankLeft(readStats(ring->view.stats()));
+    const std::shared_ptr<CommandRing> ring = g->members[rank].ring;
+    // It rang for every call unless it reached every peer itself (host-direct on one node, ipc).
+    const std::uint32_t others = ((1u << g->world) - 1) & ~(1u << rank);
+    const bool rang = ring && (g->gpuDoorbells ? g->ringsProxy(g->members[rank])
+                                               : (others & ~g->directPeers(rank, g->members[rank])) != 0);
+    if (ring) lifetime_.rankLeft(readStats(ring->view.stats()));
     g->members.erase(rank);
     spdlog::info("group {}: rank {} {}", shortId(id), rank, orderly ? "left" : "is gone (connection closed without Close)");
     if (g->state == State::Pending || g->state == State::Negotiating) {
@@ -273,10 +285,10 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     }
     // Its ring leaves the proxy; once drained, the others learn it is gone.
     // Counted now: the group may be gone by then (its last member died).
-    if (!orderly && g->state == State::Open) countBroken(*g, Errc::PeerLost);
+    if (!orderly && (g->state == State::Open || (g->state == State::Broken && g->carriedThrough))) countBroken(*g, Errc::PeerLost);
     const std::uint64_t v = publishProxyTable();
     pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group",
-                              orderly ? Cause::Closed : Cause::Fault});
+                              orderly ? Cause::Closed : Cause::Fault, orderly ? ring : nullptr, rang});
     if (orderly && g->members.empty() && g->negotiation && g->proxyGroup) {
         // Ranks on other nodes may still wait for this node's last shards:
         // close the peer link (erase) only once the proxy carried them and
@@ -296,7 +308,9 @@ void GroupTable::drained(std::uint64_t version) {
     pendingBreaks_.erase(split, pendingBreaks_.end());
     for (auto& b : due) {
         auto it = groups_.find(b.id);
-        if (it != groups_.end()) breakGroup(it->second, b.code, b.rank, b.why, true, b.cause);
+        if (it == groups_.end()) continue;
+        if (b.cause == Cause::Closed) rankLeft(it->second, b.rank, lastEpochOf(it->second, b), true);
+        else breakGroup(it->second, b.code, b.rank, b.why, true, b.cause);
     }
     for (auto it = groups_.begin(); it != groups_.end();) {
         const auto next = std::next(it);
@@ -370,25 +384,82 @@ void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Err
 
 void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why) {
     Group* g = findByHandle(handle);
-    if (!g || g->state != State::Open || g->closingAt) return; // closing: its peer link closes soon anyway
+    if (!g || g->closingAt) return; // closing: its peer link closes soon anyway
+    if (g->state != State::Open && !(g->state == State::Broken && g->carriedThrough)) return;
+    if (g->leftMask >> remoteRank & 1u) return; // it closed in order: its queue pairs go away with it
     breakGroup(*g, why.code, remoteRank, why.detail);
 }
 
 void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers,
                             Cause cause) {
-    if (g.state == State::Broken && code != Errc::Aborted) return;
-    // An orderly Close is no fault: the others' next call still fails (PeerLost), but nothing went wrong.
-    if (g.state != State::Broken && cause == Cause::Closed)
-        spdlog::info("group {}: rank {} closed; the group ends for the others", shortId(g.id), rank);
-    else if (g.state != State::Broken)
-        spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
-    if (g.state == State::Open && cause == Cause::Fault) countBroken(g, code);
-    if (tellPeers && g.state != State::Broken && g.negotiation) g.negotiation->tellBroken(code, rank, why);
+    // Broken by orderly leaves only, it still carries shards: a fault now ends that too.
+    const bool carrying = g.state == State::Broken && g.carriedThrough;
+    const bool healthy = g.state != State::Broken || carrying;
+    if (!healthy && code != Errc::Aborted) return;
+    if (healthy) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
+    if ((g.state == State::Open || carrying) && cause == Cause::Fault) countBroken(g, code);
+    if (tellPeers && healthy && g.negotiation) g.negotiation->tellBroken(code, rank, why);
     g.state = State::Broken;
+    g.carriedThrough.reset();
     g.lastError = Error{code, why};
-    if (g.proxyGroup) g.proxyGroup->broken.store(true, std::memory_order_release);
+    if (g.proxyGroup) {
+        g.proxyGroup->carriedThrough.store(0, std::memory_order_relaxed);
+        g.proxyGroup->broken.store(true, std::memory_order_release);
+    }
     for (auto& [r, m] : g.members)
-        if (m.region) m.region->fail(code, rank);
+        if (m.region) m.region->fail(code, rank, 0, carrying);
+}
+
+void GroupTable::rankLeft(Group& g, std::uint32_t rank, std::uint64_t last, bool tellPeers) {
+    if (g.leftMask >> rank & 1u) return;
+    g.leftMask |= 1u << rank;
+    if (g.proxyGroup) g.proxyGroup->gone.fetch_or(1u << rank, std::memory_order_relaxed);
+    const std::string why = "rank " + std::to_string(rank) + " left the group" +
+                            (last == kCarriedUnknown ? std::string() : " after epoch " + std::to_string(last));
+    if (tellPeers && g.negotiation && (g.state == State::Open || g.carriedThrough))
+        g.negotiation->tellBroken(Errc::PeerLost, rank, why, last);
+    if (g.state == State::Broken && !g.carriedThrough) return; // a fault came first: nothing is carried
+    const bool first = g.state == State::Open;
+    // An orderly Close is no fault: calls up to its last epoch complete, the next one fails (PeerLost).
+    if (first)
+        spdlog::info("group {}: {}; calls up to that epoch still complete, later ones end PeerLost", shortId(g.id), why);
+    else
+        spdlog::info("group {}: {} too", shortId(g.id), why);
+    if (!first && last >= *g.carriedThrough) return; // an earlier leaver bounds the carried epochs
+    g.state = State::Broken;
+    g.carriedThrough = last;
+    g.lastError = Error{Errc::PeerLost, why};
+    if (g.proxyGroup) {
+        g.proxyGroup->carriedThrough.store(last, std::memory_order_relaxed);
+        g.proxyGroup->broken.store(true, std::memory_order_release);
+    }
+    for (auto& [r, m] : g.members)
+        if (m.region) m.region->fail(Errc::PeerLost, rank, last, !first);
+}
+
+std::uint64_t GroupTable::lastEpochOf(const Group& g, const PendingBreak& b) const {
+    // Its ring holds its last doorbell when it rang for every call; a
+    // host-direct rank's flags of its own shards show it too (in its own
+    // region, or its local peers' where it writes into theirs). An ipc-only
+    // GPU rank leaves no record here.
+    std::uint64_t last = b.rang && b.ring ? b.ring->lastEpoch : 0;
+    if (g.gpuDoorbells && !b.rang) return kCarriedUnknown;
+    if (!g.proxyGroup) return last;
+    for (std::uint32_t q = 0; q < g.world; ++q) {
+        const auto& region = g.proxyGroup->regions[q];
+        if (!region) continue;
+        for (std::uint32_t p = 0; p < 2; ++p)
+            for (std::uint32_t k = 0; k < g.layout.stripes; ++k)
+                last = std::max(last, std::atomic_ref(*region->flag(p, b.rank, k)).load(std::memory_order_acquire));
+    }
+    return last;
+}
+
+std::uint32_t GroupTable::nodeRanks(const Group& g, std::uint32_t rank) const {
+    std::uint32_t mask = 0;
+    for (std::uint32_t r = 0; r < g.world && rank < g.world; ++r)
+        if (std::memcmp(g.roster[r].nodeId, g.roster[rank].nodeId, sizeof g.roster[r].nodeId) == 0) mask |= 1u << r;
+    return mask;
 }
 
 void GroupTable::countBroken(Group& g, Errc code) {

@@ -51,7 +51,8 @@ public:
     /// A rank leaves: orderly (Close) or its connection dropped. Open groups
     /// break with PeerLost naming it once the proxy drained its ring (and its
     /// RDMA WRITEs completed); only a dropped connection counts as a broken
-    /// group in the metrics. Its calls stay counted in the daemon's lifetime
+    /// group in the metrics. After a Close the group breaks only after the
+    /// rank's last epoch (rankLeft): the calls up to it still complete. Its calls stay counted in the daemon's lifetime
     /// totals. A group whose last local rank left is erased then, except
     /// that after an orderly Close a group with ranks on other nodes stays
     /// (closingAt) until the proxy drained it, so that the other daemons learn
@@ -82,8 +83,8 @@ public:
     // NegotiationEvents
     void negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) override;
     void negotiationRefused(const GroupId& id, Errc code, const std::string& why) override;
-    void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
-                           bool seenHere) override;
+    void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why, bool seenHere,
+                           std::uint64_t leftAfter) override;
 
     enum class State { Pending, Negotiating, Open, Broken };
     struct Member {
@@ -124,6 +125,13 @@ public:
         /// group (and its peer link) stays until the proxy drained that
         /// version, i.e. every shard its ranks posted landed (Proxy::drained).
         std::optional<std::uint64_t> closingAt;
+        /// Broken by orderly leaves only (each rank's Close after its last
+        /// call): shards of epochs up to this, the smallest leaver's last
+        /// epoch, are still carried, so every call posted before a rank left
+        /// completes on every other rank (ControlBlock::carriedThrough). A
+        /// fault afterwards resets it and breaks the group for good.
+        std::optional<std::uint64_t> carriedThrough;
+        std::uint32_t leftMask = 0; ///< bit per rank, on any node, that closed in order (ProxyGroup::gone)
 
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its routes yet, or has a proxy-route peer.
@@ -161,6 +169,11 @@ private:
         std::uint32_t rank;
         std::string why;
         Cause cause;
+        /// Cause::Closed: the leaver's ring (its last doorbell's epoch) and
+        /// whether it rang the proxy for every call (else its epoch is read
+        /// from its shards in local peers' regions, or is unknown).
+        std::shared_ptr<CommandRing> ring{};
+        bool rang = false;
     };
 
     Group* findByLink(MemberLink& link, std::uint32_t* rank = nullptr);
@@ -173,6 +186,17 @@ private:
     /// nodes): their next call fails with `code` naming `rank`.
     void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers = true,
                     Cause cause = Cause::Fault);
+    /// `rank` closed in order after posting epochs up to `last`: `g` breaks,
+    /// but every other rank's shards of epochs up to the smallest such epoch
+    /// are still carried (to every rank but the leavers); a later call fails
+    /// at once (the leaver's shard is missing). With tellPeers (a local rank)
+    /// the other nodes learn it with that epoch (PeerVerdict::leftAfter).
+    void rankLeft(Group& g, std::uint32_t rank, std::uint64_t last, bool tellPeers);
+    /// The last epoch a local rank that left posted (kCarriedUnknown when no
+    /// record here shows it), once the proxy drained its ring.
+    std::uint64_t lastEpochOf(const Group& g, const PendingBreak& b) const;
+    /// Ranks of the roster on the node of `rank` (bit per rank).
+    std::uint32_t nodeRanks(const Group& g, std::uint32_t rank) const;
     /// Count `g` broken in the metrics, once.
     void countBroken(Group& g, Errc code);
     void finishOpen(Group& g);

@@ -306,8 +306,10 @@ void Negotiation::verdict(NodeLink& n, std::uint16_t opcode, const PeerVerdict& 
         return maybeReady();
     }
     if (phase_ == Phase::Negotiating) return fail(code, from + ": " + reason);
+    // An orderly leave counts only for a rank that node serves.
+    const bool left = code == Errc::PeerLost && v.missingRank < world_ && (n.ranks >> v.missingRank & 1u);
     if (phase_ == Phase::Ready || phase_ == Phase::Stopped) // counted where it was seen
-        events_.negotiationBroken(id_, code, v.missingRank, from + ": " + reason, false);
+        events_.negotiationBroken(id_, code, v.missingRank, from + ": " + reason, false, left ? v.leftAfter : 0);
 }
 
 void Negotiation::linkLost(const PeerSession& s, const Error& why) {
@@ -318,7 +320,7 @@ void Negotiation::linkLost(const PeerSession& s, const Error& why) {
     if (phase_ != Phase::Ready) return;
     std::uint32_t first = 0;
     while (n && first < world_ && !(n->ranks >> first & 1u)) ++first;
-    events_.negotiationBroken(id_, Errc::PeerLost, first, what, true);
+    events_.negotiationBroken(id_, Errc::PeerLost, first, what, true, 0);
 }
 
 // Tell every node why, then the group table (which refuses its ranks and drops us).
@@ -334,8 +336,8 @@ void Negotiation::fail(Errc code, const std::string& why) {
     events_.negotiationRefused(id_, code, why);
 }
 
-void Negotiation::tellBroken(Errc code, std::uint32_t rank, const std::string& why) {
-    const Bytes v = verdictMessage(kPeerBroken, id_, code, rank, why);
+void Negotiation::tellBroken(Errc code, std::uint32_t rank, const std::string& why, std::uint64_t leftAfter) {
+    const Bytes v = verdictMessage(kPeerBroken, id_, code, rank, why, leftAfter);
     for (auto& n : nodes_)
         if (n.session) n.session->send(v);
     if (phase_ == Phase::Ready) return;

@@ -44,9 +44,10 @@ public:
     virtual void negotiationRefused(const GroupId& id, Errc code, const std::string& why) = 0;
     /// After negotiationReady: the group broke on another node (`seenHere`
     /// false, a PeerBroken naming `rank`) or its link to one died (`seenHere`
-    /// true: a fault this daemon saw).
+    /// true: a fault this daemon saw). leftAfter non-zero: no fault, `rank`
+    /// closed in order after that epoch (PeerVerdict::leftAfter).
     virtual void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
-                                   bool seenHere) = 0;
+                                   bool seenHere, std::uint64_t leftAfter) = 0;
 };
 
 /// A local rank's region as the negotiation registers it.
@@ -102,8 +103,9 @@ public:
     /// hears why (PeerReady with the error), then negotiationRefused.
     void fail(Errc code, const std::string& why);
     /// The group broke on this node: every node hears it (PeerBroken). A
-    /// negotiation still running stops.
-    void tellBroken(Errc code, std::uint32_t rank, const std::string& why);
+    /// negotiation still running stops. leftAfter non-zero: `rank` closed in
+    /// order after that epoch (PeerVerdict::leftAfter), no fault.
+    void tellBroken(Errc code, std::uint32_t rank, const std::string& why, std::uint64_t leftAfter = 0);
     /// The group is gone here: links finish, nothing more is reported.
     void close();
 

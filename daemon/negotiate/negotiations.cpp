@@ -13,11 +13,12 @@ using namespace client_proto;
 using namespace peer_proto;
 
 Bytes verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::uint32_t missingRank,
-                     const std::string& why) {
+                     const std::string& why, std::uint64_t leftAfter) {
     PeerVerdict v{};
     id.copyTo(v.groupId);
     v.errc = std::uint16_t(code);
     v.missingRank = missingRank;
+    v.leftAfter = leftAfter;
     setText(v.reason, why.substr(0, sizeof v.reason - 1));
     return peer_proto::encode(opcode, 0, v);
 }

@@ -97,6 +97,6 @@ private:
 
 /// A PeerReady (ok when code is Ok) or PeerBroken record about group `id`, encoded.
 Bytes verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::uint32_t missingRank,
-                     const std::string& why);
+                     const std::string& why, std::uint64_t leftAfter = 0);
 
 } // namespace tpf::daemon

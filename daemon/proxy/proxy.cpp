@@ -81,7 +81,7 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
         return refuse(Errc::BadMessage, "doorbell epoch " + std::to_string(d.epoch) + " after " +
                                             std::to_string(ring.lastEpoch));
     ring.lastEpoch = d.epoch;
-    if (g.broken.load(std::memory_order_acquire)) return;
+    if (g.drops(d.epoch)) return;
     ring.delivering = CommandRing::Delivery{d, 0, 0};
     resume(pr);
 }
@@ -95,12 +95,14 @@ bool Proxy::resume(ProxyRank& pr) {
     CommandRing& ring = *pr.ring;
     CommandRing::Delivery& cur = *ring.delivering;
     const Doorbell& d = cur.doorbell;
-    if (g.broken.load(std::memory_order_acquire)) return ring.delivering.reset(), true;
+    if (g.drops(d.epoch)) return ring.delivering.reset(), true;
     const std::uint32_t phase = phaseOf(d.epoch);
     const HostRegion& src = *g.regions[pr.rank];
+    const std::uint32_t gone = g.gone.load(std::memory_order_relaxed); // closed in order: they need nothing more
     for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
         const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
         if ((pr.ipcPeers | pr.directPeers) >> q & 1u) continue; // the rank (or its kernel) stored it there itself
+        if (gone >> q & 1u) continue;
         if (g.routes[q] == kRouteVerbs) {
             if (!resumeVerbs(pr, q, phase, cur)) return false;
             continue;

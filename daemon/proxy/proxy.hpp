@@ -28,7 +28,8 @@
 namespace tpf::daemon {
 
 /// What the proxy knows of one open group. Built by the control thread; the
-/// proxy reads it, and only `broken` changes afterwards.
+/// proxy reads it, and only `broken`, `carriedThrough` and `gone` change
+/// afterwards.
 struct ProxyGroup {
     std::uint32_t handle = 0;
     std::uint32_t world = 0;
@@ -37,7 +38,18 @@ struct ProxyGroup {
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
     std::array<std::uint8_t, kMaxWorld> routes{};                 ///< how this node reaches each rank
     std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
+    /// Once broken: doorbells of epochs up to this are still carried (ranks
+    /// closed in order after it: ControlBlock::carriedThrough); 0 after a
+    /// fault. Stored before `broken` (release).
+    std::atomic<std::uint64_t> carriedThrough{0};
+    /// Ranks that closed in order (bit per rank): nothing is carried to them.
+    std::atomic<std::uint32_t> gone{0};
     std::atomic<bool> broken{false};
+
+    /// A doorbell of `epoch` is no longer carried.
+    bool drops(std::uint64_t epoch) const {
+        return broken.load(std::memory_order_acquire) && epoch > carriedThrough.load(std::memory_order_relaxed);
+    }
 };
 
 /// One local rank the proxy serves: its group and its ring.

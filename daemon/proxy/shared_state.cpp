@@ -15,11 +15,16 @@ Result<std::shared_ptr<HostRegion>> HostRegion::create(const Layout& layout, con
     return r;
 }
 
-void HostRegion::fail(Errc code, std::uint32_t missingPeer) const {
+void HostRegion::fail(Errc code, std::uint32_t missingPeer, std::uint64_t carriedThrough, bool replace) const {
     auto& c = control();
-    std::uint32_t none = 0;
-    if (std::atomic_ref(c.error).compare_exchange_strong(none, std::uint32_t(code), std::memory_order_acq_rel))
-        std::atomic_ref(c.missingPeer).store(missingPeer, std::memory_order_release);
+    std::uint32_t was = std::atomic_ref(c.error).load(std::memory_order_acquire);
+    if (was == 0 || replace) {
+        // The words a wait reads after error go first: it never sees error without them.
+        std::atomic_ref(c.carriedThrough).store(carriedThrough, std::memory_order_relaxed);
+        std::atomic_ref(c.missingPeer).store(missingPeer, std::memory_order_relaxed);
+        if (replace) std::atomic_ref(c.error).store(std::uint32_t(code), std::memory_order_release);
+        else std::atomic_ref(c.error).compare_exchange_strong(was, std::uint32_t(code), std::memory_order_acq_rel);
+    }
     if (code == Errc::Aborted) std::atomic_ref(c.abort).store(1, std::memory_order_release);
     std::atomic_ref(c.wakeSeq).fetch_add(1, std::memory_order_seq_cst);
     futexWakeAll(&c.wakeSeq);

@@ -29,9 +29,14 @@ struct HostRegion {
     }
     ControlBlock& control() const { return *reinterpret_cast<ControlBlock*>(map.data() + layout.controlOffset()); }
 
-    /// Record a group-wide failure and wake the rank's sleeping waits. The
-    /// first error stays; abort is set for Aborted.
-    void fail(Errc code, std::uint32_t missingPeer) const;
+    /// Record a group-wide failure naming `missingPeer` (with carriedThrough,
+    /// ControlBlock::carriedThrough: an orderly leave) and wake the rank's
+    /// sleeping waits. The first error stays unless `replace` (the control
+    /// thread had recorded an orderly leave, now lowered or replaced by a
+    /// fault); abort is set for Aborted. Control thread only: the daemon's one
+    /// writer of these words (a rank's kernel may record its own failure,
+    /// once, where error is 0).
+    void fail(Errc code, std::uint32_t missingPeer, std::uint64_t carriedThrough = 0, bool replace = false) const;
     /// Wake the rank's host waits if any sleep (after flags were stored).
     void wakeIfWaiting() const;
 };
