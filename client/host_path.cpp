@@ -99,7 +99,18 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
                                                                      std::to_string(e) + ")"}));
                 return true;
             }
-        if (e <= carried) return false; // still carried: wait as in a healthy group, up to the timeout
+        if (e <= carried) { // still carried: wait as in a healthy group, up to the timeout ...
+            // ... for shards the daemons carry. A host-direct peer publishes
+            // nothing once its control block shows the leave (publish), so
+            // one still missing gets the grace below.
+            bool direct = false;
+            for (std::uint32_t i = next; i + 1 < world && !direct; ++i) {
+                const std::uint32_t q = peerAt(rank, i, world);
+                for (std::uint32_t k = 0; k < layout.stripes && (directPeers >> q & 1u); ++k)
+                    direct |= std::atomic_ref(*flagOf(phase, q, k)).load(std::memory_order_acquire) < e;
+            }
+            if (!direct) return false;
+        }
         const std::uint64_t now = monotonicNs();
         if (!brokenSeenNs) brokenSeenNs = now;
         return now - brokenSeenNs >= kBrokenGraceNs;
