@@ -219,8 +219,12 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
     std::uint32_t phase = 0;
     const Status s = g.exchange(send, bytes, phase);
     if (s) {
+        // Our own row from send, first (no other row overwrites it then):
+        // the peers are reading our slot now, and reading it here as well
+        // made a W = 2 4 KiB sum 0.3 us slower than the private copy.
+        if (bytes) std::memmove(out + std::size_t(g.rank) * bytes, send, bytes);
         for (std::uint32_t q = 0; q < g.world; ++q)
-            std::memmove(out + std::size_t(q) * bytes, g.rowOf(phase, q), bytes); // own slot holds our staged shard
+            if (q != g.rank) std::memmove(out + std::size_t(q) * bytes, g.rowOf(phase, q), bytes);
     }
     g.record(kStatsAllGather, start, bytes, bool(s));
     return s;
@@ -243,6 +247,9 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     if (s) {
         const void* rows[kMaxWorld];
         for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.rowOf(phase, q);
+        // As in allGather, our own row from send unless recv overlaps it (in place: then from our slot).
+        const auto in = reinterpret_cast<std::uintptr_t>(send), to = reinterpret_cast<std::uintptr_t>(recv);
+        if (in + bytes <= to || to + bytes <= in) rows[g.rank] = send;
         sumRowsInOrder(rows, g.world, recv, count, type);
     }
     g.record(kStatsAllReduceSum, start, bytes, bool(s));
@@ -288,9 +295,11 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
                                                       " bytes; counts[" + std::to_string(q) + "] here is " +
                                                       std::to_string(counts[q]) + ")"});
     }
-    if (s)
+    if (s) {
+        if (counts[g.rank]) std::memmove(out + offset[g.rank], send, counts[g.rank]); // first, as in allGather
         for (std::uint32_t q = 0; q < g.world; ++q)
-            std::memmove(out + offset[q], g.rowOf(phase, q) + sizeof(RowHeader), counts[q]);
+            if (q != g.rank) std::memmove(out + offset[q], g.rowOf(phase, q) + sizeof(RowHeader), counts[q]);
+    }
     g.record(kStatsAllGatherV, start, counts[g.rank], bool(s));
     return s;
 }
