@@ -61,9 +61,10 @@ for small in b a; do
   fi
 
   # One call at the cap, then one byte above it: CapMismatch on every rank, the same.
-  # --hold-ms: a rank closing at once after its refusal would break the
-  # group under a slower rank still in the 20000-byte call (docs/reliability.md:
-  # one rank's orderly leave while others of its group are in a call).
+  # --hold-ms: a rank closing at once after its refusal may still end the
+  # 20000-byte call of a slower host-direct pair on the other node (PeerLost;
+  # docs/reliability.md: one rank closes in order while a slower rank is
+  # still in a call, what is left).
   VERBS_SIZES=$SMALL,$((SMALL + 1)) run_group "${name}over" "$layout" --iters 2 --mode gather --hold-ms 3000
   rs=$(for ((r = 0; r < w; r++)); do grep -ho '^RESULT .*' "${name}over.r$r.log" | sed 's/^RESULT rank=[0-9]* //; s/ elapsed_ms=[0-9.]*//'; done | sort | uniq -c | tr -s ' ')
   if [ "$(wc -l <<<"$rs")" = 1 ] && [[ $rs == " $w error=CapMismatch calls=1 "* ]]; then
