@@ -114,7 +114,7 @@ std::string formatTable(const Results& r, bool markdown) {
                       (x <= kTargetRatio ? "met" : "missed") + ")";
         }
     out += bullet + "host path: " + r.hostPath +
-           (r.hostPath == "direct" ? " (same-node ranks write into each other's regions; TPF_HOST_DIRECT=1)"
+           (r.hostPath == "direct" ? " (same-node ranks read each other's shards from their regions; TPF_HOST_DIRECT=1)"
                                    : " (the daemon's proxy carries every shard; TPF_HOST_DIRECT=0)") + "\n";
     out += bullet + "target: W=2 at 4 KiB within 3x the floor (p50): " +
            (target.empty() ? std::string("not measured in this run (needs --world 2 and 4KiB in --sizes)") : target) + "\n";

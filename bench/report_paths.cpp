@@ -62,8 +62,8 @@ std::string formatHostPaths(const Results& r, bool markdown) {
     if (mem.size() > 1) out += "\n" + renderTable(mem, markdown, 1);
     const std::string bullet = markdown ? "- " : "  ";
     out += "\n" + bullet +
-           "host paths: direct = same-node ranks copy their shard into each other's regions and wake the waiter "
-           "themselves (TPF_HOST_DIRECT=1, the default); proxy = each rank rings the daemon, whose one proxy thread copies "
+           "host paths: direct = each rank stages its shard in its own region and its same-node peers read it from "
+           "there, waking each other themselves (TPF_HOST_DIRECT=1, the default); proxy = each rank rings the daemon, whose one proxy thread copies "
            "every shard to every peer (TPF_HOST_DIRECT=0). Both against the same daemon in this run, the " + b +
            " worlds first.\n";
     return out;

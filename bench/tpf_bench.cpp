@@ -231,8 +231,8 @@ int main(int argc, char** argv) {
     run->add_option("--settle-ms", a.settleMs, "wait before each daemon sample (the proxy spins briefly after a call)")
         ->capture_default_str();
     run->add_option("--deadline-s", a.deadlineS, "give up on a world whose ranks have not reported by then")->capture_default_str();
-    run->add_option("--host-path", a.hostPaths, "host path of the ranks: direct (same-node ranks write into each other's "
-                                                "regions), proxy (TPF_HOST_DIRECT=0: the daemon's proxy carries every shard); "
+    run->add_option("--host-path", a.hostPaths, "host path of the ranks: direct (same-node ranks read each other's "
+                                                "shards from their regions), proxy (TPF_HOST_DIRECT=0: the daemon's proxy carries every shard); "
                                                 "both (direct,proxy) adds a table of one beside the other, the first is the "
                                                 "main table's")
         ->delimiter(',')->check(CLI::IsMember({"direct", "proxy"}))->capture_default_str();

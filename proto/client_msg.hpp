@@ -30,7 +30,8 @@ inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// its Device groups forever. Replies carry the sender's version, so both
 /// ends must speak 3.
 /// 4: kOpenHostDirect, Verdict.hostPeers and PeerHostRegion (same-node ranks
-/// of a Host group write into each other's regions; the proxy carries only
+/// of a Host group exchange shards through each other's regions (since
+/// 2e0aa75 each reads its peers' rows from theirs); the proxy carries only
 /// what crosses nodes). A daemon of 3 would refuse the flag; a rank of 3
 /// would ring for every peer, so its daemon skipping same-node peers would
 /// lose shards. Both ends must speak 4.
@@ -74,8 +75,9 @@ enum OpenFlags : std::uint32_t {
     /// sleeping from its open until its DeviceAttach says no peer of it is on
     /// a proxy route (ipc only), and for as long as one is.
     kOpenGpuDoorbells = 1,
-    /// A Host group rank that writes its shards into the regions of the
-    /// group's other ranks on this node itself (the host-direct path): the
+    /// A Host group rank that exchanges shards with the group's other
+    /// host-direct ranks on this node itself, through their regions (the
+    /// host-direct path; it reads their rows from their regions): the
     /// daemon sends it their region memfds (PeerHostRegion, one per rank in
     /// Verdict.hostPeers) right after the verdict, and its proxy carries that
     /// rank's doorbells to ranks of other nodes only. Not with

@@ -63,7 +63,7 @@ struct ProxyRank {
     /// Peers this rank's kernels reach by ipc (bit per rank, its DeviceAttach):
     /// the proxy carries its doorbells to the group's other routes only.
     std::uint32_t ipcPeers = 0;
-    /// Same-node peers this rank writes into itself (host-direct, bit per
+    /// Same-node peers that read this rank's shards themselves (host-direct, bit per
     /// rank): skipped too. Its ring then carries doorbells only for ranks of
     /// other nodes, and an all-local host-direct rank never rings.
     std::uint32_t directPeers = 0;
