@@ -99,18 +99,10 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
                                                                      std::to_string(e) + ")"}));
                 return true;
             }
-        if (e <= carried) { // still carried: wait as in a healthy group, up to the timeout ...
-            // ... for shards the daemons carry. A host-direct peer publishes
-            // nothing once its control block shows the leave (publish), so
-            // one still missing gets the grace below.
-            bool direct = false;
-            for (std::uint32_t i = next; i + 1 < world && !direct; ++i) {
-                const std::uint32_t q = peerAt(rank, i, world);
-                for (std::uint32_t k = 0; k < layout.stripes && (directPeers >> q & 1u); ++k)
-                    direct |= std::atomic_ref(*flagOf(phase, q, k)).load(std::memory_order_acquire) < e;
-            }
-            if (!direct) return false;
-        }
+        // Still carried: wait as in a healthy group, up to the timeout (the
+        // daemons carry the other ranks' shards of e, and host-direct peers
+        // still publish theirs: publish).
+        if (e <= carried) return false;
         const std::uint64_t now = monotonicNs();
         if (!brokenSeenNs) brokenSeenNs = now;
         return now - brokenSeenNs >= kBrokenGraceNs;
@@ -179,6 +171,14 @@ Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
     return waitPeers(e, phase);
 }
 
+bool Group::Impl::stillCarried(std::uint64_t e) {
+    auto& c = control();
+    const std::uint32_t err = std::atomic_ref(c.error).load(std::memory_order_acquire);
+    if (!err) return true;
+    return err == std::uint32_t(Errc::PeerLost) && !std::atomic_ref(c.abort).load(std::memory_order_acquire) &&
+           e <= std::atomic_ref(c.carriedThrough).load(std::memory_order_acquire);
+}
+
 // Host-direct is "pull": our row of epoch e is staged in our own slot
 // (exchange, allGatherV); our own flags, released in our own region, publish
 // it, and each direct peer polls them and reads the row from our region
@@ -187,13 +187,14 @@ Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
 // after completing e + 1, which needs every peer's e + 1 flag, which a peer
 // releases only after it finished reading our row of epoch e. Nothing is
 // published once the group broke (the proxy drops a broken group's doorbells
-// too).
+// too), but an orderly leave after epoch E breaks nothing up to E: we still
+// publish those epochs, as the proxy still carries them (stillCarried).
 Status Group::Impl::publish(std::uint64_t e, std::uint32_t phase) {
     if (const std::uint64_t now = monotonicNs(); now - daemonCheckedNs >= kDaemonCheckNs) {
         daemonCheckedNs = now;
         if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection"});
     }
-    if (std::atomic_ref(control().error).load(std::memory_order_acquire)) return okStatus(); // waitPeers reports it
+    if (!stillCarried(e)) return okStatus(); // the group broke: waitPeers reports it
     for (std::uint32_t k = 0; k < layout.stripes; ++k) std::atomic_ref(*flag(phase, rank, k)).store(e, std::memory_order_release);
     for (std::uint32_t i = 0; i + 1 < world; ++i) {
         const std::uint32_t q = peerAt(rank, i, world);

@@ -82,6 +82,10 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// by our own flags, then wake the directPeers that sleep; they read it
     /// from our region (the proxy carries it to the other peers).
     Status publish(std::uint64_t epoch, std::uint32_t phase);
+    /// Shards of `epoch` still flow: the group is healthy, or its only
+    /// record is a rank's orderly leave after an epoch >= `epoch`
+    /// (ControlBlock::carriedThrough, written before the error).
+    bool stillCarried(std::uint64_t epoch);
     Status fail(Error e);
     /// allGatherV's arguments, before anything is staged: world counts, send
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.

@@ -231,9 +231,9 @@ void GroupTable::finishOpen(Group& g) {
         for (auto& [q, peer] : g.members)
             if (direct >> q & 1u) m.link->sendPeerHostRegion(PeerHostRegion{q, 0, g.layout.totalBytes()}, peer.region->fd.get());
     }
-    std::uint32_t writers = 0;
-    for (auto& [rank, m] : g.members) writers |= std::uint32_t(g.directPeers(rank, m) != 0) << rank;
-    if (writers) spdlog::info("group {}: ranks {:#x} write into their same-node peers' regions (host-direct)", shortId(g.id), writers);
+    std::uint32_t direct = 0;
+    for (auto& [rank, m] : g.members) direct |= std::uint32_t(g.directPeers(rank, m) != 0) << rank;
+    if (direct) spdlog::info("group {}: ranks {:#x} read each other's shards from their regions (host-direct)", shortId(g.id), direct);
 }
 
 void GroupTable::openTimedOut(const GroupId& id) {
@@ -440,7 +440,8 @@ void GroupTable::rankLeft(Group& g, std::uint32_t rank, std::uint64_t last, bool
 std::uint64_t GroupTable::lastEpochOf(const Group& g, const PendingBreak& b) const {
     // Its ring holds its last doorbell when it rang for every call; a
     // host-direct rank's flags of its own shards show it too (in its own
-    // region, or its local peers' where it writes into theirs). An ipc-only
+    // region since the pull model; its local peers' regions under the push
+    // model of client protocol 4 before 2e0aa75). An ipc-only
     // GPU rank leaves no record here.
     std::uint64_t last = b.rang && b.ring ? b.ring->lastEpoch : 0;
     if (g.gpuDoorbells && !b.rang) return kCarriedUnknown;

@@ -95,8 +95,9 @@ public:
         std::shared_ptr<CommandRing> ring;
         /// Its DeviceAttach, once it came (Device groups only).
         std::optional<client_proto::DeviceAttach> attach{};
-        /// Opened with kOpenHostDirect (Host groups only): it writes into its
-        /// same-node peers' regions itself and holds their memfds.
+        /// Opened with kOpenHostDirect (Host groups only): it exchanges shards
+        /// with its host-direct same-node peers through their regions (it
+        /// reads their rows there) and holds their memfds.
         bool hostDirect = false;
     };
     struct Group {

@@ -152,38 +152,43 @@ TEST_CASE("misaligned buffers and sizes above the cap are refused by name, the g
 // leaver. Rank 0's last call (epoch 20) times out while rank 1 holds before
 // posting it; rank 0 then closes (it posted epoch 20: its shard is there).
 // Proxy-carried (TPF_HOST_DIRECT=0): the doorbell rank 1 posts after the
-// leave is what the daemon must still carry to rank 2.
+// leave is what the daemon must still carry to rank 2. Host-direct: rank 1
+// must still publish its row of epoch 20 though its control block already
+// shows the leave (before, rank 2 ended PeerLost after the 200 ms grace).
 TEST_CASE("a rank that closed after epoch E: the others' calls up to E complete, the next fails at once naming it") {
-    Daemon d;
-    const std::string go = d.socket() + ".go";
-    const std::vector<std::string> common{"--sizes", "4096", "--mode", "mixed"};
-    auto run = startRanks(d, 3, common,
-                          {{0, {"--iters", "20", "--timeout-ms", "500"}},
-                           {1, {"--iters", "21", "--timeout-ms", "10000", "--pause-at", "19", "--go-file", go}},
-                           {2, {"--iters", "21", "--timeout-ms", "10000"}}},
-                          {{"TPF_HOST_DIRECT", "0"}});
-    REQUIRE(waitForOutput(run.ranks[1], "PAUSED", 60000));
-    // Rank 0 gives up on epoch 20 and closes; the daemon marks the group broken.
-    REQUIRE(waitAll({&run.ranks[0]}, 30000));
-    INFO("rank 0: " << run.line(0));
-    CHECK(run.line(0).find("error=Timeout calls=19 ") != std::string::npos);
-    bool broken = false;
-    for (int i = 0; i < 500 && !broken; ++i) {
-        broken = statusJson(d.socket()).find("\"broken\"") != std::string::npos;
-        if (!broken) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const char* direct : {"0", "1"}) {
+        INFO("TPF_HOST_DIRECT=" << direct);
+        Daemon d;
+        const std::string go = d.socket() + ".go";
+        const std::vector<std::string> common{"--sizes", "4096", "--mode", "mixed"};
+        auto run = startRanks(d, 3, common,
+                              {{0, {"--iters", "20", "--timeout-ms", "500"}},
+                               {1, {"--iters", "21", "--timeout-ms", "10000", "--pause-at", "19", "--go-file", go}},
+                               {2, {"--iters", "21", "--timeout-ms", "10000"}}},
+                              {{"TPF_HOST_DIRECT", direct}});
+        REQUIRE(waitForOutput(run.ranks[1], "PAUSED", 60000));
+        // Rank 0 gives up on epoch 20 and closes; the daemon marks the group broken.
+        REQUIRE(waitAll({&run.ranks[0]}, 30000));
+        INFO("rank 0: " << run.line(0));
+        CHECK(run.line(0).find("error=Timeout calls=19 ") != std::string::npos);
+        bool broken = false;
+        for (int i = 0; i < 500 && !broken; ++i) {
+            broken = statusJson(d.socket()).find("\"broken\"") != std::string::npos;
+            if (!broken) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        REQUIRE(broken);
+        { std::FILE* f = std::fopen(go.c_str(), "w"); REQUIRE(f); std::fclose(f); }
+        REQUIRE(waitAll({&run.ranks[1], &run.ranks[2]}, 30000));
+        INFO("daemon log:\n" << d.log());
+        for (std::uint32_t r : {1u, 2u}) {
+            const std::string line = run.line(r);
+            INFO("rank " << r << ": " << line);
+            // Call 20 (epoch 20) ok with checked data; call 21 PeerLost at once, not at the 10 s timeout.
+            CHECK(line.find("error=PeerLost calls=20 ") != std::string::npos);
+            CHECK(line.find("rank 0 left the group after epoch 20") != std::string::npos);
+            CHECK(exitCode(run.ranks[r]) == 1); // 3: wrong bytes, or a failed call wrote into its output
+            CHECK(field(line, "elapsed_ms") < 10000);
+        }
+        std::remove(go.c_str());
     }
-    REQUIRE(broken);
-    { std::FILE* f = std::fopen(go.c_str(), "w"); REQUIRE(f); std::fclose(f); }
-    REQUIRE(waitAll({&run.ranks[1], &run.ranks[2]}, 30000));
-    INFO("daemon log:\n" << d.log());
-    for (std::uint32_t r : {1u, 2u}) {
-        const std::string line = run.line(r);
-        INFO("rank " << r << ": " << line);
-        // Call 20 (epoch 20) ok with checked data; call 21 PeerLost at once, not at the 10 s timeout.
-        CHECK(line.find("error=PeerLost calls=20 ") != std::string::npos);
-        CHECK(line.find("rank 0 left the group after epoch 20") != std::string::npos);
-        CHECK(exitCode(run.ranks[r]) == 1); // 3: wrong bytes, or a failed call wrote into its output
-        CHECK(field(line, "elapsed_ms") < 10000);
-    }
-    std::remove(go.c_str());
 }
