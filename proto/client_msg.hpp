@@ -30,13 +30,18 @@ inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// its Device groups forever. Replies carry the sender's version, so both
 /// ends must speak 3.
 /// 4: kOpenHostDirect, Verdict.hostPeers and PeerHostRegion (same-node ranks
-/// of a Host group exchange shards through each other's regions (since
-/// 2e0aa75 each reads its peers' rows from theirs); the proxy carries only
-/// what crosses nodes). A daemon of 3 would refuse the flag; a rank of 3
-/// would ring for every peer, so its daemon skipping same-node peers would
-/// lose shards. Both ends must speak 4.
-inline constexpr std::uint16_t kClientVersion = 4;
-inline constexpr std::uint16_t kClientMinVersion = 4;
+/// of a Host group exchange shards through each other's regions; the proxy
+/// carries only what crosses nodes). A daemon of 3 would refuse the flag; a
+/// rank of 3 would ring for every peer, so its daemon skipping same-node
+/// peers would lose shards. Both ends must speak 4.
+/// 5: host-direct pulls (2e0aa75): a rank publishes its row by its own flags
+/// in its own region and reads its peers' rows from theirs, where a rank of
+/// 4 wrote its row into each peer's region and waited in its own: ranks of 4
+/// and 5 in one group would each wait for rows the other never writes. One
+/// daemon speaks one version, so its groups never mix them. Both ends must
+/// speak 5.
+inline constexpr std::uint16_t kClientVersion = 5;
+inline constexpr std::uint16_t kClientMinVersion = 5;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
 inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
 
