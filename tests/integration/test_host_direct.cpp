@@ -28,6 +28,22 @@ std::vector<Child*> pointers(RankRun& run) {
     return all;
 }
 
+constexpr std::uint32_t kNoVictim = ~0u;
+
+// Every rank but `victim` ended with `error` (a piece of its RESULT line)
+// within timeoutMs + 1 s of `since`; with `exitOne` each exited 1 (3: a
+// failed call wrote into its output).
+void checkEndedBy(RankRun& run, std::uint32_t victim, const std::string& error, std::uint64_t since,
+                  std::uint32_t timeoutMs, bool exitOne) {
+    for (std::uint32_t r = 0; r < run.ranks.size(); ++r) {
+        if (r == victim) continue;
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(run.line(r).find(error) != std::string::npos);
+        if (exitOne) CHECK(exitCode(run.ranks[r]) == 1);
+        CHECK(run.ranks[r].endedNs - since <= (timeoutMs + 1000) * 1000000ull);
+    }
+}
+
 } // namespace
 
 TEST_CASE("one-node host groups: byte-exact over either path; host-direct rings no doorbell, the proxy path one a call") {
@@ -112,13 +128,7 @@ TEST_CASE("host-direct: a rank killed mid-run ends every other rank's call with 
     ::kill(run.ranks[victim].pid, SIGKILL);
     REQUIRE(waitAll(pointers(run), 30000));
     INFO("daemon log:\n" << d.log());
-    for (std::uint32_t r = 0; r < world; ++r) {
-        if (r == victim) continue;
-        INFO("rank " << r << ": " << run.line(r));
-        CHECK(run.line(r).find("error=PeerLost calls=300 ") != std::string::npos);
-        CHECK(exitCode(run.ranks[r]) == 1); // 3: a failed call wrote into its output
-        CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
-    }
+    checkEndedBy(run, victim, "error=PeerLost calls=300 ", killedAt, timeoutMs, true);
     CHECK(proxyDoorbells(d) == 0); // the daemon saw the death by the socket alone
 }
 
@@ -136,13 +146,7 @@ TEST_CASE("host-direct: a rank killed while W = 8 ranks call back to back: the o
     ::kill(run.ranks[victim].pid, SIGKILL);
     REQUIRE(waitAll(pointers(run), 30000));
     INFO("daemon log:\n" << d.log());
-    for (std::uint32_t r = 0; r < world; ++r) {
-        if (r == victim) continue;
-        INFO("rank " << r << ": " << run.line(r));
-        CHECK(run.line(r).find(" error=PeerLost ") != std::string::npos);
-        CHECK(exitCode(run.ranks[r]) == 1);
-        CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
-    }
+    checkEndedBy(run, victim, " error=PeerLost ", killedAt, timeoutMs, true);
 }
 
 TEST_CASE("host-direct: the daemon killed while the ranks keep calling: every rank ends DaemonLost") {
@@ -157,11 +161,7 @@ TEST_CASE("host-direct: the daemon killed while the ranks keep calling: every ra
     const std::uint64_t killedAt = tpf::monotonicNs();
     d.signal(SIGKILL);
     REQUIRE(waitAll(pointers(run), 30000));
-    for (std::uint32_t r = 0; r < world; ++r) {
-        INFO("rank " << r << ": " << run.line(r));
-        CHECK(run.line(r).find(" error=DaemonLost ") != std::string::npos);
-        CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
-    }
+    checkEndedBy(run, kNoVictim, " error=DaemonLost ", killedAt, timeoutMs, false);
 }
 
 TEST_CASE("ranks of one group may differ: TPF_HOST_DIRECT=0 on one rank, the proxy carries the shards to and from it, and only those") {
