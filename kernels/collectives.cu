@@ -28,12 +28,20 @@ Errc checkCall(const DeviceGroupView& v, const void* send, const void* recv, std
     return Errc::Ok;
 }
 
-// Blocks of one call: one per kBytesPerBlock of shard, at most maxBlocks.
+std::atomic<bool> timeline{false}; // setKernelTimeline
+
+// Blocks of one call: one per kBytesPerBlock of shard (kProxyBytesPerBlock
+// with a proxy-route peer), at most maxBlocks.
 // Every block of every rank sharing the GPU must be resident at once (they
 // wait on each other), which is why the cap is small.
 std::uint32_t gridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     const std::uint32_t cap = v.maxBlocks != 0 ? v.maxBlocks : kDefaultMaxBlocks;
-    const std::uint64_t want = (bytes + kBytesPerBlock - 1) / kBytesPerBlock;
+    bool proxy = false;
+    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= proxyCarries(v.routes[r]);
+    // A proxy-route call of a few KiB stays on one block: the blocks'
+    // arrival and verdict cost more than the loads a second block adds.
+    const std::uint64_t per = !proxy ? kBytesPerBlock : bytes <= kProxyOneBlockMax ? kProxyOneBlockMax : kProxyBytesPerBlock;
+    const std::uint64_t want = (bytes + per - 1) / per;
     return std::uint32_t(want < 1 ? 1 : want > cap ? cap : want);
 }
 
@@ -101,7 +109,8 @@ cudaError_t launchLlFor(const DeviceGroupView& v, const void* send, void* recv, 
 template <Op op>
 cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t bytes, const CallTag* tag,
                    cudaStream_t stream) {
-    const CallTag t = tag ? *tag : CallTag{op == Op::Gather ? kStatsAllGather : kStatsAllReduceSum, 1, bytes};
+    CallTag t = tag ? *tag : CallTag{op == Op::Gather ? kStatsAllGather : kStatsAllReduceSum, 1, bytes};
+    if (timeline.load(std::memory_order_relaxed)) t.flags |= kTagTimeline;
     if (const LlGrid g = llGridFor(v, bytes); g.per != 0 && !t.flagPath) return launchLlFor<op>(v, send, recv, bytes, g, t, stream);
     detail::collectiveKernel<op><<<gridFor(v, bytes), kThreadsPerBlock, 0, stream>>>(
         v, static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16, t);
@@ -170,13 +179,16 @@ cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void*
     return cudaErrorInvalidValue;
 }
 
+void setKernelTimeline(bool on) { timeline.store(on, std::memory_order_relaxed); }
+
 cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, std::uint64_t* laps,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, std::uint64_t bytes) {
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == kRouteShm || v.routes[r] == kRouteVerbs;
-    if (!viewUsable(v) || !proxy || v.ring == nullptr || v.hostRegion == nullptr || v.layout.slotBytes < 16)
+    if (!viewUsable(v) || !proxy || v.ring == nullptr || v.hostRegion == nullptr || bytes < 16 ||
+        bytes % 16 != 0 || bytes > v.layout.slotBytes)
         return cudaErrorInvalidValue;
-    detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps);
+    detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps, bytes);
     return cudaGetLastError();
 }
 

@@ -42,6 +42,13 @@ using tpf::DType;
 
 inline constexpr std::uint32_t kDefaultMaxBlocks = 32;  ///< DeviceGroupView::maxBlocks when 0
 inline constexpr std::uint64_t kBytesPerBlock = 16384;  ///< shard bytes one block handles before another is added
+/// The same for a call with a proxy-route peer above kProxyOneBlockMax: its
+/// rows are staged to and read from host memory over PCIe, where the loads
+/// in flight (not the bandwidth) bound the speed, so more blocks share the
+/// bytes (one H200: a 64 KiB row read back in 1.2 us by 16 blocks after the
+/// flag, where a copy kernel of 4 blocks takes 7 us; docs/perf.md).
+inline constexpr std::uint64_t kProxyBytesPerBlock = 4096;
+inline constexpr std::uint64_t kProxyOneBlockMax = 8192;
 inline constexpr std::uint32_t kThreadsPerBlock = 256;
 
 /// Per-rank state in device memory (createDeviceState), read and written only
@@ -62,7 +69,12 @@ struct DeviceState {
     std::uint32_t llMissing;     ///< @52 LL calls: lowest rank a block timed out on, kNoPeer if none (likewise)
     std::uint32_t ringTail;      ///< @56 RingHeader::subTail as last read: the ring is re-read (a PCIe round trip)
                                  ///<     only when it looks full from here
-    std::uint8_t reserved[68];
+    std::uint32_t reserved0;     ///< @60
+    std::uint64_t timeline[4];   ///< @64 flag-path calls while setKernelTimeline(true), block 0's view (ns summed):
+                                 ///<     [0] entry to the doorbell (the put), [1] doorbell to every peer's flag
+                                 ///<     seen, [2] flags to its part of the output written; [3] calls summed
+    std::uint64_t publishedNs;   ///< @96 %globaltimer of the running call's doorbell (timeline only)
+    std::uint8_t reserved[24];
 };
 static_assert(sizeof(DeviceState) == 128);
 static_assert(std::is_trivially_copyable_v<DeviceState>);
@@ -100,8 +112,9 @@ struct CallTag {
                                 ///< different sizes, and an LL wait for lines a shorter sender never
                                 ///< wrote would only end at the timeout; flags end every rank's wait,
                                 ///< so the row headers can name the mismatch.
-    std::uint32_t reserved = 0;
+    std::uint32_t flags = 0;    ///< kTagTimeline: sum the phases into DeviceState::timeline
 };
+inline constexpr std::uint32_t kTagTimeline = 1;
 
 /// Everything one rank's kernels need to know about its group. Trivially
 /// copyable: it is passed by value as a kernel argument, so a captured graph
@@ -208,15 +221,23 @@ cudaError_t launchAllGather(const DeviceGroupView& view, const void* send, void*
 cudaError_t launchAllReduceSum(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t count,
                                DType dtype, cudaStream_t stream, const CallTag* tag = nullptr);
 
-/// Benchmark of the proxy hop alone (bench/gpu --mode hop): `iters` calls of
-/// a 16-byte shard by one warp of one launch, no output and no launch per
-/// call: stage, doorbell, wait for every peer's flags. With `laps` (device
-/// memory, iters entries) lap i is the ns from the doorbell to the last
-/// peer flag seen. Needs a view with a proxy (shm or verbs) peer, the same
-/// on every rank; every rank runs it with the same iters, between calls.
-/// Returns cudaErrorInvalidValue, launching nothing, for an ipc-only view.
+/// Diagnostics for the benchmark (bench/gpu --mode parts): while on, every
+/// flag-path call launched from now on (and every graph captured from now
+/// on) sums its phases into DeviceState::timeline. Off by default: it costs
+/// a few %globaltimer reads and stores a call.
+void setKernelTimeline(bool on);
+
+/// Benchmark of the proxy hop alone (bench/gpu --mode hop, --mode parts):
+/// `iters` calls of a `bytes` shard (16-byte multiple, at most the slot) by
+/// one warp of one launch, no output and no launch per call: stage,
+/// doorbell, wait for every peer's flags. With `laps` (device memory, iters
+/// entries) lap i is the ns from the doorbell to the last peer flag seen
+/// (the daemon's carry of the shard included, the staging not). Needs a view
+/// with a proxy (shm or verbs) peer, the same on every rank; every rank runs
+/// it with the same iters and bytes, between calls. Returns
+/// cudaErrorInvalidValue, launching nothing, for an ipc-only view or a bad size.
 cudaError_t launchProxyHopLoop(const DeviceGroupView& view, std::uint64_t iters, std::uint64_t* laps,
-                               cudaStream_t stream);
+                               cudaStream_t stream, std::uint64_t bytes = 16);
 
 /// Loads every collective kernel variant now. CUDA loads a kernel lazily at
 /// its first launch (CUDA_MODULE_LOADING=LAZY, the default), and that load

@@ -370,6 +370,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
     bool hasProxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]);
+    const std::uint64_t tIn = (tag.flags & kTagTimeline) != 0 && b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
         // Every block reads the epoch before it arrives at doneArrive; the
         // last to arrive advances it, so all blocks of a call agree on e.
@@ -399,21 +400,36 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     if (threadIdx.x == 0) {
         bool last = true;
         if (nb > 1) {
-            fenceAcqRelSys(); // this block's stores before its arrival (cumulative over the barrier)
+            // This block's stores before its arrival (cumulative over the
+            // barrier). GPU scope is enough, also for the stores to host
+            // memory: the last block acquires every arrival at GPU scope
+            // (its fence after the atomic), and publish's release stores
+            // (system scope, cumulative) then order every block's stores
+            // before the flags and the doorbell, causality order being
+            // transitive across the scopes (PTX memory model). So a call
+            // pays for one system-scope fence, publish's: each costs a PCIe
+            // round trip once stores to host memory are in flight.
+            __threadfence();
             last = atomicInc(&st->putArrive, nb - 1) == nb - 1;
-            if (last) fenceAcqRelSys();
+            if (last) fenceAcqRelGpu();
         }
         s.lastPut = last;
     }
     __syncthreads();
-    if (threadIdx.x < kWarp && s.lastPut) publish(v, e, p, n16 * 16, hasProxy);
+    const bool timed = (tag.flags & kTagTimeline) != 0;
+    if (threadIdx.x < kWarp && s.lastPut) {
+        publish(v, e, p, n16 * 16, hasProxy);
+        if (timed && threadIdx.x == 0) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
+    }
 
     // 2. wait: block 0 decides for all, so that either every block writes or none does.
+    std::uint64_t tFlags = 0;
     if (b == 0) {
         if (threadIdx.x == kWarp) countCall(v, tag); // a spare warp, after every release of this call
         if (threadIdx.x < kWarp) {
             const std::uint32_t code = waitPeers(v, e, p);
             if (threadIdx.x == 0) {
+                if (timed) tFlags = globalTimerNs();
                 s.ok = code == 0;
                 if (nb > 1) stReleaseGpu(&st->verdict, e | (code == 0 ? 0 : kVerdictFailed));
             }
@@ -428,6 +444,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         if constexpr (op == Op::Gather) gatherRange(s, v.rank, recv, std::uint32_t(n16), blockRange(n16 * v.world, b, nb));
         else sumRange<op>(s, v.rank, v.world, recv, blockRange(n16, b, nb));
     }
+    if (timed && b == 0) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const std::uint64_t pub = ldRelaxedGpu(&st->publishedNs), out = globalTimerNs();
+            if (pub >= tIn && tFlags >= pub) {
+                st->timeline[0] += pub - tIn;
+                st->timeline[1] += tFlags - pub;
+                st->timeline[2] += out - tFlags;
+                st->timeline[3] += 1;
+            }
+        }
+    }
 
     // 4. the last block out advances the epoch for the next call, and counts it.
     if (threadIdx.x == 0) {
@@ -439,14 +467,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
 }
 
 /// The proxy hop alone (launchProxyHopLoop): one warp, `iters` calls of a
-/// 16-byte shard with no output. Each call stages the shard in the own slot,
-/// publishes the doorbell (publish: fence, ring entry, release of subHead)
-/// and waits for every peer's flags (waitPeers); lap i, %globaltimer from
-/// just before the doorbell to the last flag seen, goes to laps[i] when laps
-/// is set. Stops after the first failed call (recorded as a call's). The
-/// epoch advances per call as the collective kernel's does.
+/// `bytes` shard (16-byte multiple, at most the slot) with no output. Each
+/// call stages the shard in the own slot, publishes the doorbell (publish:
+/// fence, ring entry, release of subHead) and waits for every peer's flags
+/// (waitPeers); lap i, %globaltimer from just before the doorbell to the last
+/// flag seen, goes to laps[i] when laps is set: the daemon's carry of the
+/// shard is in the lap, the staging is not. Stops after the first failed call
+/// (recorded as a call's). The epoch advances per call as the collective
+/// kernel's does.
 __global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, std::uint64_t iters,
-                                                        std::uint64_t* laps) {
+                                                        std::uint64_t* laps, std::uint64_t bytes) {
     DeviceState* st = v.state;
     const std::uint32_t lane = threadIdx.x;
     for (std::uint64_t i = 0; i < iters; ++i) {
@@ -455,11 +485,13 @@ __global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, 
         if (lane == 0) {
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0;
-            st16(v.hostRegion + v.layout.slotOffset(p, v.rank), make_uint4(std::uint32_t(e), std::uint32_t(i), 0, 0));
         }
+        std::uint8_t* slot = v.hostRegion + v.layout.slotOffset(p, v.rank);
+        for (std::uint64_t j = lane; j < bytes / 16; j += kWarp)
+            st16(slot + j * 16, make_uint4(std::uint32_t(e), std::uint32_t(i), std::uint32_t(j), 0));
         __syncwarp();
         const std::uint64_t t0 = globalTimerNs();
-        publish(v, e, p, 16, true);
+        publish(v, e, p, bytes, true);
         const std::uint32_t code = waitPeers(v, e, p);
         const std::uint64_t lap = globalTimerNs() - t0;
         if (lane == 0) {

@@ -67,6 +67,7 @@ __device__ __forceinline__ void stReleaseGpu(std::uint64_t* p, std::uint64_t v) 
     asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void fenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void fenceAcqRelGpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 /// 16 bytes a peer or the proxy delivered into this rank's region. Strong
 /// (.relaxed.sys) so that neither L1 nor a cached line of host memory from an

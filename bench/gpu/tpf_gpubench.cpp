@@ -17,6 +17,15 @@
 //   hop alone (doorbell -> daemon -> flag -> waiting kernel; proxyHop below),
 //   beside a raw host-mapped flag ping-pong (kernel <-> CPU thread) in the
 //   same run.
+// --mode parts: the proxy route taken apart, per size 4 KiB .. 512 KiB, every
+//   rank at once: the whole gather (graph of 100), a copy kernel staging the
+//   bytes into the own host slot (the route's first stage) and one reading a
+//   peer's slot back (its last), each also on a cudaHostAlloc buffer (to see
+//   whether the group's memfd region costs more), and the hop carrying the
+//   bytes (proxyHop: doorbell -> the daemon's copy -> flag, laps p50), and
+//   the gather's own phases as its block 0 sees them (kernel entry to the
+//   doorbell, doorbell to the peer's flag, flag to the output written; the
+//   mean over the graph's calls, kernels::setKernelTimeline).
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -107,17 +116,17 @@ void row(const char* what, std::uint64_t bytes, double us) {
 // mean per call (host clock over the launch / calls) and the laps' p50/p99
 // (%globaltimer, doorbell store to the last flag seen).
 template <class Barrier>
-int proxyHop(Group& g, cudaStream_t st, Barrier& barrier) {
-    constexpr std::uint64_t kHopCalls = 20000, kWarmup = 1000;
+int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 16, std::uint64_t kHopCalls = 20000) {
+    constexpr std::uint64_t kWarmup = 1000;
     const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
     std::uint64_t* laps = nullptr;
     CK(cudaMalloc(&laps, kHopCalls * sizeof(std::uint64_t)));
     barrier();
-    CK(kernels::launchProxyHopLoop(view, kWarmup, nullptr, st));
+    CK(kernels::launchProxyHopLoop(view, kWarmup, nullptr, st, bytes));
     CK(cudaStreamSynchronize(st));
     barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    CK(kernels::launchProxyHopLoop(view, kHopCalls, laps, st));
+    CK(kernels::launchProxyHopLoop(view, kHopCalls, laps, st, bytes));
     CK(cudaStreamSynchronize(st));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (auto c = g.check(); !c) return std::fprintf(stderr, "rank %u: hop: %s\n", a.rank, c.error().describe().c_str()), 1;
@@ -125,9 +134,9 @@ int proxyHop(Group& g, cudaStream_t st, Barrier& barrier) {
     CK(cudaMemcpy(lap.data(), laps, kHopCalls * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
     cudaFree(laps);
     std::sort(lap.begin(), lap.end());
-    row("proxy-hop-mean", 16, s * 1e6 / double(kHopCalls));
-    row("proxy-hop-p50", 16, double(lap[kHopCalls / 2]) / 1e3);
-    row("proxy-hop-p99", 16, double(lap[kHopCalls * 99 / 100]) / 1e3);
+    row("proxy-hop-mean", bytes, s * 1e6 / double(kHopCalls));
+    row("proxy-hop-p50", bytes, double(lap[kHopCalls / 2]) / 1e3);
+    row("proxy-hop-p99", bytes, double(lap[kHopCalls * 99 / 100]) / 1e3);
     return 0;
 }
 
@@ -215,7 +224,7 @@ int main(int argc, char** argv) {
     CLI::App app{"tpfabric GPU benchmark rank (started by bench/gpu/run.sh on the GPU machine)"};
     app.add_option("--socket", a.socket);
     app.add_option("--bootstrap", a.bootstrap);
-    app.add_option("--mode", a.mode);
+    app.add_option("--mode", a.mode, "sizes, nccl, hop or parts (the top of bench/gpu/tpf_gpubench.cpp)");
     app.add_option("--route", a.route);
     app.add_option("--rank", a.rank);
     app.add_option("--world", a.world);
@@ -270,6 +279,49 @@ int main(int argc, char** argv) {
             if (timeGraph(st, [&] { (void)g.allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, us, &g)) return 1;
             row((a.route + "-sum-bf16").c_str(), bytes, us);
         }
+    } else if (a.mode == "parts") {
+        const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
+        if (view.hostRegion == nullptr) return std::fprintf(stderr, "rank %u: --mode parts needs --route proxy\n", a.rank), 1;
+        kernels::setKernelTimeline(true); // graphs captured from here on sum their phases
+        // Phase 0's slots: the calls between these graphs rewrite them anyway.
+        std::uint8_t* const own = view.hostRegion + view.layout.slotOffset(0, a.rank);
+        std::uint8_t* const peer = view.hostRegion + view.layout.slotOffset(0, (a.rank + 1) % a.world);
+        std::uint8_t *pinned = nullptr, *dpinned = nullptr;
+        CK(cudaHostAlloc(&pinned, maxBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+        CK(cudaHostGetDevicePointer(&dpinned, pinned, 0));
+        for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 4) {
+            const struct {
+                const char* name;
+                std::function<void()> call;
+                Group* g;
+            } sides[] = {
+                {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
+                {"proxy-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
+                {"stage-kernel", [&] { gpubench::launchCopy(own, send, bytes, st); }, nullptr},
+                {"stage-kernel-pinned", [&] { gpubench::launchCopy(dpinned, send, bytes, st); }, nullptr},
+                {"read-kernel", [&] { gpubench::launchCopy(recv2, peer, bytes, st); }, nullptr},
+                {"read-kernel-pinned", [&] { gpubench::launchCopy(recv2, dpinned, bytes, st); }, nullptr},
+            };
+            for (const auto& sd : sides) {
+                barrier();
+                // The gather's phases from block 0 (DeviceState::timeline), over the warm-up and every replay.
+                std::uint64_t t0[4] = {}, t1[4] = {};
+                if (sd.g) CK(cudaMemcpy(t0, view.state->timeline, sizeof t0, cudaMemcpyDeviceToHost));
+                if (timeGraph(st, sd.call, us, sd.g)) return 1;
+                row(sd.name, bytes, us);
+                if (!sd.g) continue;
+                CK(cudaMemcpy(t1, view.state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
+                const double n = double(t1[3] - t0[3]);
+                if (n == 0) continue;
+                row("gather-put-to-doorbell", bytes, double(t1[0] - t0[0]) / n / 1e3);
+                row("gather-doorbell-to-flags", bytes, double(t1[1] - t0[1]) / n / 1e3);
+                row("gather-flags-to-output", bytes, double(t1[2] - t0[2]) / n / 1e3);
+            }
+            barrier();
+            if (proxyHop(g, st, barrier, bytes, 2000)) return 1;
+        }
+        barrier();
+        cudaFreeHost(pinned);
     } else { // hop
         barrier();
         if (timeGraph(st, [&] { gpubench::launchCopy(recv2, send, 16, st); }, us, nullptr)) return 1;

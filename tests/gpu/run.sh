@@ -346,6 +346,9 @@ if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
   grep -h '^ROW' "$logdir/tpf-gpubench-hop-proxy-w2.log"
   ranks tpf-gpubench 2 proxy sizes 0 --mode sizes || { echo "bench proxy W=2 failed"; rc=1; }
   grep -h '^ROW' "$logdir/tpf-gpubench-sizes-proxy-w2.log"
+  # The proxy route taken apart (stage, daemon carry, read; docs/perf.md).
+  ranks tpf-gpubench 2 proxy parts 0 --mode parts || { echo "bench proxy parts failed"; rc=1; }
+  grep -h '^ROW' "$logdir/tpf-gpubench-parts-proxy-w2.log"
 fi
 
 # ---- tpfabric.torch (tests/gpu/python/run.sh): the Communicator over torch.distributed ----
