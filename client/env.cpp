@@ -21,7 +21,8 @@ namespace {
 
 // The variables the client reads (readClientEnv below).
 constexpr std::string_view kClientNames[] = {"TPF_SOCKET", "TPF_DISABLE", "TPF_FALLBACK", "TPF_GPU_ROUTE",
-                                             "TPF_NCCL_ABOVE", "TPF_GPU_LL", "TPF_GPU_LL_CHUNKS", "TPF_HOST_DIRECT"};
+                                             "TPF_NCCL_ABOVE", "TPF_GPU_LL", "TPF_GPU_LL_CHUNKS", "TPF_GPU_PDL",
+                                             "TPF_HOST_DIRECT"};
 
 // Edit distance counting a swap of neighbours as one edit (optimal string
 // alignment): TPF_DISBALE and TPF_DISABLED are both one from TPF_DISABLE.
@@ -100,6 +101,11 @@ Result<ClientEnv> readClientEnv() {
     if (const char* v = get("TPF_GPU_LL_CHUNKS")) {
         if (std::strcmp(v, "1") == 0 || std::strcmp(v, "2") == 0 || std::strcmp(v, "4") == 0) env.llChunks = std::uint32_t(*v - '0');
         else return bad("TPF_GPU_LL_CHUNKS", v, "1, 2, 4");
+    }
+    if (const char* v = get("TPF_GPU_PDL")) {
+        if (std::strcmp(v, "0") == 0) env.pdl = false;
+        else if (std::strcmp(v, "1") != 0)
+            return bad("TPF_GPU_PDL", v, "1 (device calls use programmatic dependent launch where the GPU has it) and 0");
     }
     if (const char* v = get("TPF_HOST_DIRECT")) {
         if (std::strcmp(v, "0") == 0) env.hostDirect = false;

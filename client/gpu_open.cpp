@@ -362,6 +362,10 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
         // TPF_GPU_LL_CHUNKS=1|2|4: chunks per thread of multi-block LL calls (a tuning knob; the bench compares them).
         if (g.env.llChunks) p.view.llChunks = g.env.llChunks;
     }
+    // Programmatic dependent launch hides each call's launch gap (docs/gpu.md); sm_90 and later, TPF_GPU_PDL=0 off.
+    int major = 0;
+    if (s && g.env.pdl && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) == cudaSuccess)
+        p.view.pdl = major >= 9 ? 1 : 0;
     if (Errc e = kernels::validateView(p.view); e != Errc::Ok)
         s = Error{e, "device view of the group is invalid"};
     if (s = vote(boot, s, "device view"); !s) return s;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
 #include "kernels/collectives_kernel.cuh"
 #include "kernels/ll_kernel.cuh"
@@ -86,14 +87,31 @@ LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     return g;
 }
 
+// One launch of a collective kernel, with the programmatic-dependent-launch
+// attribute when the view asks for it (DeviceGroupView::pdl); captured into a
+// graph as a programmatic edge.
+template <class... P, class... A>
+cudaError_t launchKernel(const DeviceGroupView& v, void (*kernel)(P...), std::uint32_t blocks, std::uint32_t threads,
+                         cudaStream_t stream, A&&... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = v.pdl != 0 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
+
 template <Op op, std::uint32_t kPer>
 cudaError_t launchLl(const DeviceGroupView& v, const void* send, void* recv, std::uint64_t n16, std::uint32_t blocks,
                      std::uint32_t threads, const CallTag& tag, cudaStream_t stream) {
     const auto* s = static_cast<const std::uint8_t*>(send);
     auto* r = static_cast<std::uint8_t*>(recv);
-    if (v.world == 2) detail::llKernel<op, kPer, 1><<<blocks, threads, 0, stream>>>(v, s, r, n16, tag);
-    else detail::llKernel<op, kPer, kLlHeld / kPer><<<blocks, threads, 0, stream>>>(v, s, r, n16, tag);
-    return cudaGetLastError();
+    if (v.world == 2) return launchKernel(v, detail::llKernel<op, kPer, 1>, blocks, threads, stream, v, s, r, n16, tag);
+    return launchKernel(v, detail::llKernel<op, kPer, kLlHeld / kPer>, blocks, threads, stream, v, s, r, n16, tag);
 }
 
 template <Op op>
@@ -112,9 +130,8 @@ cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::
     CallTag t = tag ? *tag : CallTag{op == Op::Gather ? kStatsAllGather : kStatsAllReduceSum, 1, bytes};
     if (timeline.load(std::memory_order_relaxed)) t.flags |= kTagTimeline;
     if (const LlGrid g = llGridFor(v, bytes); g.per != 0 && !t.flagPath) return launchLlFor<op>(v, send, recv, bytes, g, t, stream);
-    detail::collectiveKernel<op><<<gridFor(v, bytes), kThreadsPerBlock, 0, stream>>>(
-        v, static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16, t);
-    return cudaGetLastError();
+    return launchKernel(v, detail::collectiveKernel<op>, gridFor(v, bytes), kThreadsPerBlock, stream, v,
+                        static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16, t);
 }
 
 } // namespace

@@ -138,6 +138,11 @@ struct DeviceGroupView {
     DeviceState* state = nullptr;             ///< this rank's DeviceState (device memory)
     std::uint64_t timeoutNs = 0;              ///< bound of one call's wait, > 0
     std::uint32_t maxBlocks = 0;              ///< grid cap per call (0: kDefaultMaxBlocks); all must fit on the GPU at once
+    std::uint32_t pdl = 0;                    ///< 1: calls launch with programmatic dependent launch (sm_90+): a
+                                              ///< call's blocks are scheduled while the kernel before it in the
+                                              ///< stream ends, and wait for it on the GPU (gridDepWait), which
+                                              ///< hides the launch gap; releases the next kernel once its peers'
+                                              ///< data arrived. 0: plain launches
     std::uint32_t llChunks = 0;               ///< LL calls above one block: 256-thread blocks of this many chunks a thread (1, 2, 4); 0: the measured grid
     Layout ll{};                              ///< LL area's layout (2 x 8 data bytes per 16-byte line); world 0: no LL path
     std::uint64_t llOffset = 0;               ///< where the LL area starts in every ipc region (own and peers')

@@ -370,6 +370,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
     bool hasProxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]);
+    gridDepWait(); // launched early (DeviceGroupView::pdl): the previous kernel's send and epoch first
     const std::uint64_t tIn = (tag.flags & kTagTimeline) != 0 && b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
         // Every block reads the epoch before it arrives at doneArrive; the
@@ -438,6 +439,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         s.ok = awaitVerdict(v, e);
     }
     __syncthreads();
+    // The next kernel may be scheduled now: every peer's blocks have all run
+    // their put (block 0 saw their flags), so blocks of it waiting for this
+    // grid cannot keep a peer's blocks of this call from the SMs.
+    gridDepRelease();
 
     // 3. the result, only on success.
     if (s.ok) {

@@ -87,6 +87,24 @@ __device__ __forceinline__ uint4 ldSlot16(const void* p) {
 __device__ __forceinline__ uint4 ldSend16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ void st16(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
 
+/// Programmatic dependent launch (sm_90+; no-ops in a kernel launched
+/// without the attribute). gridDepWait: this thread waits until the grids
+/// this one depends on in its stream completed and their memory is visible;
+/// nothing of theirs (the send buffer, DeviceState) may be read before it.
+/// gridDepRelease: the next kernel in the stream, if launched with the
+/// attribute, may be scheduled once every block of this grid has released
+/// (or exited); it still waits in its own gridDepWait for this grid's end.
+__device__ __forceinline__ void gridDepWait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gridDepRelease() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /// Nanoseconds of the GPU's global timer (coarse, but monotonic and shared by all SMs).
 __device__ __forceinline__ std::uint64_t globalTimerNs() {
     std::uint64_t t;

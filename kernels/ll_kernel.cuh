@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     const std::uint32_t nb = gridDim.x, b = blockIdx.x, W = v.world, me = v.rank;
     const std::uint64_t base = std::uint64_t(b) * kPer * blockDim.x + threadIdx.x;
 
+    gridDepWait(); // launched early (DeviceGroupView::pdl): the previous kernel's send and epoch first
     // The own chunks load while the epoch does: neither waits for the other.
     uint4 own[kPer];
 #pragma unroll
@@ -231,6 +232,9 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         sCode = good ? 0u : 1u;
     }
     __syncthreads();
+    // Every block has every peer's lines, so every peer's blocks have run
+    // their put: the next kernel may be scheduled (collectiveKernel's rule).
+    gridDepRelease();
 
     // 4. the result, only when every block of this rank has every row.
     if (sCode == 0) {

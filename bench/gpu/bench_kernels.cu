@@ -8,6 +8,14 @@ __global__ void copyK(uint4* dst, const uint4* src, std::uint64_t n) {
     for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
 }
 
+// The floor of a call launched with programmatic dependent launch: the same
+// copy, waiting on the GPU for the kernel before it (as the collectives do).
+__global__ void copyPdlK(uint4* dst, const uint4* src, std::uint64_t n) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 __global__ void pingPongK(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters) {
     for (std::uint64_t i = 1; i <= iters; ++i) {
         asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ping), "l"(i) : "memory");
@@ -27,6 +35,22 @@ void launchCopy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s)
     copyK<<<unsigned(blocks), 256, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
 }
 
+void launchCopyPdl(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s) {
+    std::uint64_t blocks = (bytes + 16383) / 16384;
+    if (blocks > 32) blocks = 32;
+    if (blocks == 0) blocks = 1;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(blocks));
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, copyPdlK, static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
+}
+
 void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters, cudaStream_t s) {
     pingPongK<<<1, 1, 0, s>>>(ping, pong, iters);
 }
@@ -34,6 +58,7 @@ void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_
 cudaError_t preloadBenchKernels() {
     cudaFuncAttributes a;
     if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)copyK); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)copyPdlK); e != cudaSuccess) return e;
     return cudaFuncGetAttributes(&a, (const void*)pingPongK);
 }
 

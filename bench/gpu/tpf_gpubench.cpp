@@ -3,13 +3,15 @@
 //   ROW <what> <bytes> <us_per_call>
 // --mode sizes: ipc (or proxy) gathers and bf16 sums, 100 calls captured in one
 //   graph, best of 5 replays, beside a graph of 100 copy kernels of the same
-//   bytes measured in the same run (the floor).
+//   bytes measured in the same run (the floor); each also without
+//   programmatic dependent launch (-nopdl: a second group opened with
+//   TPF_GPU_PDL=0) and the floor with it (copy-kernel-pdl).
 // --mode nccl: one process per GPU (W GPUs), NCCL beside tpfabric in the same
 //   run, every side a graph of 100 calls, best of 5 replays, per size 4 KiB ..
 //   512 KiB: the copy floor; the fabric kernel (LL path where it applies: its
 //   default grid, and 256-thread blocks of 1, 2 and 4 chunks per thread
 //   (TPF_GPU_LL_CHUNKS), and the flag path with
-//   TPF_GPU_LL=0), all over the TCP bootstrap so that the
+//   TPF_GPU_LL=0, and the default grid with TPF_GPU_PDL=0), all over the TCP bootstrap so that the
 //   fabric takes every size; ncclAllGather / ncclAllReduce (bf16, sum); and a
 //   group over an NcclBootstrap, which routes each size as an application's
 //   group would (fabric up to the crossover, NCCL above it).
@@ -156,6 +158,10 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
     auto flag = Group::open(tcp, a.rank, a.world, maxBytes, o);
     ::unsetenv("TPF_GPU_LL");
     if (!flag) return std::fprintf(stderr, "rank %u: open (flag path): %s\n", a.rank, flag.error().describe().c_str()), 1;
+    ::setenv("TPF_GPU_PDL", "0", 1); // plain launches, for comparison
+    auto nopdl = Group::open(tcp, a.rank, a.world, maxBytes, o);
+    ::unsetenv("TPF_GPU_PDL");
+    if (!nopdl) return std::fprintf(stderr, "rank %u: open (TPF_GPU_PDL=0): %s\n", a.rank, nopdl.error().describe().c_str()), 1;
     ::setenv("TPF_GPU_LL_CHUNKS", "1", 1); // LL grid variants: chunks per thread, 256-thread blocks
     auto ll1 = Group::open(tcp, a.rank, a.world, maxBytes, o);
     ::setenv("TPF_GPU_LL_CHUNKS", "2", 1);
@@ -186,6 +192,8 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
             {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
             {"ll-gather", [&] { (void)(*ll)->allGather(send, recv, bytes, st); }, ll->get()},
             {"ll-sum-bf16", [&] { (void)(*ll)->allReduceSum(send, recv, n, DType::BF16, st); }, ll->get()},
+            {"ll-gather-nopdl", [&] { (void)(*nopdl)->allGather(send, recv, bytes, st); }, nopdl->get()},
+            {"ll-sum-bf16-nopdl", [&] { (void)(*nopdl)->allReduceSum(send, recv, n, DType::BF16, st); }, nopdl->get()},
             {"ll1-gather", [&] { (void)(*ll1)->allGather(send, recv, bytes, st); }, ll1->get()},
             {"ll1-sum-bf16", [&] { (void)(*ll1)->allReduceSum(send, recv, n, DType::BF16, st); }, ll1->get()},
             {"ll2-gather", [&] { (void)(*ll2)->allGather(send, recv, bytes, st); }, ll2->get()},
@@ -211,6 +219,7 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
     ll2->reset();
     ll1->reset();
     flag->reset();
+    nopdl->reset();
     ll->reset();
     nboot->reset();
     ncclCommDestroy(c);
@@ -268,17 +277,34 @@ int main(int argc, char** argv) {
 
     double us = 0;
     if (a.mode == "sizes") {
+        // The same group without programmatic dependent launch (TPF_GPU_PDL=0), beside it in the same run.
+        ::setenv("TPF_GPU_PDL", "0", 1);
+        auto plain = Group::open(**boot, a.rank, a.world, maxBytes, o);
+        ::unsetenv("TPF_GPU_PDL");
+        if (!plain) return std::fprintf(stderr, "rank %u: open (TPF_GPU_PDL=0): %s\n", a.rank, plain.error().describe().c_str()), 1;
+        Group& gp = **plain;
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
-            barrier();
-            if (timeGraph(st, [&] { gpubench::launchCopy(recv2, send, bytes, st); }, us, nullptr)) return 1;
-            row("copy-kernel", bytes, us);
-            barrier();
-            if (timeGraph(st, [&] { (void)g.allGather(send, recv, bytes, st); }, us, &g)) return 1;
-            row((a.route + "-gather").c_str(), bytes, us);
-            barrier();
-            if (timeGraph(st, [&] { (void)g.allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, us, &g)) return 1;
-            row((a.route + "-sum-bf16").c_str(), bytes, us);
+            const std::uint64_t count = bytes / 2;
+            const std::string gather = a.route + "-gather", sum = a.route + "-sum-bf16";
+            const struct {
+                std::string name;
+                std::function<void()> call;
+                Group* g;
+            } sides[] = {
+                {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
+                {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
+                {gather, [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
+                {gather + "-nopdl", [&] { (void)gp.allGather(send, recv, bytes, st); }, &gp},
+                {sum, [&] { (void)g.allReduceSum(send, recv, count, DType::BF16, st); }, &g},
+                {sum + "-nopdl", [&] { (void)gp.allReduceSum(send, recv, count, DType::BF16, st); }, &gp},
+            };
+            for (const auto& sd : sides) {
+                barrier();
+                if (timeGraph(st, sd.call, us, sd.g)) return 1;
+                row(sd.name.c_str(), bytes, us);
+            }
         }
+        barrier();
     } else if (a.mode == "parts") {
         const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
         if (view.hostRegion == nullptr) return std::fprintf(stderr, "rank %u: --mode parts needs --route proxy\n", a.rank), 1;

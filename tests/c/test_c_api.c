@@ -632,6 +632,7 @@ int main(void) {
         {"TPF_NCCL_ABOVE", "lots", "a byte size (4096, 64KiB, 1MiB) or never"},
         {"TPF_GPU_LL", "on", "1 (use the LL path where it fits) and 0"},
         {"TPF_GPU_LL_CHUNKS", "3", "1, 2, 4"},
+        {"TPF_GPU_PDL", "yes", "1 (device calls use programmatic dependent launch where the GPU has it) and 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         bad_name = bad[i][0];

@@ -117,6 +117,9 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
         v.timeoutNs = o.timeoutNs;
         v.maxBlocks = o.maxBlocks;
         if (o.wire == Wire::Ipc && !std::getenv("TPF_GPU_LL_OFF")) kernels::enableLowLatency(v);
+        // Launched as the library launches them (programmatic dependent launch), unless TPF_GPU_PDL=0.
+        const char* pdl = std::getenv("TPF_GPU_PDL");
+        v.pdl = pdl && *pdl == '0' ? 0 : 1;
         if (Errc e = kernels::validateView(v); e != Errc::Ok)
             throw std::runtime_error("validateView: " + std::string(errcName(e)));
     }
