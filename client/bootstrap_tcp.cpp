@@ -4,7 +4,9 @@
 // decides when the bootstrap cannot complete (a rank of another world, a rank
 // twice, a rank gone or late): it tells every rank it can reach with a
 // kRefuse frame, so that each fails at once with the same named reason
-// instead of waiting for its own timeout.
+// instead of waiting for its own timeout. The root takes the joins in its
+// first call, not in create, so that a rank that never starts is named within
+// that call's deadline (Group::open's) rather than the create timeout.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -30,7 +32,7 @@ using namespace bootstrap_proto;
 
 namespace {
 
-// The root gives up on missing parts this long before the call's deadline,
+// The root gives up on missing joins and parts this long before the call's deadline,
 // so that its refusal (naming the missing rank) reaches the others before
 // their own wait for its answer ends.
 constexpr std::uint64_t kRefuseLeadNs = 250 * 1000000ull;
@@ -123,6 +125,15 @@ Result<Bytes> receiveFrame(int fd, std::uint16_t op, std::uint32_t seq, std::siz
 }
 
 std::string rankName(std::uint32_t r) { return "rank " + std::to_string(r); }
+
+// "127.0.0.1:29500": the address a listening socket is bound to, for errors.
+std::string boundAddress(int fd) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    char ip[INET_ADDRSTRLEN] = "?";
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+    return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
 const std::string kRootName = "the bootstrap root (rank 0)";
 
 } // namespace
@@ -152,8 +163,9 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, s
             return Error{Errc::SystemError, "bootstrap: bind " + hostPort + ": " + std::strerror(errno)};
         if (::listen(b->listenFd_, int(kMaxWorld)) != 0)
             return Error{Errc::SystemError, std::string("bootstrap: listen: ") + std::strerror(errno)};
-        if (auto s = b->acceptRanks(hostPort, deadline); !s) return s.error();
-        return b;
+        if (world == 1) // nobody to wait for
+            if (auto s = b->acceptRanks(hostPort, deadline); !s) return s.error();
+        return b; // the others' joins are taken by the first call, within its deadline
     }
     for (;;) {
         const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -178,18 +190,23 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, s
     }
 }
 
-// The root: accept every rank's join until all of world-1 joined. A join
-// that cannot belong to this bootstrap (another world, a rank twice) ends it:
-// every rank that joined or joins until the deadline is refused by name, so
-// none waits for a bootstrap that will not complete.
+// The root, in its first call: accept every rank's join until all of
+// world-1 joined, shortly before the call's deadline. A join that cannot
+// belong to this bootstrap (another world, a rank twice), or a rank that has
+// not joined by then, ends it: every rank that joined or joins until the
+// deadline is refused by name, so none waits for a bootstrap that will not
+// complete.
 Status TcpBootstrap::acceptRanks(const std::string& hostPort, std::uint64_t deadline) {
     const int one = 1;
+    const std::uint64_t startNs = monotonicNs();
+    const std::uint64_t lead = deadline > startNs ? std::min(kRefuseLeadNs, (deadline - startNs) / 2) : 0;
+    const std::uint64_t joinsBy = deadline - lead;
     Error failure{};
     std::uint32_t named = kNoPeer;   // the rank the failure names
     std::uint32_t expected = world_; // ranks 1..expected-1 should hear of a failure
     std::uint32_t told = 0;          // bit r: rank r heard of it
     std::uint32_t joined = 1;
-    std::uint64_t until = deadline; // after a failure: the linger's end
+    std::uint64_t until = joinsBy; // after a failure: the linger's end
     const auto fail = [&](Error e, std::uint32_t r) {
         failure = std::move(e);
         named = r;
@@ -206,19 +223,21 @@ Status TcpBootstrap::acceptRanks(const std::string& hostPort, std::uint64_t dead
         return true;
     };
     while (failure.code == Errc::Ok ? joined < world_ : !everyoneTold()) {
-        if (monotonicNs() >= until) {
+        pollfd p{listenFd_, POLLIN, 0};
+        if (::poll(&p, 1, msLeft(until)) <= 0) { // a join already queued is still taken once the time is up
+            if (monotonicNs() < until) continue;
             if (failure.code == Errc::Ok) {
                 std::uint32_t missing = 1;
                 while (missing < world_ && peers_[missing] >= 0) ++missing;
                 fail(Error{Errc::Timeout, rankName(missing) + " did not join the bootstrap at " + hostPort + " within " +
-                                              std::to_string(timeoutMs_) + " ms (" + std::to_string(joined) + " of " +
-                                              std::to_string(world_) + " ranks joined)"},
+                                              std::to_string((joinsBy - std::min(joinsBy, startNs)) / 1000000) + " ms (" +
+                                              std::to_string(joined) + " of " + std::to_string(world_) +
+                                              " ranks joined): is its process running, with this address?"},
                      missing);
+                if (!everyoneTold()) continue; // the linger: a rank starting now still hears why
             }
             break;
         }
-        pollfd p{listenFd_, POLLIN, 0};
-        if (::poll(&p, 1, std::max(1, msLeft(until))) <= 0) continue;
         const int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) continue;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -274,6 +293,8 @@ Status TcpBootstrap::allGather(const void* mine, void* out, std::size_t bytes) {
 Status TcpBootstrap::allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point until) {
     if (refused_.code != Errc::Ok) return refused_;
     const std::uint64_t deadline = nsOf(until);
+    if (listenFd_ >= 0) // the root's first call: the joins first, within this call's deadline
+        if (auto s = acceptRanks(boundAddress(listenFd_), deadline); !s) return s;
     const std::uint32_t seq = ++seq_;
     auto* o = static_cast<std::uint8_t*>(out);
     const ByteView part(static_cast<const std::uint8_t*>(mine), bytes);

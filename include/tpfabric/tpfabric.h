@@ -198,8 +198,10 @@ TPF_API uint32_t tpf_rank(const tpf_group* group);
 TPF_API uint32_t tpf_world(const tpf_group* group);
 
 /** TCP bootstrap for CPU processes and tools: rank 0 listens on host_port
- *  ("127.0.0.1:29500"), the others connect, retrying until timeout_ms (0:
- *  30000). Pass tpf_tcp_bootstrap_allgather and the handle to tpf_group_open. */
+ *  ("127.0.0.1:29500") and returns; the others connect, retrying until
+ *  timeout_ms (0: 30000; then TPF_TIMEOUT naming the root, before any open).
+ *  Rank 0 takes the others' joins in its first all-gather, within that call's
+ *  deadline. Pass tpf_tcp_bootstrap_allgather and the handle to tpf_group_open. */
 TPF_API tpf_status tpf_tcp_bootstrap_create(uint32_t rank, uint32_t world, const char* host_port, uint32_t timeout_ms,
                                             tpf_tcp_bootstrap** bootstrap);
 TPF_API void tpf_tcp_bootstrap_destroy(tpf_tcp_bootstrap* bootstrap);

@@ -59,23 +59,29 @@ public:
 
 /// Loopback (or LAN) TCP bootstrap for CPU processes: rank 0 listens on
 /// host:port, the others connect (retrying until the timeout). The root
-/// checks every rank's join: a rank of another world or a rank number twice
-/// ends the bootstrap on every rank that joins before the timeout
-/// (GroupMismatch naming the rank and both worlds); in an all-gather, a rank
-/// whose connection closed (PeerLost) or that sent nothing by the deadline
-/// (Timeout) ends the call on every rank, named. After a failure every later
-/// call returns the same error.
+/// takes and checks every rank's join in its first call, within that call's
+/// deadline (in Group::open: the open's): a rank of another world or a rank
+/// number twice ends the bootstrap on every rank that joins by then
+/// (GroupMismatch naming the rank and both worlds), and so does a rank that
+/// has not joined by then (Timeout: "rank 2 did not join the bootstrap");
+/// in an all-gather, a rank whose connection closed (PeerLost) or that sent
+/// nothing by the deadline (Timeout) ends the call on every rank, named.
+/// After a failure every later call returns the same error.
 class TPF_API TcpBootstrap final : public Bootstrap {
 public:
-    /// Rank 0 returns once every rank joined (or with the reason it cannot);
-    /// the others once connected (a refusal comes with their first call).
+    /// Rank 0 returns once it listens; the others once connected to it,
+    /// retrying until `timeout` (then Timeout
+    /// naming the root: this wait is outside any Group::open, so keep it no
+    /// longer than the open timeout where a missing root should end as
+    /// quickly). OutOfRange at once for rank >= world. Every join, and any
+    /// refusal, comes with the first call.
     static Result<std::unique_ptr<TcpBootstrap>> create(std::uint32_t rank, std::uint32_t world,
                                                         const std::string& hostPort,
                                                         std::chrono::milliseconds timeout = std::chrono::seconds(30));
     ~TcpBootstrap() override;
     std::uint32_t rank() const override { return rank_; }
     std::uint32_t world() const override { return world_; }
-    /// Bounded by the create timeout.
+    /// Bounded by the create timeout from the call (rank 0's first call: the joins included).
     Status allGather(const void* mine, void* out, std::size_t bytes) override;
     Status allGatherUntil(const void* mine, void* out, std::size_t bytes, Clock::time_point deadline) override;
 
@@ -148,8 +154,8 @@ public:
     /// the ranks disagree on, each told what and which rank: GroupMismatch
     /// ("rank 2 opens with world 4, rank 0 with world 3", a rank twice, host
     /// and device buffers, a bootstrap of another world), Timeout or PeerLost
-    /// naming a rank that never called open or is gone, as far as the
-    /// bootstrap can tell (Bootstrap::allGatherUntil).
+    /// naming a rank that never called open, never joined the TcpBootstrap,
+    /// or is gone, as far as the bootstrap can tell (Bootstrap::allGatherUntil).
     static Result<std::unique_ptr<Group>> open(Bootstrap& bootstrap, std::uint32_t rank, std::uint32_t world,
                                                std::uint64_t maxBytes, const Options& options = {});
     ~Group();

@@ -1,10 +1,10 @@
 // Opening a group when the ranks disagree (issue 15, item 1), and abort and
 // close (item 5), against the real daemon and real rank processes. Each rank
-// opens with a short open timeout; every rank must end within it + 1 s (plus
-// a margin for a loaded two-core box), told by name what disagreed and which
-// rank, and errors from a bootstrap peer must name it, never "the daemon".
-// Bounds are checked on each rank's own clock (elapsed_ms from the start of
-// its program), never tighter than the issue's.
+// opens with a short open timeout; every rank's Group::open must end within
+// it + 1 s (open_ms, the time inside the call), told by name what disagreed
+// and which rank, and errors from a bootstrap peer must name it, never "the
+// daemon". The whole program (elapsed_ms, from its start) gets 2 s more for
+// process start-up on a loaded two-core box.
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -18,8 +18,10 @@ using namespace tpf::testing;
 namespace {
 
 constexpr std::uint32_t kOpenTimeoutMs = 2000;
-// The issue's bound (openTimeout + 1 s) plus 2 s for process start-up on a loaded box.
-constexpr double kBoundMs = kOpenTimeoutMs + 1000 + 2000;
+// The issue's bound on Group::open itself.
+constexpr double kOpenBoundMs = kOpenTimeoutMs + 1000;
+// The same plus 2 s for process start-up on a loaded box, from program start.
+constexpr double kBoundMs = kOpenBoundMs + 2000;
 constexpr int kReapMs = 60000; // before the change some of these took 30 s (the bootstrap's own timeout)
 
 /// The number after "key=" in `line`, or -1.
@@ -67,15 +69,28 @@ Run start(const Daemon& d, const std::vector<Proc>& procs,
     return r;
 }
 
-/// Process i failed its open with `error`, its detail holding every one of `texts`, within the bound.
+/// Process i failed its open with `error`, its detail holding every one of
+/// `texts`, Group::open within openTimeout + 1 s.
 void requireOpenFailed(const Run& r, std::size_t i, const std::string& error, const std::vector<std::string>& texts) {
     const std::string line = r.line(i);
     INFO("process " << i << ": " << line);
     CHECK(line.find("error=" + error + " calls=0 ") != std::string::npos);
     for (const auto& t : texts) CHECK(line.find(t) != std::string::npos);
     CHECK(line.find("daemon") == std::string::npos); // a bootstrap peer is not the daemon
+    CHECK(field(line, "open_ms") >= 0);
+    CHECK(field(line, "open_ms") <= kOpenBoundMs);
     CHECK(field(line, "elapsed_ms") >= 0);
     CHECK(field(line, "elapsed_ms") <= kBoundMs);
+    CHECK(exitCode(r.run.ranks[i]) == 1);
+}
+
+/// Process i failed before Group::open (in TcpBootstrap::create) with `error` and `text`.
+void requireCreateFailed(const Run& r, std::size_t i, const std::string& error, const std::string& text) {
+    const std::string line = r.line(i);
+    INFO("process " << i << ": " << line);
+    CHECK(line.find("error=" + error + " calls=0 ") != std::string::npos);
+    CHECK(line.find(text) != std::string::npos);
+    CHECK(field(line, "open_ms") == -1); // never reached Group::open
     CHECK(exitCode(r.run.ranks[i]) == 1);
 }
 
@@ -102,9 +117,11 @@ TEST_CASE("open: two processes open as the same rank: GroupMismatch on both and 
 
 TEST_CASE("open: a bootstrap of another world than the open's") {
     Daemon d;
-    { // the root's bootstrap says world 2, every open says 3
+    { // the root's bootstrap says world 2, every open says 3: the root names its own
+        // arguments, the others hear the root's refusal of their joins
         auto r = start(d, {{0, 3, {"--bootstrap-world", "2"}}, {1, 3, {}}, {2, 3, {}}});
-        for (std::size_t i = 0; i < 3; ++i) requireOpenFailed(r, i, "GroupMismatch", {"rank 0 with world 2"});
+        requireOpenFailed(r, 0, "GroupMismatch", {"rank 0 opens with world 3 over a bootstrap of world 2"});
+        for (std::size_t i = 1; i < 3; ++i) requireOpenFailed(r, i, "GroupMismatch", {"rank 0 with world 2"});
     }
     { // every bootstrap says 3; rank 1 opens with world 2 over it
         auto r = start(d, {{0, 3, {}}, {1, 2, {"--bootstrap-world", "3"}}, {2, 3, {}}});
@@ -142,6 +159,21 @@ TEST_CASE("open: a rank that never calls open: Timeout on the others, naming it,
     { // the bootstrap root never opens
         auto r = start(d, {{0, 3, {"--skip-open", "--hold-ms", "8000"}}, {1, 3, {}}, {2, 3, {}}});
         for (std::size_t i = 1; i < 3; ++i) requireOpenFailed(r, i, "Timeout", {"the bootstrap root (rank 0) did not answer"});
+    }
+}
+
+TEST_CASE("open: a rank that never starts: Timeout naming it on every started rank, within the open timeout + 1 s") {
+    Daemon d;
+    { // world 3, rank 2 never started. Before: the root waited in TcpBootstrap::create
+      // for its 30 s timeout, and rank 1 got "the bootstrap root did not answer".
+        auto r = start(d, {{0, 3, {}}, {1, 3, {}}});
+        requireOpenFailed(r, 0, "Timeout", {"rank 2 did not join the bootstrap at 127.0.0.1:", "(2 of 3 ranks joined)"});
+        requireOpenFailed(r, 1, "Timeout", {"rank 2 did not join the bootstrap", "told by the bootstrap root (rank 0)"});
+    }
+    { // the root never started: the others wait in create, for its own timeout (docs/integration.md)
+        auto r = start(d, {{1, 3, {"--bootstrap-timeout-ms", "1500"}}, {2, 3, {"--bootstrap-timeout-ms", "1500"}}});
+        for (std::size_t i = 0; i < 2; ++i)
+            requireCreateFailed(r, i, "Timeout", "the bootstrap root (rank 0) at 127.0.0.1:");
     }
 }
 

@@ -3,14 +3,15 @@
 // result byte for byte. Prints one line
 //   RESULT rank=R ok calls=N
 // or
-//   RESULT rank=R error=NAME calls=N elapsed_ms=T detail=...
+//   RESULT rank=R error=NAME calls=N elapsed_ms=T [open_ms=O] detail=...
 // and exits 0 (ok), 1 (a collective failed), 2 (usage) or 3 (wrong data, or
 // a failed call that wrote into its output). Progress lines a test can wait
-// for: "OPEN rank=R cap=N" (the agreed cap), "PAUSED rank=R calls=N", "STALL rank=R calls=N",
+// for: "OPEN rank=R cap=N open_ms=O" (the agreed cap), "PAUSED rank=R calls=N", "STALL rank=R calls=N",
 // "PROGRESS rank=R calls=N", "REOPEN rank=R ok|error=NAME ...",
 // "BOOTSTRAP rank=R" (--skip-open), "ABORT rank=R status=NAME ..." (what
 // abort() returned), "FDS rank=R before=N after=M" (--check-fds). A failed
-// open's elapsed_ms counts from the start of the program.
+// open's elapsed_ms counts from the start of the program; open_ms (a failed
+// open's RESULT line, and OPEN) is the time spent inside Group::open alone.
 #include <unistd.h>
 
 #include <dirent.h>
@@ -61,6 +62,7 @@ struct Args {
     std::uint32_t openTimeoutMs = 0;      // Options::openTimeout (0: the library's default)
     std::uint32_t bootstrapTimeoutMs = 30000;
     std::uint32_t bootstrapWorld = 0;     // the TcpBootstrap's world (0: --world)
+    std::int64_t bootstrapRank = -1;      // the TcpBootstrap's rank (-1: --rank)
     std::string buffers = "host";         // host | device
     bool skipOpen = false;                // create the bootstrap, never call Group::open
     bool exitBeforeOpen = false;          // _exit(0) after creating the bootstrap
@@ -104,12 +106,16 @@ Status waitForFile(const std::string& path) {
     return okStatus();
 }
 
-int finish(const Args& a, const Status& s, std::uint64_t calls, std::uint64_t startNs) {
+// openMs >= 0: the call that failed was Group::open, which took that long.
+int finish(const Args& a, const Status& s, std::uint64_t calls, std::uint64_t startNs, double openMs = -1) {
     const double ms = double(monotonicNs() - startNs) / 1e6;
+    char open[48] = "";
+    if (openMs >= 0) std::snprintf(open, sizeof open, "open_ms=%.1f ", openMs);
     if (s) line("RESULT rank=%u ok calls=%llu\n", a.rank, (unsigned long long)calls);
     else
-        line("RESULT rank=%u error=%s calls=%llu elapsed_ms=%.1f detail=%s\n", a.rank,
-             std::string(errcName(s.code())).c_str(), (unsigned long long)calls, ms, s.error().detail.c_str());
+        line("RESULT rank=%u error=%s calls=%llu elapsed_ms=%.1f %sdetail=%s\n", a.rank,
+             std::string(errcName(s.code())).c_str(), (unsigned long long)calls, ms, open,
+             s.error().detail.c_str());
     return s ? 0 : 1;
 }
 
@@ -295,6 +301,7 @@ int main(int argc, char** argv) {
     app.add_option("--open-timeout-ms", a.openTimeoutMs, "Options::openTimeout");
     app.add_option("--bootstrap-timeout-ms", a.bootstrapTimeoutMs, "the TcpBootstrap's create timeout");
     app.add_option("--bootstrap-world", a.bootstrapWorld, "the TcpBootstrap's world (default: --world)");
+    app.add_option("--bootstrap-rank", a.bootstrapRank, "the TcpBootstrap's rank (default: --rank)");
     app.add_option("--buffers", a.buffers, "host or device")->check(CLI::IsMember({"host", "device"}));
     app.add_flag("--skip-open", a.skipOpen, "create the bootstrap, print BOOTSTRAP, hold --hold-ms, never open");
     app.add_flag("--exit-before-open", a.exitBeforeOpen, "exit right after creating the bootstrap");
@@ -303,7 +310,8 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
 
     const std::uint64_t t0 = monotonicNs();
-    auto boot = TcpBootstrap::create(a.rank, a.bootstrapWorld ? a.bootstrapWorld : a.world, a.bootstrap,
+    auto boot = TcpBootstrap::create(a.bootstrapRank >= 0 ? std::uint32_t(a.bootstrapRank) : a.rank,
+                                     a.bootstrapWorld ? a.bootstrapWorld : a.world, a.bootstrap,
                                      std::chrono::milliseconds(a.bootstrapTimeoutMs));
     if (!boot) return finish(a, boot.error(), 0, t0);
     if (a.exitBeforeOpen) std::_Exit(0);
@@ -314,9 +322,11 @@ int main(int argc, char** argv) {
         return 0;
     }
     const int fdsBefore = countFds();
+    const std::uint64_t openStart = monotonicNs();
     auto group = openGroup(a, **boot);
-    if (!group) return finish(a, group.error(), 0, t0);
-    line("OPEN rank=%u cap=%llu\n", a.rank, (unsigned long long)(*group)->agreedCap());
+    const double openMs = double(monotonicNs() - openStart) / 1e6;
+    if (!group) return finish(a, group.error(), 0, t0, openMs);
+    line("OPEN rank=%u cap=%llu open_ms=%.1f\n", a.rank, (unsigned long long)(*group)->agreedCap(), openMs);
     const int rc = runCalls(a, **group);
     if (a.checkFds) {
         (*group)->close(); // the Group object lives on: close() alone must release everything
