@@ -145,6 +145,10 @@ Status Bootstrap::allGatherUntil(const void* mine, void* out, std::size_t bytes,
 Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, std::uint32_t world,
                                                            const std::string& hostPort, std::chrono::milliseconds timeout) {
     if (world == 0 || rank >= world) return Error{Errc::OutOfRange, "bootstrap: rank " + std::to_string(rank) + " of " + std::to_string(world)};
+    // The root's tables hold kMaxWorld ranks. A larger world elsewhere still
+    // joins, so that the root refuses it by name to every rank.
+    if (rank == 0 && world > kMaxWorld)
+        return Error{Errc::OutOfRange, "bootstrap: world " + std::to_string(world) + " outside 1.." + std::to_string(kMaxWorld)};
     auto addr = resolve(hostPort);
     if (!addr) return addr.error();
     std::unique_ptr<TcpBootstrap> b(new TcpBootstrap());

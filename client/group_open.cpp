@@ -73,6 +73,9 @@ Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, co
         if (i.world != g.world)
             return Error{Errc::GroupMismatch, who + " opens with world " + std::to_string(i.world) + ", rank " +
                                                   std::to_string(g.rank) + " with world " + std::to_string(g.world)};
+        if (i.rank != r && i.rank >= g.world)
+            return Error{Errc::GroupMismatch, "bootstrap " + who + " opens as rank " + std::to_string(i.rank) +
+                                                  ", not below world " + std::to_string(g.world)};
         if (i.rank != r)
             return Error{Errc::GroupMismatch, "bootstrap " + who + " opens as rank " + std::to_string(i.rank) +
                                                   " (every rank must pass its bootstrap rank; two ranks " +

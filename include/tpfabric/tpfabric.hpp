@@ -69,8 +69,8 @@ public:
 /// After a failure every later call returns the same error.
 class TPF_API TcpBootstrap final : public Bootstrap {
 public:
-    /// Rank 0 returns once it listens; the others once connected to it,
-    /// retrying until `timeout` (then Timeout
+    /// Rank 0 returns once it listens (OutOfRange for a world above 16); the
+    /// others once connected to it, retrying until `timeout` (then Timeout
     /// naming the root: this wait is outside any Group::open, so keep it no
     /// longer than the open timeout where a missing root should end as
     /// quickly). OutOfRange at once for rank >= world. Every join, and any
@@ -153,9 +153,11 @@ public:
     /// Bounded: every rank returns within options.openTimeout + 1 s whatever
     /// the ranks disagree on, each told what and which rank: GroupMismatch
     /// ("rank 2 opens with world 4, rank 0 with world 3", a rank twice, host
-    /// and device buffers, a bootstrap of another world), Timeout or PeerLost
-    /// naming a rank that never called open, never joined the TcpBootstrap,
-    /// or is gone, as far as the bootstrap can tell (Bootstrap::allGatherUntil).
+    /// and device buffers, a bootstrap of another world, another rank's
+    /// world outside 1..16 or rank not below world: that rank itself gets
+    /// OutOfRange), Timeout or PeerLost naming a rank that never called open,
+    /// never joined the TcpBootstrap, or is gone, as far as the bootstrap can
+    /// tell (Bootstrap::allGatherUntil).
     static Result<std::unique_ptr<Group>> open(Bootstrap& bootstrap, std::uint32_t rank, std::uint32_t world,
                                                std::uint64_t maxBytes, const Options& options = {});
     ~Group();

@@ -177,6 +177,34 @@ TEST_CASE("open: a rank that never starts: Timeout naming it on every started ra
     }
 }
 
+TEST_CASE("open: one rank passes rank >= world or a world outside 1..16: OutOfRange there, GroupMismatch naming it elsewhere") {
+    Daemon d;
+    { // bootstrap rank 2, Group::open as rank 5 of 3
+        auto r = start(d, {{0, 3, {}}, {1, 3, {}}, {5, 3, {"--bootstrap-rank", "2"}}});
+        for (std::size_t i = 0; i < 2; ++i)
+            requireOpenFailed(r, i, "GroupMismatch", {"bootstrap rank 2 opens as rank 5, not below world 3"});
+        requireOpenFailed(r, 2, "OutOfRange", {"rank 5 not below world 3"});
+    }
+    for (const std::string world : {"17", "0"}) { // a bootstrap of world 3, Group::open with world 17 or 0
+        auto r = start(d, {{0, 3, {}}, {1, 3, {}}, {2, std::uint32_t(std::stoul(world)), {"--bootstrap-world", "3"}}});
+        requireOpenFailed(r, 0, "GroupMismatch", {"rank 2 opens with world " + world + ", rank 0 with world 3"});
+        requireOpenFailed(r, 1, "GroupMismatch", {"rank 2 opens with world " + world + ", rank 1 with world 3"});
+        requireOpenFailed(r, 2, "OutOfRange", {"world " + world + " outside 1..16"});
+    }
+    { // world 17 for the bootstrap too: it joins, and the root refuses it to everyone
+        auto r = start(d, {{0, 3, {}}, {1, 3, {}}, {2, 17, {}}});
+        for (std::size_t i = 0; i < 2; ++i)
+            requireOpenFailed(r, i, "GroupMismatch", {"rank 2 opens with world 17, rank 0 with world 3"});
+        requireOpenFailed(r, 2, "OutOfRange", {"world 17 outside 1..16"});
+    }
+    { // rank 5 for the bootstrap too: create refuses it at once, so it never
+      // joins, and the others learn only that rank 2 is missing
+        auto r = start(d, {{0, 3, {}}, {1, 3, {}}, {5, 3, {}}});
+        for (std::size_t i = 0; i < 2; ++i) requireOpenFailed(r, i, "Timeout", {"rank 2 did not join the bootstrap"});
+        requireCreateFailed(r, 2, "OutOfRange", "bootstrap: rank 5 of 3");
+    }
+}
+
 TEST_CASE("open: a rank gone before its open: PeerLost naming it as a bootstrap peer") {
     Daemon d;
     auto r = start(d, {{0, 3, {}}, {1, 3, {}}, {2, 3, {"--exit-before-open"}}});
