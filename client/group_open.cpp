@@ -312,6 +312,11 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
         const char* because = disabledBy == kNoPeer && anyFallbackError ? " (TPF_FALLBACK=error)"
                               : device && !allComm ? " (no NCCL communicator to fall back to on every rank)"
                                                    : "";
+        // A full daemon where the group may not fall back: Busy itself, so that
+        // the caller can tell "retry later" from a node without a fabric path.
+        // Where it may, Unavailable: what lastOpenMayFallBack() and Python's
+        // Communicator read.
+        if (why.code == Errc::Busy && !openMayFallBack) return Error{Errc::Busy, why.detail + because};
         // "Unavailable: TPF_DISABLE=1 on rank 2", not "Unavailable: Unavailable: ..."
         return Error{Errc::Unavailable, (why.code == Errc::Unavailable ? why.detail : why.describe()) + because};
     };

@@ -108,7 +108,10 @@ TPF_API void tpf_open_options_init(tpf_open_options* options);
  *  `allgather` and `ctx` are the bootstrap; `options` may be NULL.
  *  On success *group is the new group; on failure *group is NULL and the
  *  status names why (TPF_UNAVAILABLE with the reason, TPF_CONFIG_ERROR for a
- *  bad TPF_* variable, TPF_INVALID_ARGUMENT, TPF_OUT_OF_RANGE, ...).
+ *  bad TPF_* variable, TPF_INVALID_ARGUMENT, TPF_OUT_OF_RANGE, ...). A full
+ *  daemon is TPF_BUSY itself where the group may not fall back
+ *  (TPF_FALLBACK_ERROR on any rank); where it may, TPF_UNAVAILABLE with
+ *  "Busy: daemon refused: ..." in tpf_last_error() (or NCCL takes the group).
  *  Bounded: every rank returns within open_timeout_ms + 1 s whatever the
  *  ranks disagree on, each told what and which rank: TPF_GROUP_MISMATCH
  *  ("rank 2 opens with world 4, rank 0 with world 3"; a rank twice; host and

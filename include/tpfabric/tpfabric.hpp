@@ -157,7 +157,11 @@ public:
     /// world outside 1..16 or rank not below world: that rank itself gets
     /// OutOfRange), Timeout or PeerLost naming a rank that never called open,
     /// never joined the TcpBootstrap, or is gone, as far as the bootstrap can
-    /// tell (Bootstrap::allGatherUntil).
+    /// tell (Bootstrap::allGatherUntil). A full daemon (daemon.max_clients,
+    /// or this uid's share) is Busy itself where the group may not fall back
+    /// (Fallback::Error on any rank); where it may, NCCL takes the group
+    /// (device groups with a communicator) or the open returns Unavailable
+    /// with "Busy: daemon refused: ..." in its detail (lastOpenMayFallBack()).
     static Result<std::unique_ptr<Group>> open(Bootstrap& bootstrap, std::uint32_t rank, std::uint32_t world,
                                                std::uint64_t maxBytes, const Options& options = {});
     ~Group();
