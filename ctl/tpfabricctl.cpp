@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
     CLI::App app{"tpfabricctl " TPF_VERSION " - inspect tpfabric regions and the tpfabricd daemon"};
     app.require_subcommand(1);
     app.set_version_flag("--version", TPF_VERSION);
+    app.footer("Exit status: 0 done (--help, --version, or the command printed); 1 status or metrics: the daemon "
+               "could not be reached, refused, or answered garbage or too late (one line on stderr says what and "
+               "what to do); 2 bad usage (a line on stderr naming tpfabricctl and the problem, then a pointer to "
+               "--help), or layout: no layout for the values given (one line on stderr says why).");
 
     std::uint32_t world = 8;
     std::string maxBytes = "512KiB";
@@ -106,6 +110,8 @@ int main(int argc, char** argv) {
     layout->add_option("--max-bytes", maxBytes, "agreed cap per rank, e.g. 4096, 64KiB, 1MiB")->capture_default_str();
     layout->add_option("--stripes", stripes, "HCA pairs between two nodes (1..8)")->capture_default_str();
     layout->add_flag("--json", json, "print JSON instead of a table");
+    layout->footer("Exit status: 0 printed; 2 bad usage, or no layout for this world, cap and stripes (one line on "
+                   "stderr says why).");
 
     // Options of the daemon's commands, accepted before or after the command:
     // `tpfabricctl --socket S status` and `tpfabricctl status --socket S`.
