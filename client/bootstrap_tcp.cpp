@@ -155,8 +155,10 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, s
     b->rank_ = rank;
     b->world_ = world;
     b->timeoutMs_ = int(timeout.count());
-    b->peers_.reset(new int[world]);
-    for (std::uint32_t i = 0; i < world; ++i) b->peers_[i] = -1;
+    // Only the root holds a socket per rank (world <= kMaxWorld there); a
+    // rank of an oversized world (refused by the root) needs just the root's.
+    b->peers_.reset(new int[std::min(world, kMaxWorld)]);
+    for (std::uint32_t i = 0; i < std::min(world, kMaxWorld); ++i) b->peers_[i] = -1;
     const std::uint64_t deadline = monotonicNs() + std::uint64_t(timeout.count()) * 1000000ull;
     if (rank == 0) {
         b->listenFd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -286,7 +288,7 @@ Status TcpBootstrap::acceptRanks(const std::string& hostPort, std::uint64_t dead
 TcpBootstrap::~TcpBootstrap() {
     if (listenFd_ >= 0) ::close(listenFd_);
     if (peers_)
-        for (std::uint32_t i = 0; i < world_; ++i)
+        for (std::uint32_t i = 0; i < std::min(world_, kMaxWorld); ++i)
             if (peers_[i] >= 0) ::close(peers_[i]);
 }
 

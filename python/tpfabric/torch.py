@@ -86,8 +86,9 @@ class Communicator:
             anything above goes to torch.distributed.
         fallback: when the fabric path is unavailable at open: True, every
             call goes to torch.distributed (:attr:`path` is
-            ``"torch.distributed"``); False, the open raises
-            :class:`tpfabric.Unavailable` on every rank. None (default):
+            ``"torch.distributed"``); False, the open raises on every rank:
+            :class:`tpfabric.Unavailable`, or :class:`tpfabric.Busy` when
+            a daemon is full (``daemon.max_clients``). None (default):
             ``$TPF_FALLBACK`` (``error`` means False) of every rank, voted by
             the library: any rank asking for errors makes it an error everywhere.
             ``TPF_DISABLE=1`` on any rank always falls back.
