@@ -15,12 +15,15 @@
 # Invariants checked after every round, each a named failure line:
 #   - every rank checked its own bytes (right on success, nothing written by a
 #     failed call) and its error is a named one (the rank's RESULT line);
-#   - every failed call ended within its timeout + 1 s, and every surviving
-#     rank process exited within the timeout + 3 s of the event;
-#   - the daemon's open groups, regions and file descriptors back to where
-#     they were before the round, within 5 s;
+#   - every failed call ended within its timeout + 1 s (the rank's clock),
+#     and every surviving rank process exited within the timeout + 3 s of the
+#     event (ours, in milliseconds: the exit adds the group's close and CUDA's
+#     teardown to the failed call);
+#   - the daemon's open groups, regions, clients and file descriptors back to
+#     where they were before the round, within 5 s (after a daemonkill, the
+#     restarted daemon's: no group, region or client);
 #   - the next round's group opens (the last round is followed by a W = 2
-#     `data` group).
+#     `data` group on each route).
 # The seed is printed; TPF_GPU_CHAOS_SEED=N replays the same rounds.
 # Uses run.sh's $bin, $logdir, start_daemon and judge.
 
@@ -33,7 +36,8 @@ chaos_ready() {
 }
 
 # chaos_status_clean SOCKET DAEMON_PID BASE_FDS: "ok" once the daemon lists no
-# group and no region and holds BASE_FDS descriptors (within 5 s), else what is left.
+# group, no region and no client but the asking tpfabricctl, and holds
+# BASE_FDS descriptors (within 5 s), else what is left.
 chaos_status_clean() {
   local s=$1 pid=$2 base=$3 left="" _
   for _ in $(seq 50); do
@@ -45,7 +49,8 @@ except Exception as e:
     print("status unreadable: %s" % e); sys.exit()
 g = [x.get("state") for x in d.get("groups", [])]
 r = d.get("regions", {}).get("count", 0)
-print("ok" if not g and not r else "groups %s regions %s" % (g, r))')
+c = d.get("clients", 0)
+print("ok" if not g and not r and c <= 1 else "groups %s regions %s clients %s" % (g, r, c))')
     local fds
     fds=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l)
     [ "$left" = ok ] && [ "$fds" -le "$base" ] && { echo ok; return 0; }
@@ -101,7 +106,7 @@ tpf_gpu_chaos() {
       why="not every rank became READY within 30 s (the group did not open?)"
     fi
     sleep "0.$((RANDOM % 5))"
-    t_ev=$SECONDS
+    t_ev=$(date +%s%3N)
     case $ev in
     kill) kill -9 "${pids[$victim]}" ;;
     stall) kill -STOP "${pids[$victim]}"; sleep $((tmo / 1000 + 2)); kill -CONT "${pids[$victim]}" ;;
@@ -110,7 +115,7 @@ tpf_gpu_chaos() {
     esac
     local rcs=() ends=()
     for ((r = 0; r < w; r++)); do
-      wait "${pids[$r]}"; rcs+=($?); ends+=($SECONDS)
+      wait "${pids[$r]}"; rcs+=($?); ends+=($(date +%s%3N))
     done
     kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
     # Judge each rank: its own checks (exit 0), then its outcome against the event and the clock.
@@ -124,9 +129,11 @@ tpf_gpu_chaos() {
       if [ -n "$ms" ] && [ ! "$ev" = stall -o $r != "$victim" ] && ! awk -v m="$ms" -v t=$tmo 'BEGIN {exit !(m <= t + 1000)}'; then
         why="${why:+$why; }rank $r: the failed call took $ms ms (timeout $tmo)"
       fi
-      if [ "$ev" != none ] && [ ! "$ev" = stall -o $r != "$victim" ] && [ $((ends[r] - t_ev)) -gt $((tmo / 1000 + 3)) ] &&
+      # (A stall's survivors are waited for only after the victim is continued, timeout + 2 s on.)
+      local late=$((ends[r] - t_ev))
+      if [ "$ev" != none ] && [ ! "$ev" = stall -o $r != "$victim" ] && [ $late -gt $((tmo + 3000)) ] &&
         ! { [ "$ev" = daemonkill ] && [ "$out" = none ]; }; then
-        why="${why:+$why; }rank $r: exited $((ends[r] - t_ev)) s after the event"
+        why="${why:+$why; }rank $r: exited $late ms after the event"
       fi
       local want
       case $ev in
@@ -142,6 +149,8 @@ tpf_gpu_chaos() {
       start_daemon "$csock" "$logdir/tpfabricd-chaos-r$round.log" || { why="${why:+$why; }the daemon did not restart"; }
       cpid=$started
       chaos_ready "$csock" || why="${why:+$why; }the restarted daemon does not answer status"
+      local fresh
+      fresh=$(chaos_status_clean "$csock" "$cpid" 1000000) || why="${why:+$why; }the restarted daemon holds $fresh"
       sleep 0.5 # its descriptors settle before the next round's baseline
     else
       local clean
@@ -155,16 +164,18 @@ tpf_gpu_chaos() {
       [ $bad -ge 3 ] && break
     fi
   done
-  # A new group still opens and is right after all of it.
-  local port pids=() r after=0
-  port=$(freeport)
-  for ((r = 0; r < 2; r++)); do
-    timeout 60 "$bin/tpf-gpurank" --socket "$csock" --bootstrap 127.0.0.1:$port --rank $r --world 2 --route ipc \
-      --scenario data >"$logdir/chaos-after.$r.log" 2>&1 &
-    pids+=($!)
+  # A new group still opens and is right after all of it, on each route.
+  local port pids=() r after route
+  for route in ipc proxy; do
+    port=$(freeport) pids=() after=0
+    for ((r = 0; r < 2; r++)); do
+      timeout 60 "$bin/tpf-gpurank" --socket "$csock" --bootstrap 127.0.0.1:$port --rank $r --world 2 --route $route \
+        --scenario data >"$logdir/chaos-after-$route.$r.log" 2>&1 &
+      pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || after=1; done
+    [ $after = 0 ] || { bad=$((bad + 1)); echo "    FAIL after the rounds: a W=2 $route data group: $(grep -h RESULT "$logdir"/chaos-after-$route.*.log | head -2)"; }
   done
-  for r in "${pids[@]}"; do wait "$r" || after=1; done
-  [ $after = 0 ] || { bad=$((bad + 1)); echo "    FAIL after the rounds: a W=2 data group: $(grep -h RESULT "$logdir"/chaos-after.*.log | head -2)"; }
   kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
   rm -rf "$cdir"
   [ $bad = 0 ] && judge 0 || judge 1
