@@ -70,9 +70,10 @@ struct DeviceState {
     std::uint32_t ringTail;      ///< @56 RingHeader::subTail as last read: the ring is re-read (a PCIe round trip)
                                  ///<     only when it looks full from here
     std::uint32_t reserved0;     ///< @60
-    std::uint64_t timeline[4];   ///< @64 flag-path calls while setKernelTimeline(true), block 0's view (ns summed):
-                                 ///<     [0] entry to the doorbell (the put), [1] doorbell to every peer's flag
-                                 ///<     seen, [2] flags to its part of the output written; [3] calls summed
+    std::uint64_t timeline[4];   ///< @64 calls while setKernelTimeline(true), block 0's view (ns summed); flag
+                                 ///<     path: [0] entry to the doorbell (the put), [1] doorbell to every peer's
+                                 ///<     flag seen, [2] flags to its part of the output written; LL path: [0] epoch
+                                 ///<     read to the puts issued, [1] to every line seen, [2] to the output; [3] calls
     std::uint64_t publishedNs;   ///< @96 %globaltimer of the running call's doorbell (timeline only)
     std::uint8_t reserved[24];
 };
@@ -227,7 +228,7 @@ cudaError_t launchAllReduceSum(const DeviceGroupView& view, const void* send, vo
                                DType dtype, cudaStream_t stream, const CallTag* tag = nullptr);
 
 /// Diagnostics for the benchmark (bench/gpu --mode parts): while on, every
-/// flag-path call launched from now on (and every graph captured from now
+/// call (flag path and LL) launched from now on (and every graph captured from now
 /// on) sums its phases into DeviceState::timeline. Off by default: it costs
 /// a few %globaltimer reads and stores a call.
 void setKernelTimeline(bool on);

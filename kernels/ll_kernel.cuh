@@ -101,6 +101,9 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     }
     __syncthreads(); // sCode / sMissing initialised
     if (b == 0 && threadIdx.x == 0) countCall(v, tag); // completes while the lines travel (no fence on this path)
+    const bool timedBlock = (tag.flags & kTagTimeline) != 0 && b == 0; // uniform in the block
+    const bool timed = timedBlock && threadIdx.x == 0;
+    const std::uint64_t tPut = timed ? globalTimerNs() : 0;
 
     // 2. wait for the same chunks of every peer (rank order, self skipped).
     // Each pass loads every line still missing before it looks at any, so
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     // and waits until all have; the last to arrive records a failure and
     // advances the epoch (every block read it already).
     bool good = __syncthreads_and(ok) != 0;
+    const std::uint64_t tLines = timed ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
         const std::uint32_t mine = good ? 0u : (code != 0 ? code : std::uint32_t(Errc::Timeout));
         std::uint32_t failCode = mine, missing = sMissing;
@@ -263,7 +267,18 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
             }
         }
     }
-
+    // DeviceState::timeline (setKernelTimeline), block 0: from the epoch
+    // read to the puts issued, to every line of the block seen, to its output.
+    if (timedBlock) {
+        __syncthreads();
+        if (timed) {
+            const std::uint64_t out = globalTimerNs();
+            st->timeline[0] += tPut - t0;
+            st->timeline[1] += tLines - tPut;
+            st->timeline[2] += out - tLines;
+            st->timeline[3] += 1;
+        }
+    }
 }
 
 } // namespace tpf::kernels::detail

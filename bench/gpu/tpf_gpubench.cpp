@@ -19,6 +19,9 @@
 //   hop alone (doorbell -> daemon -> flag -> waiting kernel; proxyHop below),
 //   beside a raw host-mapped flag ping-pong (kernel <-> CPU thread) in the
 //   same run.
+// --mode parts --route ipc: the LL calls of 4 to 64 KiB taken apart (block
+//   0's phases: epoch read to the puts issued, to every line seen, to the
+//   output), beside the copy floor launched as they are.
 // --mode parts: the proxy route taken apart, per size 4 KiB .. 512 KiB, every
 //   rank at once: the whole gather (graph of 100), a copy kernel staging the
 //   bytes into the own host slot (the route's first stage) and one reading a
@@ -305,9 +308,45 @@ int main(int argc, char** argv) {
             }
         }
         barrier();
+    } else if (a.mode == "parts" && a.route == "ipc") {
+        // The ipc route's LL calls taken apart (block 0's phases), 4 to 64 KiB (LL at W <= 9),
+        // beside a group with TPF_GPU_LL_CHUNKS=1 (-c1: 256-thread blocks of one chunk a thread).
+        ::setenv("TPF_GPU_LL_CHUNKS", "1", 1);
+        auto c1 = Group::open(**boot, a.rank, a.world, maxBytes, o);
+        ::unsetenv("TPF_GPU_LL_CHUNKS");
+        if (!c1) return std::fprintf(stderr, "rank %u: open (TPF_GPU_LL_CHUNKS=1): %s\n", a.rank, c1.error().describe().c_str()), 1;
+        kernels::setKernelTimeline(true);
+        for (std::uint64_t bytes = 4096; bytes <= 65536; bytes *= 2) {
+            const struct {
+                const char* name;
+                std::function<void()> call;
+                Group* g;
+            } sides[] = {
+                {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
+                {"ipc-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
+                {"ipc-gather-c1", [&] { (void)(*c1)->allGather(send, recv, bytes, st); }, c1->get()},
+                {"ipc-sum-bf16", [&] { (void)g.allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, &g},
+                {"ipc-sum-bf16-c1", [&] { (void)(*c1)->allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, c1->get()},
+            };
+            for (const auto& sd : sides) {
+                barrier();
+                std::uint64_t t0[4] = {}, t1[4] = {};
+                const kernels::DeviceGroupView* view = sd.g ? &tpf::testing::deviceView(*sd.g) : nullptr;
+                if (view) CK(cudaMemcpy(t0, view->state->timeline, sizeof t0, cudaMemcpyDeviceToHost));
+                if (timeGraph(st, sd.call, us, sd.g)) return 1;
+                row(sd.name, bytes, us);
+                if (!view) continue;
+                CK(cudaMemcpy(t1, view->state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
+                const double timed = double(t1[3] - t0[3]);
+                if (timed == 0) continue;
+                row("ll-epoch-to-puts", bytes, double(t1[0] - t0[0]) / timed / 1e3);
+                row("ll-puts-to-lines", bytes, double(t1[1] - t0[1]) / timed / 1e3);
+                row("ll-lines-to-output", bytes, double(t1[2] - t0[2]) / timed / 1e3);
+            }
+        }
+        barrier();
     } else if (a.mode == "parts") {
         const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
-        if (view.hostRegion == nullptr) return std::fprintf(stderr, "rank %u: --mode parts needs --route proxy\n", a.rank), 1;
         kernels::setKernelTimeline(true); // graphs captured from here on sum their phases
         // Phase 0's slots: the calls between these graphs rewrite them anyway.
         std::uint8_t* const own = view.hostRegion + view.layout.slotOffset(0, a.rank);
@@ -337,11 +376,11 @@ int main(int argc, char** argv) {
                 row(sd.name, bytes, us);
                 if (!sd.g) continue;
                 CK(cudaMemcpy(t1, view.state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
-                const double n = double(t1[3] - t0[3]);
-                if (n == 0) continue;
-                row("gather-put-to-doorbell", bytes, double(t1[0] - t0[0]) / n / 1e3);
-                row("gather-doorbell-to-flags", bytes, double(t1[1] - t0[1]) / n / 1e3);
-                row("gather-flags-to-output", bytes, double(t1[2] - t0[2]) / n / 1e3);
+                const double timed = double(t1[3] - t0[3]);
+                if (timed == 0) continue;
+                row("gather-put-to-doorbell", bytes, double(t1[0] - t0[0]) / timed / 1e3);
+                row("gather-doorbell-to-flags", bytes, double(t1[1] - t0[1]) / timed / 1e3);
+                row("gather-flags-to-output", bytes, double(t1[2] - t0[2]) / timed / 1e3);
             }
             barrier();
             if (proxyHop(g, st, barrier, bytes, 2000)) return 1;

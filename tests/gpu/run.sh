@@ -349,6 +349,11 @@ if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
   # The proxy route taken apart (stage, daemon carry, read; docs/perf.md).
   ranks tpf-gpubench 2 proxy parts 0 --mode parts || { echo "bench proxy parts failed"; rc=1; }
   grep -h '^ROW' "$logdir/tpf-gpubench-parts-proxy-w2.log"
+  # The ipc route's LL calls taken apart (docs/perf.md).
+  for w in ${TPF_GPU_BENCH_W:-2 4 8}; do
+    ranks tpf-gpubench $w ipc parts 0 --mode parts || { echo "bench ipc parts W=$w failed"; rc=1; }
+    grep -h '^ROW' "$logdir/tpf-gpubench-parts-ipc-w$w.log"
+  done
 fi
 
 # ---- tpfabric.torch (tests/gpu/python/run.sh): the Communicator over torch.distributed ----
