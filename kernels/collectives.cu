@@ -46,11 +46,14 @@ std::uint32_t gridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     return std::uint32_t(want < 1 ? 1 : want > cap ? cap : want);
 }
 
-// The LL grid of a call (measured on two H200s, docs/perf.md): one block of
-// 256 threads while two chunks a thread cover the shard; at W = 2 (llChunks
-// 0) two chunks a thread over 256-thread blocks up to kLlOnePeerAbove and one
-// chunk a thread over 1,024-thread blocks above it; else llChunks per thread (more if the blocks would not fit
-// llMaxBlocks) over as many blocks as needed; per = 0: not an LL call.
+// The LL grid of a call (measured on two H200s and one, docs/perf.md): at
+// W > 2 (llChunks 0) one chunk a thread over blocks of kLlSpreadThreads while
+// llMaxBlocks of them cover the shard; else one block of 256 threads while
+// two chunks a thread cover the shard; at W = 2 (llChunks 0) two chunks a
+// thread over 256-thread blocks up to kLlOnePeerAbove and one chunk a thread
+// over 1,024-thread blocks above it; else llChunks per thread (more if the
+// blocks would not fit llMaxBlocks) over as many blocks as needed; per = 0:
+// not an LL call.
 struct LlGrid {
     std::uint32_t per = 0, blocks = 0, threads = 0;
 };
@@ -67,6 +70,12 @@ LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
         g.per = 1; // large W = 2 calls: one chunk a thread, blocks of 1,024
         g.blocks = std::uint32_t((n16 + T1 - 1) / T1);
         g.threads = kLlThreadsOnePeer;
+        return g;
+    }
+    if (v.world > 2 && v.llChunks == 0 && n16 > kLlSpreadThreads && (n16 + kLlSpreadThreads - 1) / kLlSpreadThreads <= cap) {
+        g.per = 1; // small W > 2 calls: the peers' copies stored by several SMs (kLlSpreadThreads)
+        g.blocks = std::uint32_t((n16 + kLlSpreadThreads - 1) / kLlSpreadThreads);
+        g.threads = kLlSpreadThreads;
         return g;
     }
     if (n16 <= 2 * T && maxPer >= 2) {

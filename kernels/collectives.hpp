@@ -183,6 +183,12 @@ constexpr std::uint64_t llMaxBytes(std::uint32_t world) {
 /// Chunks per thread of a multi-block LL call when DeviceGroupView::llChunks
 /// is 0 and W > 2 (W = 2: two chunks up to kLlOnePeerAbove, see llGridFor).
 inline constexpr std::uint32_t kLlChunksDefault = 1;
+/// W > 2, llChunks 0, shards of at most llMaxBlocks(W) x this many 16-byte
+/// chunks: one chunk a thread over blocks of this many threads, so that the
+/// W - 1 copies of every line are stored (and the peers' lines polled) by
+/// several SMs instead of one block's; the cross-block verdict costs less
+/// than one SM storing (W - 1) x 2 x the shard (docs/perf.md).
+inline constexpr std::uint32_t kLlSpreadThreads = 64;
 /// Offset of the LL area in a device region of this layout.
 constexpr std::uint64_t llAreaOffset(const Layout& l) { return roundUp(l.totalBytes(), kSlotAlign); }
 /// The LL area's own layout (two phases x world slots of twice the LL bytes), or world 0 when none fits.
