@@ -115,6 +115,25 @@ void row(const char* what, std::uint64_t bytes, double us) {
     if (a.rank == 0) std::printf("ROW %s W=%u %llu %.2f\n", what, a.world, (unsigned long long)bytes, us), std::fflush(stdout);
 }
 
+// One side of --mode parts: its graph timed (ROW name), and for a group's
+// side the phases its kernels summed meanwhile (DeviceState::timeline,
+// kernels::setKernelTimeline), block 0's mean per call, one ROW each.
+int timeParts(const char* name, const std::function<void()>& call, Group* g, std::uint64_t bytes, cudaStream_t st,
+              const char* const (&phases)[3]) {
+    std::uint64_t t0[4] = {}, t1[4] = {};
+    const kernels::DeviceGroupView* view = g ? &tpf::testing::deviceView(*g) : nullptr;
+    if (view) CK(cudaMemcpy(t0, view->state->timeline, sizeof t0, cudaMemcpyDeviceToHost));
+    double us = 0;
+    if (timeGraph(st, call, us, g)) return 1;
+    row(name, bytes, us);
+    if (!view) return 0;
+    CK(cudaMemcpy(t1, view->state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
+    const double calls = double(t1[3] - t0[3]);
+    if (calls == 0) return 0;
+    for (int k = 0; k < 3; ++k) row(phases[k], bytes, double(t1[k] - t0[k]) / calls / 1e3);
+    return 0;
+}
+
 // --mode hop, the hop alone: every rank runs one launch of kHopCalls 16-byte
 // calls (kernels::launchProxyHopLoop: stage, doorbell, wait for the peer's
 // flag; no launch and no output per call), after a warm-up launch. Rows: the
@@ -328,20 +347,10 @@ int main(int argc, char** argv) {
                 {"ipc-sum-bf16", [&] { (void)g.allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, &g},
                 {"ipc-sum-bf16-c1", [&] { (void)(*c1)->allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, c1->get()},
             };
+            static const char* const phases[3] = {"ll-epoch-to-puts", "ll-puts-to-lines", "ll-lines-to-output"};
             for (const auto& sd : sides) {
                 barrier();
-                std::uint64_t t0[4] = {}, t1[4] = {};
-                const kernels::DeviceGroupView* view = sd.g ? &tpf::testing::deviceView(*sd.g) : nullptr;
-                if (view) CK(cudaMemcpy(t0, view->state->timeline, sizeof t0, cudaMemcpyDeviceToHost));
-                if (timeGraph(st, sd.call, us, sd.g)) return 1;
-                row(sd.name, bytes, us);
-                if (!view) continue;
-                CK(cudaMemcpy(t1, view->state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
-                const double timed = double(t1[3] - t0[3]);
-                if (timed == 0) continue;
-                row("ll-epoch-to-puts", bytes, double(t1[0] - t0[0]) / timed / 1e3);
-                row("ll-puts-to-lines", bytes, double(t1[1] - t0[1]) / timed / 1e3);
-                row("ll-lines-to-output", bytes, double(t1[2] - t0[2]) / timed / 1e3);
+                if (timeParts(sd.name, sd.call, sd.g, bytes, st, phases)) return 1;
             }
         }
         barrier();
@@ -367,20 +376,11 @@ int main(int argc, char** argv) {
                 {"read-kernel", [&] { gpubench::launchCopy(recv2, peer, bytes, st); }, nullptr},
                 {"read-kernel-pinned", [&] { gpubench::launchCopy(recv2, dpinned, bytes, st); }, nullptr},
             };
+            static const char* const phases[3] = {"gather-put-to-doorbell", "gather-doorbell-to-flags",
+                                                  "gather-flags-to-output"};
             for (const auto& sd : sides) {
                 barrier();
-                // The gather's phases from block 0 (DeviceState::timeline), over the warm-up and every replay.
-                std::uint64_t t0[4] = {}, t1[4] = {};
-                if (sd.g) CK(cudaMemcpy(t0, view.state->timeline, sizeof t0, cudaMemcpyDeviceToHost));
-                if (timeGraph(st, sd.call, us, sd.g)) return 1;
-                row(sd.name, bytes, us);
-                if (!sd.g) continue;
-                CK(cudaMemcpy(t1, view.state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
-                const double timed = double(t1[3] - t0[3]);
-                if (timed == 0) continue;
-                row("gather-put-to-doorbell", bytes, double(t1[0] - t0[0]) / timed / 1e3);
-                row("gather-doorbell-to-flags", bytes, double(t1[1] - t0[1]) / timed / 1e3);
-                row("gather-flags-to-output", bytes, double(t1[2] - t0[2]) / timed / 1e3);
+                if (timeParts(sd.name, sd.call, sd.g, bytes, st, phases)) return 1;
             }
             barrier();
             if (proxyHop(g, st, barrier, bytes, 2000)) return 1;
