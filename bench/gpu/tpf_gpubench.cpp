@@ -115,6 +115,14 @@ void row(const char* what, std::uint64_t bytes, double us) {
     if (a.rank == 0) std::printf("ROW %s W=%u %llu %.2f\n", what, a.world, (unsigned long long)bytes, us), std::fflush(stdout);
 }
 
+// One side of a benchmark table: a row's name, the call its graph repeats,
+// and the group to check() after it (nullptr for the reference kernels).
+struct Side {
+    std::string name;
+    std::function<void()> call;
+    Group* g;
+};
+
 // One side of --mode parts: its graph timed (ROW name), and for a group's
 // side the phases its kernels summed meanwhile (DeviceState::timeline,
 // kernels::setKernelTimeline), block 0's mean per call, one ROW each.
@@ -205,11 +213,6 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
     double us = 0;
     for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
         const std::uint64_t n = bytes / 2;
-        struct Side {
-            const char* name;
-            std::function<void()> call;
-            Group* g;
-        };
         const Side sides[] = {
             {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
             {"ll-gather", [&] { (void)(*ll)->allGather(send, recv, bytes, st); }, ll->get()},
@@ -232,7 +235,7 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
         for (const Side& sd : sides) {
             barrier();
             if (timeGraph(st, sd.call, us, sd.g)) return 1;
-            row(sd.name, bytes, us);
+            row(sd.name.c_str(), bytes, us);
         }
     }
     barrier();
@@ -308,11 +311,7 @@ int main(int argc, char** argv) {
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
             const std::uint64_t count = bytes / 2;
             const std::string gather = a.route + "-gather", sum = a.route + "-sum-bf16";
-            const struct {
-                std::string name;
-                std::function<void()> call;
-                Group* g;
-            } sides[] = {
+            const Side sides[] = {
                 {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
                 {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
                 {gather, [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
@@ -336,11 +335,7 @@ int main(int argc, char** argv) {
         if (!c1) return std::fprintf(stderr, "rank %u: open (TPF_GPU_LL_CHUNKS=1): %s\n", a.rank, c1.error().describe().c_str()), 1;
         kernels::setKernelTimeline(true);
         for (std::uint64_t bytes = 4096; bytes <= 65536; bytes *= 2) {
-            const struct {
-                const char* name;
-                std::function<void()> call;
-                Group* g;
-            } sides[] = {
+            const Side sides[] = {
                 {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
                 {"ipc-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
                 {"ipc-gather-c1", [&] { (void)(*c1)->allGather(send, recv, bytes, st); }, c1->get()},
@@ -350,7 +345,7 @@ int main(int argc, char** argv) {
             static const char* const phases[3] = {"ll-epoch-to-puts", "ll-puts-to-lines", "ll-lines-to-output"};
             for (const auto& sd : sides) {
                 barrier();
-                if (timeParts(sd.name, sd.call, sd.g, bytes, st, phases)) return 1;
+                if (timeParts(sd.name.c_str(), sd.call, sd.g, bytes, st, phases)) return 1;
             }
         }
         barrier();
@@ -364,11 +359,7 @@ int main(int argc, char** argv) {
         CK(cudaHostAlloc(&pinned, maxBytes, cudaHostAllocMapped | cudaHostAllocPortable));
         CK(cudaHostGetDevicePointer(&dpinned, pinned, 0));
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 4) {
-            const struct {
-                const char* name;
-                std::function<void()> call;
-                Group* g;
-            } sides[] = {
+            const Side sides[] = {
                 {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
                 {"proxy-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
                 {"stage-kernel", [&] { gpubench::launchCopy(own, send, bytes, st); }, nullptr},
@@ -380,7 +371,7 @@ int main(int argc, char** argv) {
                                                   "gather-flags-to-output"};
             for (const auto& sd : sides) {
                 barrier();
-                if (timeParts(sd.name, sd.call, sd.g, bytes, st, phases)) return 1;
+                if (timeParts(sd.name.c_str(), sd.call, sd.g, bytes, st, phases)) return 1;
             }
             barrier();
             if (proxyHop(g, st, barrier, bytes, 2000)) return 1;
