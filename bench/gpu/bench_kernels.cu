@@ -4,15 +4,17 @@ namespace tpf::gpubench {
 
 namespace {
 
-__global__ void copyK(uint4* dst, const uint4* src, std::uint64_t n) {
+__device__ __forceinline__ void copyVectors(uint4* dst, const uint4* src, std::uint64_t n) {
     for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
 }
+
+__global__ void copyK(uint4* dst, const uint4* src, std::uint64_t n) { copyVectors(dst, src, n); }
 
 // The floor of a call launched with programmatic dependent launch: the same
 // copy, waiting on the GPU for the kernel before it (as the collectives do).
 __global__ void copyPdlK(uint4* dst, const uint4* src, std::uint64_t n) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+    copyVectors(dst, src, n);
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
@@ -26,24 +28,24 @@ __global__ void pingPongK(std::uint64_t* ping, const std::uint64_t* pong, std::u
     }
 }
 
+// The collectives' grid sizing: one block of 256 threads per 16 KiB, at most 32.
+unsigned copyBlocks(std::uint64_t bytes) {
+    const std::uint64_t blocks = (bytes + 16383) / 16384;
+    return unsigned(blocks > 32 ? 32 : blocks == 0 ? 1 : blocks);
+}
+
 } // namespace
 
 void launchCopy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s) {
-    std::uint64_t blocks = (bytes + 16383) / 16384;
-    if (blocks > 32) blocks = 32;
-    if (blocks == 0) blocks = 1;
-    copyK<<<unsigned(blocks), 256, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
+    copyK<<<copyBlocks(bytes), 256, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
 }
 
 void launchCopyPdl(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s) {
-    std::uint64_t blocks = (bytes + 16383) / 16384;
-    if (blocks > 32) blocks = 32;
-    if (blocks == 0) blocks = 1;
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(blocks));
+    cfg.gridDim = dim3(copyBlocks(bytes));
     cfg.blockDim = dim3(256);
     cfg.stream = s;
     cfg.attrs = &attr;
