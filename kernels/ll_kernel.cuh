@@ -8,8 +8,12 @@
 // (NCCL's LL protocol). Stale lines carry f of epoch e - 2 (same phase), and
 // the area is zeroed at creation (epochs start at 1).
 //
-// Per thread: kPer 16-byte chunks of the shard; chunk c goes to lines 2c and
-// 2c + 1 of slot (p, rank) of every peer's LL area. The thread then waits for
+// Per thread: kPer 16-byte chunks of the shard; of n chunks, chunk c goes to
+// line c (its first 8 bytes) and line n + c (its last 8) of slot (p, rank)
+// of every peer's LL area, so that each store and load instruction of a warp
+// covers 512 contiguous bytes in whole 32-byte sectors (lines 2c and 2c + 1
+// left a 16-byte hole after every 16 bytes of each instruction: 9 to 30 %
+// slower from 8 KiB, docs/perf.md). The thread then waits for
 // the same chunks of every peer, keeps them in registers, and only once every
 // thread of every block has all of them writes the output: all-or-none, as
 // the flag path (block AND, then a count of the blocks per call that every
@@ -94,8 +98,8 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         for (std::uint32_t k = 0; k < kPer; ++k) {
             const std::uint64_t c = base + std::uint64_t(k) * blockDim.x;
             if (c < n16) {
-                stLl(dst + c * 32, own[k].x, own[k].y, f);
-                stLl(dst + c * 32 + 16, own[k].z, own[k].w, f);
+                stLl(dst + c * 16, own[k].x, own[k].y, f);
+                stLl(dst + (n16 + c) * 16, own[k].z, own[k].w, f);
             }
         }
     }
@@ -127,9 +131,9 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
             for (std::uint32_t j = 0; j < kPeers; ++j)
                 if (pending >> (k * kPeers + j) & 1u) {
                     const std::uint8_t* line =
-                        ll + v.ll.slotOffset(p, j < me ? j : j + 1) + (base + std::uint64_t(k) * blockDim.x) * 32;
+                        ll + v.ll.slotOffset(p, j < me ? j : j + 1) + (base + std::uint64_t(k) * blockDim.x) * 16;
                     a[k][j] = ldLl(line);
-                    z[k][j] = ldLl(line + 16);
+                    z[k][j] = ldLl(line + n16 * 16);
                 }
 #pragma unroll
         for (std::uint32_t k = 0; k < kPer; ++k)
