@@ -22,7 +22,7 @@ namespace {
 // The variables the client reads (readClientEnv below).
 constexpr std::string_view kClientNames[] = {"TPF_SOCKET", "TPF_DISABLE", "TPF_FALLBACK", "TPF_GPU_ROUTE",
                                              "TPF_NCCL_ABOVE", "TPF_GPU_LL", "TPF_GPU_LL_CHUNKS", "TPF_GPU_PDL",
-                                             "TPF_HOST_DIRECT", "TPF_GPU_PROXY_LINES"};
+                                             "TPF_HOST_DIRECT"};
 
 // Edit distance counting a swap of neighbours as one edit (optimal string
 // alignment): TPF_DISBALE and TPF_DISABLED are both one from TPF_DISABLE.
@@ -107,12 +107,6 @@ Result<ClientEnv> readClientEnv() {
         else if (std::strcmp(v, "1") != 0)
             return bad("TPF_GPU_PDL", v, "1 (device calls use programmatic dependent launch where the GPU has it) and 0");
     }
-    if (const char* v = get("TPF_GPU_PROXY_LINES")) {
-        auto n = parseByteSize(v);
-        if (!n || *n > kStagedLinesMax || *n % 16 != 0)
-            return bad("TPF_GPU_PROXY_LINES", v, "a byte size up to 64KiB, a multiple of 16 (0: every shard for the proxy staged in the slot)");
-        env.proxyLines = *n;
-    }
     if (const char* v = get("TPF_HOST_DIRECT")) {
         if (std::strcmp(v, "0") == 0) env.hostDirect = false;
         else if (std::strcmp(v, "1") != 0)
@@ -128,10 +122,7 @@ namespace {
 std::atomic<int> sabotagedRank{-1};
 std::vector<std::uint32_t> nodesOfRanks; // set before any open, by test programs only
 std::atomic<bool> countDeviceCalls{true};
-std::atomic<StagedLines> stagedLinesMode{StagedLines::Off};
 } // namespace
-void setStagedLines(StagedLines mode) { stagedLinesMode.store(mode, std::memory_order_relaxed); }
-StagedLines stagedLines() { return stagedLinesMode.load(std::memory_order_relaxed); }
 void setProbeSabotage(int rank) { sabotagedRank.store(rank, std::memory_order_relaxed); }
 int probeSabotage() { return sabotagedRank.load(std::memory_order_relaxed); }
 void setTestNodes(std::vector<std::uint32_t> nodes) { nodesOfRanks = std::move(nodes); }

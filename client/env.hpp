@@ -10,8 +10,6 @@
 
 #include <tpfabric/tpfabric.hpp>
 
-#include "proto/ring.hpp"
-
 namespace tpf {
 
 struct ClientEnv {
@@ -24,9 +22,6 @@ struct ClientEnv {
     std::uint32_t llChunks = 0;            ///< TPF_GPU_LL_CHUNKS: 1 | 2 | 4 (0 unset)
     bool pdl = true;                       ///< TPF_GPU_PDL: 1 | 0 (device calls: programmatic dependent launch)
     bool hostDirect = true;                ///< TPF_HOST_DIRECT: 1 | 0 (host groups: write same-node peers' regions directly)
-    /// TPF_GPU_PROXY_LINES: device calls stage shards for the proxy up to
-    /// this many bytes as lines in the ring (kDoorbellLines); 0 never
-    std::uint64_t proxyLines = kStagedLinesMax;
 };
 
 /// Reads every client variable; the first bad one is a ConfigError

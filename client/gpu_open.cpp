@@ -148,7 +148,6 @@ Status attachHost(Group::Impl& g, GpuPath& p) {
     v.control = reinterpret_cast<ControlBlock*>(v.hostRegion + g.layout.controlOffset());
     v.ring = static_cast<std::uint8_t*>(*ring);
     v.ringLayout = g.ring.layout();
-    v.stagedLinesMax = std::uint32_t(std::min(g.env.proxyLines, v.ringLayout.linesMax()));
     v.groupHandle = g.handle;
     v.state = p.state;
     v.stats = testing::deviceStats() ? p.stats : nullptr;

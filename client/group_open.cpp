@@ -162,7 +162,6 @@ Status mapPeerRegions(Group::Impl& g, const Verdict& v, Clock::time_point deadli
     g.directPeers = v.hostPeers;
     g.ringsProxy = false;
     for (std::uint32_t q = 0; q < g.world; ++q) g.ringsProxy |= q != g.rank && !(g.directPeers >> q & 1u);
-    if (!g.directPeers) g.stagedLines = testing::stagedLines();
     return okStatus();
 }
 
@@ -200,20 +199,16 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     std::memcpy(g.routes.data(), v->routes, kMaxWorld);
     auto region = mapShared(m->fds[0].get(), v->regionBytes, true);
     if (!region) return region.error();
-    // The ring's header first: a ring of another release has another size too.
-    RingHeader head{};
-    if (::pread(m->fds[1].get(), &head, sizeof head, 0) != ssize_t(sizeof head))
-        return Error{Errc::BadMessage, "command ring shorter than its header"};
-    if (head.magic == kRingMagic && head.version != kRingVersion)
-        return Error{Errc::VersionMismatch, "command ring version " + std::to_string(head.version) +
-                                                ", this libtpfabric reads " + std::to_string(kRingVersion) +
-                                                ": tpfabricd and libtpfabric are of different releases; install them together"};
-    const RingLayout rl = RingLayout::of(v->ringEntries, v->slotBytes);
+    const RingLayout rl{v->ringEntries};
     auto ring = mapShared(m->fds[1].get(), rl.totalBytes(), true);
     if (!ring) return ring.error();
     g.region = std::move(*region);
     g.ringMap = std::move(*ring);
     g.ring = RingView(g.ringMap.data(), rl);
+    if (g.ring.header().magic == kRingMagic && g.ring.header().version != kRingVersion)
+        return Error{Errc::VersionMismatch, "command ring version " + std::to_string(g.ring.header().version) +
+                                                ", this libtpfabric reads " + std::to_string(kRingVersion) +
+                                                ": tpfabricd and libtpfabric are of different releases; install them together"};
     if (g.ring.header().magic != kRingMagic || g.ring.header().group != g.handle)
         return Error{Errc::BadMessage, "command ring header does not match the verdict"};
     g.proxyEvent = std::move(m->fds[2]);

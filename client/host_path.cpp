@@ -146,38 +146,8 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
 }
 
 Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t& phase) {
-    if (stagedLines != testing::StagedLines::Off && bytes % 16 == 0 && bytes <= ring.layout().linesMax())
-        return postLines(send, bytes, phase);
     std::memcpy(slot(phaseOf(epoch + 1), rank), send, bytes);
     return post(bytes, phase);
-}
-
-// The GPU kernel's order (kernels/collectives_kernel.cuh): the doorbell
-// first, then the lines, each 16-byte line with one store, so the daemon
-// waits for lines that are still being written.
-Status Group::Impl::postLines(const void* send, std::size_t bytes, std::uint32_t& phase) {
-    const std::uint64_t e = ++epoch;
-    phase = phaseOf(e);
-    const Doorbell d{e, std::uint32_t(bytes) | kDoorbellLines, handle};
-    while (!ring.push(d)) {
-        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
-        ::sched_yield();
-    }
-    if (ring.proxyNeedsWake()) {
-        const std::uint64_t one = 1;
-        [[maybe_unused]] auto n = ::write(proxyEvent.get(), &one, sizeof one);
-    }
-    if (stagedLines == testing::StagedLines::Lines) {
-        // Words 0, 1 of 16-byte chunk c with the flag are line c, words 2, 3 line n + c.
-        auto* halves = reinterpret_cast<std::uint64_t*>(ringMap.data() + ring.layout().linesOffset(phase));
-        const auto* in = static_cast<const std::uint32_t*>(send);
-        const std::uint64_t f = std::uint64_t(stagedLineFlag(e)) << 32, n = bytes / 16;
-        for (std::size_t w = 0; w < bytes / 4; ++w) {
-            const std::size_t c = w / 4, k = w % 4;
-            std::atomic_ref(halves[2 * (k < 2 ? c : n + c) + k % 2]).store(in[w] | f, std::memory_order_relaxed);
-        }
-    }
-    return waitPeers(e, phase);
 }
 
 Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {

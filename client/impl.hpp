@@ -46,8 +46,6 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::array<Mapping, kMaxWorld> peerRegions; ///< mapped at the ranks of directPeers only
     std::uint32_t directPeers = 0;              ///< bit per rank read directly (Verdict.hostPeers)
     bool ringsProxy = true;                     ///< some peer is reached through the proxy: ring for each call
-    /// testing::setStagedLines at open, for groups whose every peer the proxy carries
-    testing::StagedLines stagedLines = testing::StagedLines::Off;
     std::uint64_t daemonCheckedNs = 0;          ///< when a host-direct call last looked at the daemon's socket
 
     Error failure;   ///< sticky; code Ok while healthy
@@ -79,9 +77,6 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// exchange() without the staging: the caller wrote `bytes` into
     /// slot(phaseOf(epoch + 1), rank) itself.
     Status post(std::size_t bytes, std::uint32_t& phase);
-    /// exchange() as a GPU kernel stages a shard for the proxy (stagedLines):
-    /// a kDoorbellLines doorbell, then the shard's lines into the ring.
-    Status postLines(const void* send, std::size_t bytes, std::uint32_t& phase);
     Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
     /// Host-direct: release the own row of `epoch` (staged in our own slot)
     /// by our own flags, then wake the directPeers that sleep; they read it

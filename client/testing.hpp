@@ -37,16 +37,6 @@ const std::vector<std::uint32_t>& testNodes();
 void setDeviceStats(bool on);
 bool deviceStats();
 
-/// Host groups opened after this, whose every peer the proxy carries
-/// (TPF_HOST_DIRECT=0 or other nodes), stage the shards of all-gathers and
-/// sums as a GPU kernel does below kernels' stagedLinesMax: Lines rings a
-/// kDoorbellLines doorbell first and then writes the shard's LL lines into
-/// the ring (proto/ring.hpp); Never rings and writes no line (the daemon's
-/// bound on the wait). Drives the daemon's side of the GPU route on CPUs.
-enum class StagedLines { Off, Lines, Never };
-void setStagedLines(StagedLines mode);
-StagedLines stagedLines();
-
 /// The group's counts in its command ring, as the daemon reads them.
 const RankStats& ringStats(const Group& g);
 #if TPF_HAVE_CUDA

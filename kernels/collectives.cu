@@ -171,8 +171,7 @@ Errc validateView(const DeviceGroupView& v) {
     }
     if (proxy && (v.ring == nullptr || v.hostRegion == nullptr || !RingLayout::validEntries(v.ringLayout.entries)))
         return Errc::BadMessage;
-    if (v.layout.slotBytes >= kDoorbellLines && proxy) return Errc::OutOfRange; // Doorbell.bytes: u32, its top bit a flag
-    if (v.stagedLinesMax > v.ringLayout.linesMax() || v.stagedLinesMax % 16 != 0) return Errc::OutOfRange;
+    if (v.layout.slotBytes > 0xffffffffull && proxy) return Errc::OutOfRange; // Doorbell.bytes is u32
     return Errc::Ok;
 }
 
@@ -209,13 +208,13 @@ cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void*
 void setKernelTimeline(bool on) { timeline.store(on, std::memory_order_relaxed); }
 
 cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, std::uint64_t* laps,
-                               cudaStream_t stream, std::uint64_t bytes, bool lines) {
+                               cudaStream_t stream, std::uint64_t bytes) {
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == kRouteShm || v.routes[r] == kRouteVerbs;
     if (!viewUsable(v) || !proxy || v.ring == nullptr || v.hostRegion == nullptr || bytes < 16 ||
-        bytes % 16 != 0 || bytes > v.layout.slotBytes || (lines && bytes > v.ringLayout.linesMax()))
+        bytes % 16 != 0 || bytes > v.layout.slotBytes)
         return cudaErrorInvalidValue;
-    detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps, bytes, lines);
+    detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps, bytes);
     return cudaGetLastError();
 }
 

@@ -9,9 +9,6 @@
 //      the epoch is release-stored (.sys) into each ipc peer's flag
 //      (p, rank, k) for every stripe k, and a Doorbell{e, bytes, group} is
 //      published on the command ring (the daemon copies to shm/verbs peers).
-//      A shard of at most stagedLinesMax bytes goes to the proxy as LL lines
-//      in the ring instead, its doorbell rung first (kDoorbellLines): the
-//      daemon waits for the lines, so no release orders them.
 //   2. wait: block 0 polls every peer's flags (p, src, k) >= e with
 //      ld.acquire.sys, bounded by timeoutNs (%globaltimer), ending early on
 //      ControlBlock.abort or ControlBlock.error.
@@ -147,8 +144,6 @@ struct DeviceGroupView {
                                               ///< stream ends, and wait for it on the GPU (gridDepWait), which
                                               ///< hides the launch gap; releases the next kernel once its peers'
                                               ///< data arrived. 0: plain launches
-    std::uint32_t stagedLinesMax = 0;         ///< shards for the proxy up to this many bytes are staged as LL lines
-                                              ///< in the ring (kDoorbellLines, at most ringLayout.linesMax()); 0: in the slot
     std::uint32_t llChunks = 0;               ///< LL calls above one block: 256-thread blocks of this many chunks a thread (1, 2, 4); 0: the measured grid
     Layout ll{};                              ///< LL area's layout (2 x 8 data bytes per 16-byte line); world 0: no LL path
     std::uint64_t llOffset = 0;               ///< where the LL area starts in every ipc region (own and peers')
@@ -253,11 +248,8 @@ void setKernelTimeline(bool on);
 /// with a proxy (shm or verbs) peer, the same on every rank; every rank runs
 /// it with the same iters and bytes, between calls. Returns
 /// cudaErrorInvalidValue, launching nothing, for an ipc-only view or a bad size.
-/// With `lines` each call rings first and then stages the shard as LL lines
-/// in the ring (kDoorbellLines, as calls up to stagedLinesMax do; bytes at
-/// most ringLayout.linesMax()): the lap then holds the lines' way too.
 cudaError_t launchProxyHopLoop(const DeviceGroupView& view, std::uint64_t iters, std::uint64_t* laps,
-                               cudaStream_t stream, std::uint64_t bytes = 16, bool lines = false);
+                               cudaStream_t stream, std::uint64_t bytes = 16);
 
 /// Loads every collective kernel variant now. CUDA loads a kernel lazily at
 /// its first launch (CUDA_MODULE_LOADING=LAZY, the default), and that load

@@ -66,11 +66,20 @@ __device__ __forceinline__ void putRange(const Shared& s, const std::uint8_t* se
     }
 }
 
-/// One thread: the Doorbell{e, field, group} for the daemon (field: the
-/// shard's bytes, | kDoorbellLines when it is staged as lines). The release
-/// of subHead orders this thread's earlier stores (and, cumulatively, what
-/// it observed) before the doorbell.
-__device__ void ringDoorbell(const DeviceGroupView& v, std::uint64_t e, std::uint32_t field) {
+/// Warp 0 of the block that finished the put last: the epoch into every ipc
+/// peer's flags, then the doorbell for the daemon. Everything every block
+/// stored is ordered before (caller: fence after the arrival + __syncthreads).
+__device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p, std::uint64_t bytes,
+                        bool hasProxy) {
+    const std::uint32_t lane = threadIdx.x % kWarp;
+    const std::uint32_t S = v.layout.stripes;
+    const std::uint32_t n = (v.world - 1) * S;
+    for (std::uint32_t f = lane; f < n; f += kWarp) {
+        const std::uint32_t q = peerAt(v.rank, f / S, v.world);
+        if (v.routes[q] == kRouteIpc)
+            stReleaseSys(reinterpret_cast<std::uint64_t*>(v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S)), e);
+    }
+    if (!hasProxy || lane != 0) return;
     DeviceState* st = v.state;
     auto* h = reinterpret_cast<RingHeader*>(v.ring);
     const std::uint32_t head = st->ringHead;
@@ -93,56 +102,15 @@ __device__ void ringDoorbell(const DeviceGroupView& v, std::uint64_t e, std::uin
         st->ringTail = tail;
     }
     // The proto/ring.hpp Doorbell, byte for byte as RingView::push writes it, in one 16-byte store.
-    const Doorbell entry{e, field, v.groupHandle};
+    const Doorbell entry{e, std::uint32_t(bytes), v.groupHandle};
     uint4 d;
     memcpy(&d, &entry, sizeof d);
     st16(v.ring + v.ringLayout.submissionOffset(head), d);
-    // The release orders the entry and a shard staged in the own slot (this
-    // thread's stores, and every block's through publish's caller's barrier
-    // and fence) before the new head: no separate fence.
+    // The release orders the entry and the staged shard (this thread's
+    // stores, and the block's through the caller's barrier and fence) before
+    // the new head, as for the ipc flags above: no separate fence.
     stReleaseSys(&h->subHead, head + 1);
     st->ringHead = head + 1;
-}
-
-/// Warp 0 of the block that finished the put last: the epoch into every ipc
-/// peer's flags, then (`doorbell`) the doorbell of a shard staged in the own
-/// slot. Everything every block stored is ordered before (caller: fence
-/// after the arrival + __syncthreads).
-__device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p, std::uint64_t bytes,
-                        bool doorbell) {
-    const std::uint32_t lane = threadIdx.x % kWarp;
-    const std::uint32_t S = v.layout.stripes;
-    const std::uint32_t n = (v.world - 1) * S;
-    for (std::uint32_t f = lane; f < n; f += kWarp) {
-        const std::uint32_t q = peerAt(v.rank, f / S, v.world);
-        if (v.routes[q] == kRouteIpc)
-            stReleaseSys(reinterpret_cast<std::uint64_t*>(v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S)), e);
-    }
-    if (doorbell && lane == 0) ringDoorbell(v, e, std::uint32_t(bytes));
-}
-
-/// This block's part of the shard as LL lines into the ring's line area of
-/// phase p (kDoorbellLines, proto/ring.hpp): chunk j of the n16 16-byte
-/// chunks becomes lines j and n16 + j. No fence: the daemon checks every
-/// line's flag.
-__device__ __forceinline__ void putLines(std::uint8_t* lines, const std::uint8_t* send, std::uint64_t n16, std::uint32_t f,
-                                         Range r) {
-    for (std::uint64_t i = r.begin + threadIdx.x; i < r.end; i += kUnroll * blockDim.x) {
-        uint4 v[kUnroll];
-#pragma unroll
-        for (std::uint32_t u = 0; u < kUnroll; ++u) {
-            const std::uint64_t j = i + std::uint64_t(u) * blockDim.x;
-            if (j < r.end) v[u] = ldSend16(send + j * 16);
-        }
-#pragma unroll
-        for (std::uint32_t u = 0; u < kUnroll; ++u) {
-            const std::uint64_t j = i + std::uint64_t(u) * blockDim.x;
-            if (j < r.end) {
-                stLl(lines + j * 16, v[u].x, v[u].y, f);
-                stLl(lines + (n16 + j) * 16, v[u].z, v[u].w, f);
-            }
-        }
-    }
 }
 
 /// The daemon's error `err` leaves a wait for epoch e going (lane 0): a rank
@@ -400,13 +368,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     __shared__ Shared s;
     DeviceState* st = v.state;
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
-    bool hasProxy = false, hasIpc = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]), hasIpc |= v.routes[r] == kRouteIpc;
-    // A shard for the proxy up to stagedLinesMax is staged as LL lines in the
-    // ring and rung for first (kDoorbellLines): the daemon checks the lines
-    // itself, so no system-scope release (a PCIe round trip once stores to
-    // host memory are in flight) stands between the stores and the doorbell.
-    const bool lines = hasProxy && n16 * 16 <= v.stagedLinesMax;
+    bool hasProxy = false;
+    for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]);
     gridDepWait(); // launched early (DeviceGroupView::pdl): the previous kernel's send and epoch first
     const std::uint64_t tIn = (tag.flags & kTagTimeline) != 0 && b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
@@ -416,7 +379,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         const std::uint32_t p = phaseOf(e);
         s.epoch = e;
         s.ndst = 0;
-        if (hasProxy && !lines) s.dst[s.ndst++] = v.hostRegion + v.layout.slotOffset(p, v.rank); // the daemon's source
+        if (hasProxy) s.dst[s.ndst++] = v.hostRegion + v.layout.slotOffset(p, v.rank); // the daemon's source
         for (std::uint32_t i = 0; i + 1 < v.world; ++i) {
             const std::uint32_t q = peerAt(v.rank, i, v.world);
             if (v.routes[q] == kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
@@ -424,9 +387,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         for (std::uint32_t r = 0; r < v.world; ++r)
             s.src[r] = r == v.rank ? send : (isProxy(v.routes[r]) ? v.hostRegion : v.region) + v.layout.slotOffset(p, r);
         if (b == 0) {
-            // The doorbell before the store to the control block (host
-            // memory), which its release would otherwise wait for.
-            if (lines) ringDoorbell(v, e, std::uint32_t(n16 * 16) | kDoorbellLines);
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0; // the LL path's counter for the next call (ll_kernel.cuh)
         }
@@ -435,18 +395,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     const std::uint64_t e = s.epoch;
     const std::uint32_t p = phaseOf(e);
 
-    // 1. put, then publish once every block's stores are ordered before it
-    // (a call whose shard goes out as lines publishes only ipc flags, and
-    // stores its lines after them, so that their releases do not wait for
-    // the lines' way to host memory).
+    // 1. put, then publish once every block's stores are ordered before it.
     putRange(s, send, blockRange(n16, b, nb));
-    const bool timed = (tag.flags & kTagTimeline) != 0;
-    if (lines && !hasIpc) {
-        putLines(v.ring + v.ringLayout.linesOffset(p), send, n16, stagedLineFlag(e), blockRange(n16, b, nb));
-        if (timed && b == 0 && threadIdx.x == 0) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
-    }
     __syncthreads();
-    if ((!lines || hasIpc) && threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
         bool last = true;
         if (nb > 1) {
             // This block's stores before its arrival (cumulative over the
@@ -464,16 +416,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         }
         s.lastPut = last;
     }
-    if (!lines || hasIpc) {
-        __syncthreads();
-        if (threadIdx.x < kWarp && s.lastPut) {
-            publish(v, e, p, n16 * 16, hasProxy && !lines);
-            if (timed && threadIdx.x == 0 && !lines) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
-        }
-        if (lines) {
-            putLines(v.ring + v.ringLayout.linesOffset(p), send, n16, stagedLineFlag(e), blockRange(n16, b, nb));
-            if (timed && b == 0 && threadIdx.x == 0) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
-        }
+    __syncthreads();
+    const bool timed = (tag.flags & kTagTimeline) != 0;
+    if (threadIdx.x < kWarp && s.lastPut) {
+        publish(v, e, p, n16 * 16, hasProxy);
+        if (timed && threadIdx.x == 0) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
     }
 
     // 2. wait: block 0 decides for all, so that either every block writes or none does.
@@ -530,13 +477,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
 /// fence, ring entry, release of subHead) and waits for every peer's flags
 /// (waitPeers); lap i, %globaltimer from just before the doorbell to the last
 /// flag seen, goes to laps[i] when laps is set: the daemon's carry of the
-/// shard is in the lap, the staging is not. With `lines`, each call rings
-/// first and then stages the shard as lines (kDoorbellLines), so the lap
-/// holds the lines' way to host memory too. Stops after the first failed call
+/// shard is in the lap, the staging is not. Stops after the first failed call
 /// (recorded as a call's). The epoch advances per call as the collective
 /// kernel's does.
 __global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, std::uint64_t iters,
-                                                        std::uint64_t* laps, std::uint64_t bytes, bool lines) {
+                                                        std::uint64_t* laps, std::uint64_t bytes) {
     DeviceState* st = v.state;
     const std::uint32_t lane = threadIdx.x;
     for (std::uint64_t i = 0; i < iters; ++i) {
@@ -546,25 +491,12 @@ __global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, 
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0;
         }
-        std::uint64_t t0 = 0;
-        if (lines) { // as a collective call below stagedLinesMax: the doorbell, then the lines
-            __syncwarp();
-            t0 = globalTimerNs();
-            if (lane == 0) ringDoorbell(v, e, std::uint32_t(bytes) | kDoorbellLines);
-            __syncwarp();
-            std::uint8_t* area = v.ring + v.ringLayout.linesOffset(p);
-            for (std::uint64_t j = lane; j < bytes / 16; j += kWarp) {
-                stLl(area + j * 16, std::uint32_t(e), std::uint32_t(i), stagedLineFlag(e));
-                stLl(area + (bytes / 16 + j) * 16, std::uint32_t(j), 0u, stagedLineFlag(e));
-            }
-        } else {
-            std::uint8_t* slot = v.hostRegion + v.layout.slotOffset(p, v.rank);
-            for (std::uint64_t j = lane; j < bytes / 16; j += kWarp)
-                st16(slot + j * 16, make_uint4(std::uint32_t(e), std::uint32_t(i), std::uint32_t(j), 0));
-            __syncwarp();
-            t0 = globalTimerNs();
-            publish(v, e, p, bytes, true);
-        }
+        std::uint8_t* slot = v.hostRegion + v.layout.slotOffset(p, v.rank);
+        for (std::uint64_t j = lane; j < bytes / 16; j += kWarp)
+            st16(slot + j * 16, make_uint4(std::uint32_t(e), std::uint32_t(i), std::uint32_t(j), 0));
+        __syncwarp();
+        const std::uint64_t t0 = globalTimerNs();
+        publish(v, e, p, bytes, true);
         const std::uint32_t code = waitPeers(v, e, p);
         const std::uint64_t lap = globalTimerNs() - t0;
         if (lane == 0) {

@@ -83,18 +83,6 @@ __device__ __forceinline__ uint4 ldSlot16(const void* p) {
     return v;
 #endif
 }
-/// One LL line {a, f, b, f} (NCCL's LL layout): one 16-byte volatile store,
-/// so each 8-byte half (data word + flag) lands whole, in a peer's device
-/// region (ll_kernel.cuh) or in host memory (a ring's line area).
-__device__ __forceinline__ void stLl(void* p, std::uint32_t a, std::uint32_t b, std::uint32_t f) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(f), "r"(b), "r"(f) : "memory");
-}
-__device__ __forceinline__ uint4 ldLl(const void* p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-    return v;
-}
-
 /// 16 bytes of the caller's send buffer (unchanged while the kernel runs).
 __device__ __forceinline__ uint4 ldSend16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ void st16(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }

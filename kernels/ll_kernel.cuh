@@ -24,6 +24,14 @@
 
 namespace tpf::kernels::detail {
 
+__device__ __forceinline__ void stLl(void* p, std::uint32_t a, std::uint32_t b, std::uint32_t f) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(f), "r"(b), "r"(f) : "memory");
+}
+__device__ __forceinline__ uint4 ldLl(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ std::uint32_t ldAcquireGpu(const std::uint32_t* p) {
     std::uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

@@ -27,40 +27,19 @@ inline constexpr std::uint32_t kRingMagic = 0x474e5254; ///< "TRNG"
 /// refuses a ring of another version (its stats would land in the wrong place).
 /// 3: the completion ring and its indices removed; proxyIdle and heartbeatNs
 /// moved up to @384.
-/// 4: the line area behind the entries (RingLayout::linesOffset) and
-/// kDoorbellLines: a GPU rank stages a shard there as LL lines and rings
-/// before its lines are written, so the kernel's stores to host memory need
-/// no system-scope release (a PCIe round trip) before the doorbell.
-inline constexpr std::uint16_t kRingVersion = 4;
+inline constexpr std::uint16_t kRingVersion = 3;
 inline constexpr std::uint32_t kRingMinEntries = 8;
 inline constexpr std::uint32_t kRingMaxEntries = 4096;
 
 /// A request to deliver this rank's staged shard of `epoch` to every peer. 16 bytes.
 struct Doorbell {
     std::uint64_t epoch; ///< > 0; the shard sits in slot (phaseOf(epoch), rank) of the rank's region
-    std::uint32_t bytes; ///< shard size, <= the agreed cap; with kDoorbellLines: staged as lines instead
+    std::uint32_t bytes; ///< shard size, <= the agreed cap
     std::uint32_t group; ///< Verdict.groupHandle
 };
 static_assert(sizeof(Doorbell) == 16);
 static_assert(offsetof(Doorbell, bytes) == 8);
 static_assert(std::is_trivially_copyable_v<Doorbell>);
-
-/// Doorbell.bytes | kDoorbellLines: the shard of `bytes & ~kDoorbellLines`
-/// bytes (a multiple of 16, at most kStagedLinesMax) is not in the rank's
-/// slot but staged as LL lines in the ring's line area of phaseOf(epoch), and
-/// the doorbell may be visible before the lines are: the daemon waits until
-/// every line of the shard carries the epoch's flag, unpacks the shard into
-/// slot (phase, rank) and carries it out from there as any other doorbell.
-/// Only the sender's side changes: peers receive rows and flags as before.
-/// Line format (NCCL's LL): 16 bytes c of a shard of n x 16, words w0..w3,
-/// become two 16-byte lines, {w0, f, w1, f} at 16 c and {w2, f, w3, f} at
-/// 16 (n + c), f = stagedLineFlag(epoch), each written by one 16-byte store,
-/// so every 8-byte half (data word + flag) lands whole. The area is zeroed at
-/// creation; a line of epoch e - 2 (same phase) carries another flag.
-inline constexpr std::uint32_t kDoorbellLines = 1u << 31;
-/// Largest shard a rank stages as lines (the line area of one phase is twice this).
-inline constexpr std::uint64_t kStagedLinesMax = 64 * 1024;
-TPF_HD constexpr std::uint32_t stagedLineFlag(std::uint64_t epoch) { return std::uint32_t(epoch); }
 
 /// Ring header at offset 0 of the ring memfd; one line per writer. 512 bytes.
 struct RingHeader {
@@ -189,33 +168,20 @@ inline RankStats readStats(const RankStats& shared) {
 #endif
 
 /// Offsets of the ring memfd. The one place ring offsets are computed.
-///   [ RingHeader | RankStats | entries x Doorbell | pad to a page ]
-///   [ lines: phase 0 | phase 1, lineBytes each ]  (kDoorbellLines)
 struct RingLayout {
     std::uint32_t entries = 0;
-    std::uint32_t reserved = 0;
-    std::uint64_t lineBytes = 0; ///< line area of one phase: 2 x the largest shard staged as lines
 
-    /// The ring of a rank whose group has slots of `slotBytes`: its line area
-    /// holds shards up to min(slotBytes, kStagedLinesMax). Daemon and client
-    /// both compute it from the Verdict.
-    static constexpr RingLayout of(std::uint32_t entries, std::uint64_t slotBytes) {
-        return RingLayout{entries, 0, 2 * (slotBytes < kStagedLinesMax ? slotBytes : kStagedLinesMax)};
-    }
     static constexpr bool validEntries(std::uint32_t n) {
         return n >= kRingMinEntries && n <= kRingMaxEntries && (n & (n - 1)) == 0;
     }
-    /// Largest shard a doorbell may stage as lines in this ring.
-    TPF_HD constexpr std::uint64_t linesMax() const { return lineBytes / 2; }
     TPF_HD constexpr std::uint64_t statsOffset() const { return sizeof(RingHeader); }
     TPF_HD constexpr std::uint64_t submissionsOffset() const { return statsOffset() + sizeof(RankStats); }
     TPF_HD constexpr std::uint64_t submissionOffset(std::uint32_t index) const {
         return submissionsOffset() + std::uint64_t(index & (entries - 1)) * sizeof(Doorbell);
     }
-    TPF_HD constexpr std::uint64_t linesOffset(std::uint32_t phase) const {
-        return roundUp(submissionsOffset() + std::uint64_t(entries) * sizeof(Doorbell), kSlotAlign) + phase * lineBytes;
+    TPF_HD constexpr std::uint64_t totalBytes() const {
+        return roundUp(submissionsOffset() + std::uint64_t(entries) * sizeof(Doorbell), kSlotAlign);
     }
-    TPF_HD constexpr std::uint64_t totalBytes() const { return roundUp(linesOffset(2), kSlotAlign); }
 };
 
 #if !defined(__CUDA_ARCH__)

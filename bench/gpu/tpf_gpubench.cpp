@@ -40,7 +40,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
-#include <memory>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -149,18 +148,17 @@ int timeParts(const char* name, const std::function<void()>& call, Group* g, std
 // mean per call (host clock over the launch / calls) and the laps' p50/p99
 // (%globaltimer, doorbell store to the last flag seen).
 template <class Barrier>
-int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 16, std::uint64_t kHopCalls = 20000,
-             bool lines = false) {
+int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 16, std::uint64_t kHopCalls = 20000) {
     constexpr std::uint64_t kWarmup = 1000;
     const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
     std::uint64_t* laps = nullptr;
     CK(cudaMalloc(&laps, kHopCalls * sizeof(std::uint64_t)));
     barrier();
-    CK(kernels::launchProxyHopLoop(view, kWarmup, nullptr, st, bytes, lines));
+    CK(kernels::launchProxyHopLoop(view, kWarmup, nullptr, st, bytes));
     CK(cudaStreamSynchronize(st));
     barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    CK(kernels::launchProxyHopLoop(view, kHopCalls, laps, st, bytes, lines));
+    CK(kernels::launchProxyHopLoop(view, kHopCalls, laps, st, bytes));
     CK(cudaStreamSynchronize(st));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (auto c = g.check(); !c) return std::fprintf(stderr, "rank %u: hop: %s\n", a.rank, c.error().describe().c_str()), 1;
@@ -168,10 +166,9 @@ int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 
     CK(cudaMemcpy(lap.data(), laps, kHopCalls * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
     cudaFree(laps);
     std::sort(lap.begin(), lap.end());
-    const std::string name = lines ? "proxy-hop-lines" : "proxy-hop";
-    row((name + "-mean").c_str(), bytes, s * 1e6 / double(kHopCalls));
-    row((name + "-p50").c_str(), bytes, double(lap[kHopCalls / 2]) / 1e3);
-    row((name + "-p99").c_str(), bytes, double(lap[kHopCalls * 99 / 100]) / 1e3);
+    row("proxy-hop-mean", bytes, s * 1e6 / double(kHopCalls));
+    row("proxy-hop-p50", bytes, double(lap[kHopCalls / 2]) / 1e3);
+    row("proxy-hop-p99", bytes, double(lap[kHopCalls * 99 / 100]) / 1e3);
     return 0;
 }
 
@@ -311,19 +308,9 @@ int main(int argc, char** argv) {
         ::unsetenv("TPF_GPU_PDL");
         if (!plain) return std::fprintf(stderr, "rank %u: open (TPF_GPU_PDL=0): %s\n", a.rank, plain.error().describe().c_str()), 1;
         Group& gp = **plain;
-        // The proxy route with every shard staged in the slot (TPF_GPU_PROXY_LINES=0), beside the default.
-        std::unique_ptr<Group> slotGroup;
-        if (a.route == "proxy") {
-            ::setenv("TPF_GPU_PROXY_LINES", "0", 1);
-            auto slot = Group::open(**boot, a.rank, a.world, maxBytes, o);
-            ::unsetenv("TPF_GPU_PROXY_LINES");
-            if (!slot) return std::fprintf(stderr, "rank %u: open (TPF_GPU_PROXY_LINES=0): %s\n", a.rank, slot.error().describe().c_str()), 1;
-            slotGroup = std::move(*slot);
-        }
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
             const std::uint64_t count = bytes / 2;
             const std::string gather = a.route + "-gather", sum = a.route + "-sum-bf16";
-            Group* gs = slotGroup.get();
             const Side sides[] = {
                 {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
                 {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
@@ -331,11 +318,8 @@ int main(int argc, char** argv) {
                 {gather + "-nopdl", [&] { (void)gp.allGather(send, recv, bytes, st); }, &gp},
                 {sum, [&] { (void)g.allReduceSum(send, recv, count, DType::BF16, st); }, &g},
                 {sum + "-nopdl", [&] { (void)gp.allReduceSum(send, recv, count, DType::BF16, st); }, &gp},
-                {gather + "-slot", [&] { (void)gs->allGather(send, recv, bytes, st); }, gs},
-                {sum + "-slot", [&] { (void)gs->allReduceSum(send, recv, count, DType::BF16, st); }, gs},
             };
             for (const auto& sd : sides) {
-                if (!sd.g && sd.name.ends_with("-slot")) continue; // the ipc route: no slot variant
                 barrier();
                 if (timeGraph(st, sd.call, us, sd.g)) return 1;
                 row(sd.name.c_str(), bytes, us);
@@ -374,15 +358,10 @@ int main(int argc, char** argv) {
         std::uint8_t *pinned = nullptr, *dpinned = nullptr;
         CK(cudaHostAlloc(&pinned, maxBytes, cudaHostAllocMapped | cudaHostAllocPortable));
         CK(cudaHostGetDevicePointer(&dpinned, pinned, 0));
-        ::setenv("TPF_GPU_PROXY_LINES", "0", 1); // every shard staged in the slot, beside the default
-        auto slot = Group::open(**boot, a.rank, a.world, maxBytes, o);
-        ::unsetenv("TPF_GPU_PROXY_LINES");
-        if (!slot) return std::fprintf(stderr, "rank %u: open (TPF_GPU_PROXY_LINES=0): %s\n", a.rank, slot.error().describe().c_str()), 1;
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 4) {
             const Side sides[] = {
                 {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
                 {"proxy-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
-                {"proxy-gather-slot", [&] { (void)(*slot)->allGather(send, recv, bytes, st); }, slot->get()},
                 {"stage-kernel", [&] { gpubench::launchCopy(own, send, bytes, st); }, nullptr},
                 {"stage-kernel-pinned", [&] { gpubench::launchCopy(dpinned, send, bytes, st); }, nullptr},
                 {"read-kernel", [&] { gpubench::launchCopy(recv2, peer, bytes, st); }, nullptr},
@@ -396,7 +375,6 @@ int main(int argc, char** argv) {
             }
             barrier();
             if (proxyHop(g, st, barrier, bytes, 2000)) return 1;
-            if (bytes <= view.ringLayout.linesMax() && proxyHop(g, st, barrier, bytes, 2000, true)) return 1;
         }
         barrier();
         cudaFreeHost(pinned);
@@ -409,7 +387,6 @@ int main(int argc, char** argv) {
         row("proxy-gather", 16, us);
         barrier();
         if (proxyHop(g, st, barrier)) return 1;
-        if (proxyHop(g, st, barrier, 16, 20000, true)) return 1;
         barrier();
         if (a.rank == 0) { // raw ping-pong: GPU kernel <-> CPU thread through host-mapped memory
             std::uint64_t* flags = nullptr;

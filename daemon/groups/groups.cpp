@@ -139,7 +139,7 @@ void GroupTable::tryOpen(Group& g) {
     for (auto& [rank, m] : g.members) {
         const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
         auto region = HostRegion::create(g.layout, tag + "-region");
-        auto ring = region ? CommandRing::create(cfg_.ringEntries, g.layout.slotBytes, g.handle, tag + "-ring")
+        auto ring = region ? CommandRing::create(cfg_.ringEntries, g.handle, tag + "-ring")
                            : Result<std::shared_ptr<CommandRing>>(region.error());
         if (!region || !ring) {
             const Error& e = region ? ring.error() : region.error();

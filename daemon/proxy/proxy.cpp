@@ -11,7 +11,6 @@
 
 #include "common/shm.hpp"
 #include "common/stream_copy.hpp"
-#include "daemon/proxy/staged_lines.hpp"
 
 namespace tpf::daemon {
 
@@ -75,45 +74,16 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
     if (d.group != g.handle) return refuse(Errc::BadMessage, "doorbell for group handle " + std::to_string(d.group));
     // The slot, not the cap, bounds a doorbell: a staged shard is the cap
     // rounded up to 16 bytes, an all-gather-v row carries a RowHeader.
-    const std::uint32_t bytes = d.bytes & ~kDoorbellLines;
-    if (bytes > g.layout.slotBytes)
-        return refuse(Errc::CapMismatch, "doorbell of " + std::to_string(bytes) + " bytes above the slot of " +
+    if (d.bytes > g.layout.slotBytes)
+        return refuse(Errc::CapMismatch, "doorbell of " + std::to_string(d.bytes) + " bytes above the slot of " +
                                              std::to_string(g.layout.slotBytes));
-    if ((d.bytes & kDoorbellLines) && (bytes > ring.layout.linesMax() || bytes % 16 != 0))
-        return refuse(Errc::BadMessage, "doorbell of " + std::to_string(bytes) + " bytes staged as lines (at most " +
-                                            std::to_string(ring.layout.linesMax()) + ", a multiple of 16)");
     if (d.epoch != ring.lastEpoch + 1)
         return refuse(Errc::BadMessage, "doorbell epoch " + std::to_string(d.epoch) + " after " +
                                             std::to_string(ring.lastEpoch));
     ring.lastEpoch = d.epoch;
     if (g.drops(d.epoch)) return;
-    ring.delivering = CommandRing::Delivery{d, 0, 0, 0, (d.bytes & kDoorbellLines) ? monotonicNs() : 0};
+    ring.delivering = CommandRing::Delivery{d, 0, 0};
     resume(pr);
-}
-
-// A shard staged as lines: unpack what has arrived into the rank's slot;
-// true once whole. The kernel rings before it stores its lines, so they
-// follow within microseconds; lines still missing after kLinesWaitNs mean
-// the rank's kernel died or wrote elsewhere: its group breaks.
-bool Proxy::unpackLines(ProxyRank& pr, CommandRing::Delivery& cur) {
-    ProxyGroup& g = *pr.group;
-    CommandRing& ring = *pr.ring;
-    const Doorbell& d = cur.doorbell;
-    const std::uint32_t bytes = d.bytes & ~kDoorbellLines, phase = phaseOf(d.epoch);
-    cur.unpacked = unpackStagedLines(ring.map.data() + ring.layout.linesOffset(phase), g.regions[pr.rank]->slot(phase, pr.rank),
-                                     bytes, stagedLineFlag(d.epoch), cur.unpacked);
-    if (cur.unpacked == bytes) return true;
-    if (monotonicNs() - cur.sinceNs > kLinesWaitNs) {
-        if (events_.badDoorbell)
-            events_.badDoorbell(g.handle, pr.rank,
-                                Error{Errc::Timeout, "rank " + std::to_string(pr.rank) + " staged " + std::to_string(cur.unpacked) +
-                                                         " of " + std::to_string(bytes) + " bytes of epoch " +
-                                                         std::to_string(d.epoch) + " as lines within " +
-                                                         std::to_string(kLinesWaitNs / 1000000) + " ms of its doorbell"});
-        ring.delivering.reset();
-        return false;
-    }
-    return false;
 }
 
 // Peers in peerAt order: shm peers get the copy and the flag at once; verbs
@@ -126,9 +96,7 @@ bool Proxy::resume(ProxyRank& pr) {
     CommandRing::Delivery& cur = *ring.delivering;
     const Doorbell& d = cur.doorbell;
     if (g.drops(d.epoch)) return ring.delivering.reset(), true;
-    if (cur.sinceNs && !unpackLines(pr, cur)) return !ring.delivering; // lines still coming (or given up on)
-    cur.sinceNs = 0;
-    const std::uint32_t phase = phaseOf(d.epoch), bytes = d.bytes & ~kDoorbellLines;
+    const std::uint32_t phase = phaseOf(d.epoch);
     const HostRegion& src = *g.regions[pr.rank];
     const std::uint32_t gone = g.gone.load(std::memory_order_relaxed); // closed in order: they need nothing more
     for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
@@ -142,7 +110,7 @@ bool Proxy::resume(ProxyRank& pr) {
         if (g.routes[q] != kRouteShm) continue;
         const HostRegion& dst = *g.regions[q];
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
-            const Stripe s = stripeOf(bytes, g.layout.stripes, k);
+            const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
             std::uint8_t* const to = dst.slot(phase, pr.rank) + s.offset;
             const std::uint8_t* const from = src.slot(phase, pr.rank) + s.offset;
             if (pr.gpuDoorbells) { // a Device group: a GPU reads these rows over PCIe
@@ -177,7 +145,7 @@ bool Proxy::resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, 
             if (link->failed) return true;
             if (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth()) return false;
         }
-        const Stripe s = stripeOf(cur.doorbell.bytes & ~kDoorbellLines, g.layout.stripes, k);
+        const Stripe s = stripeOf(cur.doorbell.bytes, g.layout.stripes, k);
         if (auto st = link->postStripe(g.layout, phase, pr.rank, k, s, cur.doorbell.epoch); !st) {
             link->failed = true;
             linkFailed(*link, st.error().describe());

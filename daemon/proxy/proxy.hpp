@@ -101,9 +101,6 @@ public:
 
     /// How long drained() waits at most for the RDMA WRITEs of leaving ranks.
     static constexpr std::uint64_t kLandingNs = 1000000000ull;
-    /// How long a doorbell of a shard staged as lines (kDoorbellLines) waits
-    /// for its lines; they follow the doorbell within microseconds.
-    static constexpr std::uint64_t kLinesWaitNs = 1000000000ull;
 
     /// Replace the set of served ranks (control thread). The proxy drains the
     /// old set before switching and, once the leaving ranks' RDMA WRITEs
@@ -132,10 +129,6 @@ private:
     /// Carry out the ring's doorbell in progress as far as the in-flight caps
     /// allow; true once it is done (or dropped: group broken, link failed).
     bool resume(ProxyRank& pr);
-    /// A doorbell of a shard staged as lines: unpack the lines that arrived
-    /// into the rank's slot; true once the shard is whole. After kLinesWaitNs
-    /// without it, the group breaks (Timeout) and the delivery is dropped.
-    bool unpackLines(ProxyRank& pr, CommandRing::Delivery& cur);
     /// Post the stripes of one verbs peer from cur.stripe on; false when a
     /// queue pair is at its cap (cur.stripe says where to go on).
     bool resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur);

@@ -35,10 +35,10 @@ void HostRegion::wakeIfWaiting() const {
     tpf::wakeIfWaiting(&c.waiters, &c.wakeSeq);
 }
 
-Result<std::shared_ptr<CommandRing>> CommandRing::create(std::uint32_t entries, std::uint64_t slotBytes,
-                                                         std::uint32_t groupHandle, const std::string& name) {
+Result<std::shared_ptr<CommandRing>> CommandRing::create(std::uint32_t entries, std::uint32_t groupHandle,
+                                                         const std::string& name) {
     auto r = std::make_shared<CommandRing>();
-    r->layout = RingLayout::of(entries, slotBytes);
+    r->layout = RingLayout{entries};
     auto fd = createSealedMemfd(name, r->layout.totalBytes());
     if (!fd) return fd.error();
     r->fd = std::move(*fd);

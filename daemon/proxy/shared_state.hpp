@@ -53,22 +53,15 @@ struct CommandRing {
     /// at the in-flight cap, so the delivery resumes at (peer index in peerAt
     /// order, stripe) on a later pass, and this ring's later doorbells wait
     /// behind it, while every other ring is served meanwhile.
-    /// A doorbell of a shard staged as lines (kDoorbellLines) first waits
-    /// here until its lines are all written, unpacking them into the rank's
-    /// slot as they arrive (`unpacked` bytes so far, since `sinceNs`).
     struct Delivery {
         Doorbell doorbell{};
         std::uint32_t peer = 0;
         std::uint32_t stripe = 0;
-        std::uint64_t unpacked = 0;
-        std::uint64_t sinceNs = 0;
     };
     std::optional<Delivery> delivering;
 
-    /// A ring of `entries` doorbells with a line area for shards up to
-    /// min(slotBytes, kStagedLinesMax) (RingLayout::of).
-    static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint64_t slotBytes,
-                                                       std::uint32_t groupHandle, const std::string& name);
+    static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint32_t groupHandle,
+                                                       const std::string& name);
 };
 
 } // namespace tpf::daemon

@@ -4,12 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "proto/client_msg.hpp"
-#include "daemon/proxy/staged_lines.hpp"
 #include "proto/ring.hpp"
 
 namespace tpf::gputest {
@@ -63,7 +61,7 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
     auto l = Layout::of(o.world, o.slotBytes, o.stripes);
     if (!l) throw std::runtime_error("Layout::of: " + l.error().describe());
     layout_ = *l;
-    ringLayout_ = RingLayout::of(kRingEntries, o.slotBytes);
+    ringLayout_.entries = kRingEntries;
     const std::uint64_t total = layout_.totalBytes();
     TPF_CUDA_CHECK(cudaStreamCreateWithFlags(&ctrlStream_, cudaStreamNonBlocking));
     TPF_CUDA_CHECK(cudaMallocHost(&staging_, sizeof(ControlBlock)));
@@ -114,9 +112,6 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
         }
         v.ring = k.ringDev;
         v.ringLayout = ringLayout_;
-        // Shards for the proxy up to 64 KiB staged as lines, as the library does (TPF_GPU_PROXY_LINES=0: never).
-        const char* lines = std::getenv("TPF_GPU_PROXY_LINES");
-        v.stagedLinesMax = lines && *lines == '0' ? 0 : std::uint32_t(ringLayout_.linesMax());
         v.groupHandle = kGroupHandle;
         v.state = k.state;
         v.timeoutNs = o.timeoutNs;
@@ -216,32 +211,19 @@ void SimGroup::proxyLoop() {
             const auto got = rings[r].pop(k.tail, d);
             if (got == RingView::Pop::Empty) continue;
             if (got == RingView::Pop::Corrupt) return proxyFail("rank " + std::to_string(r) + ": ring head corrupt");
-            const std::uint32_t bytes = d.bytes & ~kDoorbellLines;
-            const bool lines = d.bytes & kDoorbellLines;
-            if (d.group != kGroupHandle || d.epoch != k.lastEpoch + 1 || bytes > layout_.slotBytes ||
-                (lines && bytes > ringLayout_.linesMax()))
+            if (d.group != kGroupHandle || d.epoch != k.lastEpoch + 1 || d.bytes > layout_.slotBytes)
                 return proxyFail("rank " + std::to_string(r) + ": bad doorbell epoch " + std::to_string(d.epoch) +
                                  " after " + std::to_string(k.lastEpoch) + ", bytes " + std::to_string(d.bytes) +
                                  ", group " + std::to_string(d.group));
             k.lastEpoch = d.epoch;
             const std::uint32_t p = phaseOf(d.epoch);
             const std::uint8_t* src = k.host + layout_.slotOffset(p, r);
-            // Staged as lines: the kernel rang first; unpack into its slot as they land (daemon/proxy/staged_lines.hpp).
-            const auto t0 = std::chrono::steady_clock::now();
-            for (std::uint64_t done = 0; lines && done < bytes;) {
-                done = daemon::unpackStagedLines(k.ringHost + ringLayout_.linesOffset(p), k.host + layout_.slotOffset(p, r),
-                                                 bytes, stagedLineFlag(d.epoch), done);
-                if (stop_.load(std::memory_order_relaxed)) return;
-                if (std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(o_.timeoutNs))
-                    return proxyFail("rank " + std::to_string(r) + ": lines of epoch " + std::to_string(d.epoch) +
-                                     " incomplete: " + std::to_string(done) + " of " + std::to_string(bytes) + " bytes");
-            }
             for (std::uint32_t i = 0; i + 1 < o_.world; ++i) {
                 const std::uint32_t q = peerAt(r, i, o_.world);
                 if (routeOf(r, q) != kRouteShm) continue;
                 std::uint8_t* dst = ranks_[q].host;
                 for (std::uint32_t s = 0; s < layout_.stripes; ++s) {
-                    const Stripe st = stripeOf(bytes, layout_.stripes, s);
+                    const Stripe st = stripeOf(d.bytes, layout_.stripes, s);
                     std::memcpy(dst + layout_.slotOffset(p, r) + st.offset, src + st.offset, st.bytes);
                     auto* flag = reinterpret_cast<std::uint64_t*>(dst + layout_.flagOffset(p, r, s));
                     std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);

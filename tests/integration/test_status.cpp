@@ -258,8 +258,7 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
         CHECK(g["ranks"][1]["route"] == (proxy ? "proxy" : "ipc"));
     }
     CHECK(doc["daemon"]["proxy"]["state"] == "polling");
-    auto ring = mapShared(proxied[0].fds[1].get(),
-                          RingLayout::of(proxied[0].verdict.ringEntries, proxied[0].verdict.slotBytes).totalBytes(), true);
+    auto ring = mapShared(proxied[0].fds[1].get(), RingLayout{proxied[0].verdict.ringEntries}.totalBytes(), true);
     REQUIRE(ring.ok());
     const auto beat = [&] {
         return std::atomic_ref(reinterpret_cast<RingHeader*>(ring->data())->heartbeatNs).load(std::memory_order_relaxed);
@@ -278,13 +277,12 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
     const auto ring0 = [&](std::vector<RawRank>& g, std::uint64_t doorbellsBefore) {
         auto region = mapShared(g[0].fds[0].get(), g[0].verdict.regionBytes, true);
         auto peer = mapShared(g[1].fds[0].get(), g[1].verdict.regionBytes, true);
-        const RingLayout rl = RingLayout::of(g[0].verdict.ringEntries, g[0].verdict.slotBytes);
-        auto rm = mapShared(g[0].fds[1].get(), rl.totalBytes(), true);
+        auto rm = mapShared(g[0].fds[1].get(), RingLayout{g[0].verdict.ringEntries}.totalBytes(), true);
         REQUIRE((region.ok() && peer.ok() && rm.ok()));
         const auto layout = Layout::of(2, g[0].verdict.slotBytes, g[0].verdict.stripes);
         REQUIRE(layout.ok());
         std::memset(region->data() + layout->slotOffset(phaseOf(1), 0), 0x5a, 16);
-        RingView view(rm->data(), rl);
+        RingView view(rm->data(), RingLayout{g[0].verdict.ringEntries});
         REQUIRE(view.push(Doorbell{1, 16, g[0].verdict.groupHandle}));
         const std::uint64_t one = 1;
         REQUIRE(::write(g[0].fds[2].get(), &one, sizeof one) == sizeof one);

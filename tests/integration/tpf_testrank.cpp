@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "client/reduce.hpp"
-#include "client/testing.hpp"
 #include "common/shm.hpp"
 #include "pattern.hpp"
 #include <tpfabric/tpfabric.hpp>
@@ -69,7 +68,6 @@ struct Args {
     bool exitBeforeOpen = false;          // _exit(0) after creating the bootstrap
     bool abortThenClose = false;          // after --abort-at: abort again, close, abort once more
     bool checkFds = false;                // count fds before open and after close()
-    std::string stagedLines = "off";      // off | lines | never: testing::setStagedLines before open
 };
 
 // Open file descriptors of this process.
@@ -309,11 +307,7 @@ int main(int argc, char** argv) {
     app.add_flag("--exit-before-open", a.exitBeforeOpen, "exit right after creating the bootstrap");
     app.add_flag("--abort-then-close", a.abortThenClose, "after --abort-at: abort again, close, abort once more");
     app.add_flag("--check-fds", a.checkFds, "print FDS: fds before open and after close()");
-    app.add_option("--staged-lines", a.stagedLines,
-                   "lines: stage shards for the proxy as a GPU kernel does (kDoorbellLines); never: ring without lines")
-        ->check(CLI::IsMember({"off", "lines", "never"}));
     CLI11_PARSE(app, argc, argv);
-    setStagedLines(a.stagedLines == "lines" ? StagedLines::Lines : a.stagedLines == "never" ? StagedLines::Never : StagedLines::Off);
 
     const std::uint64_t t0 = monotonicNs();
     auto boot = TcpBootstrap::create(a.bootstrapRank >= 0 ? std::uint32_t(a.bootstrapRank) : a.rank,

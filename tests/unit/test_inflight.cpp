@@ -71,7 +71,7 @@ void run(const Scenario& sc) {
     std::vector<std::shared_ptr<CommandRing>> rings;
     for (std::uint32_t r : kLocal) {
         auto region = HostRegion::create(*layout, "tpf-test-inflight-r" + std::to_string(r));
-        auto ring = CommandRing::create(16, layout->slotBytes, kHandle, "tpf-test-inflight-ring" + std::to_string(r));
+        auto ring = CommandRing::create(16, kHandle, "tpf-test-inflight-ring" + std::to_string(r));
         REQUIRE(region.ok());
         REQUIRE(ring.ok());
         group->regions[r] = *region;

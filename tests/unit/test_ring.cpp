@@ -37,31 +37,8 @@ TEST_CASE("ring layout") {
     CHECK(l.totalBytes() == 4096); // 512 + 1920 + 64 * 16 = 3456, page-rounded
     CHECK(RingLayout{4096}.totalBytes() == 512 + 1920 + 4096 * 16 + 1664);
     CHECK(l.submissionsOffset() % 128 == 0);
-    CHECK(l.lineBytes == 0);
-    CHECK(l.totalBytes() == l.linesOffset(0));
-    // 2: RankStats per op (1: one set for all calls); 3: no completion ring;
-    // 4: the line area (kDoorbellLines).
-    CHECK(kRingVersion == 4);
-}
-
-// The line area: two phases of twice the largest shard staged as lines
-// (the slot, at most kStagedLinesMax), page-aligned behind the entries.
-TEST_CASE("ring layout: line area") {
-    const RingLayout small = RingLayout::of(64, 4096);
-    CHECK(small.entries == 64);
-    CHECK(small.lineBytes == 8192);
-    CHECK(small.linesMax() == 4096);
-    CHECK(small.linesOffset(0) == 4096);
-    CHECK(small.linesOffset(1) == 4096 + 8192);
-    CHECK(small.totalBytes() == 4096 + 2 * 8192);
-    const RingLayout big = RingLayout::of(4096, 1 << 20);
-    CHECK(big.linesMax() == kStagedLinesMax);
-    CHECK(big.linesOffset(0) == RingLayout{4096}.totalBytes());
-    CHECK(big.linesOffset(0) % kSlotAlign == 0);
-    CHECK(big.totalBytes() == big.linesOffset(0) + 4 * kStagedLinesMax);
-    CHECK(kStagedLinesMax == 64 * 1024);
-    CHECK((kDoorbellLines & (kMaxSlotBytes | (kMaxSlotBytes - 1))) == 0); // no slot size reaches the bit
-    CHECK(stagedLineFlag(0x1234567890ull) == 0x34567890u);
+    // 2: RankStats per op (1: one set for all calls); 3: no completion ring.
+    CHECK(kRingVersion == 3);
 }
 
 // The header's bytes as the daemon writes them and a rank (and its kernels) reads them.
@@ -79,7 +56,7 @@ TEST_CASE("ring header: golden byte image") {
     std::vector<std::uint8_t> b(sizeof h);
     std::memcpy(b.data(), &h, sizeof h);
     auto at = [&](std::size_t off, std::size_t n) { return hexOf({b.begin() + off, b.begin() + off + n}); };
-    CHECK(at(0, 16) == "54524e47" "0400" "1000" "40000000" "07000000"); // magic, version 4, 16 B entries, 64, group 7
+    CHECK(at(0, 16) == "54524e47" "0300" "1000" "40000000" "07000000"); // magic, version 3, 16 B entries, 64, group 7
     CHECK(at(128, 4) == "44332211");
     CHECK(at(256, 4) == "88776655");
     CHECK(at(384, 16) == "01000000" "00000000" "0807060504030201"); // proxyIdle, reserved, heartbeatNs
