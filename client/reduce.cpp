@@ -171,6 +171,13 @@ template <DType T> TPF_AVX2 inline void store32(std::uint8_t* p, const Lanes32& 
     }
 }
 
+// How far ahead of its loads each row is prefetched. A peer's row sits in
+// another core's cache (host-direct) or came from the proxy: without it the
+// adds and the bf16 rounding fill the out-of-order window, few of those
+// misses are in flight at once, and a W = 2 4 KiB bf16 sum cost twice the
+// gather of the same rows on the GPU machine's Xeon (docs/perf.md).
+constexpr std::size_t kPrefetchAhead = 1024;
+
 // Blocks of 32 elements (four independent accumulators, so the adds of one
 // row overlap), then of 8, then a tail staged through a zeroed 8-lane buffer
 // so every element takes the same instructions.
@@ -178,9 +185,16 @@ template <DType T> TPF_AVX2 void sumAvx2(const void* const* rows, std::size_t nr
     constexpr std::size_t kEs = kElemBytes<T>;
     const auto* const* in = reinterpret_cast<const std::uint8_t* const*>(rows);
     auto* o = static_cast<std::uint8_t*>(out);
+    const std::size_t bytes = count * kEs;
+    for (std::size_t r = 0; r < nrows; ++r)
+        for (std::size_t b = 0; b < kPrefetchAhead && b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(in[r] + b), _MM_HINT_T0);
     std::size_t i = 0;
     for (; i + 32 <= count; i += 32) {
         const std::size_t off = i * kEs;
+        if (off + kPrefetchAhead < bytes)
+            for (std::size_t r = 0; r < nrows; ++r)
+                for (std::size_t b = 0; b < 32 * kEs; b += 64)
+                    _mm_prefetch(reinterpret_cast<const char*>(in[r] + off + kPrefetchAhead + b), _MM_HINT_T0);
         Lanes32 acc = load32<T>(in[0] + off);
         for (std::size_t r = 1; r < nrows; ++r) {
             const Lanes32 x = load32<T>(in[r] + off);
