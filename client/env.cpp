@@ -22,7 +22,7 @@ namespace {
 // The variables the client reads (readClientEnv below).
 constexpr std::string_view kClientNames[] = {"TPF_SOCKET", "TPF_DISABLE", "TPF_FALLBACK", "TPF_GPU_ROUTE",
                                              "TPF_NCCL_ABOVE", "TPF_GPU_LL", "TPF_GPU_LL_CHUNKS", "TPF_GPU_PDL",
-                                             "TPF_HOST_DIRECT"};
+                                             "TPF_GPU_POLLERS", "TPF_HOST_DIRECT"};
 
 // Edit distance counting a swap of neighbours as one edit (optimal string
 // alignment): TPF_DISBALE and TPF_DISABLED are both one from TPF_DISABLE.
@@ -106,6 +106,10 @@ Result<ClientEnv> readClientEnv() {
         if (std::strcmp(v, "0") == 0) env.pdl = false;
         else if (std::strcmp(v, "1") != 0)
             return bad("TPF_GPU_PDL", v, "1 (device calls use programmatic dependent launch where the GPU has it) and 0");
+    }
+    if (const char* v = get("TPF_GPU_POLLERS")) {
+        if (v[0] >= '1' && v[0] <= '4' && v[1] == '\0') env.pollWarps = std::uint32_t(v[0] - '0');
+        else return bad("TPF_GPU_POLLERS", v, "1, 2, 3, 4 (warps that poll a proxy-route flag in host memory)");
     }
     if (const char* v = get("TPF_HOST_DIRECT")) {
         if (std::strcmp(v, "0") == 0) env.hostDirect = false;

@@ -362,6 +362,8 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
         // TPF_GPU_LL_CHUNKS=1|2|4: chunks per thread of multi-block LL calls (a tuning knob; the bench compares them).
         if (g.env.llChunks) p.view.llChunks = g.env.llChunks;
     }
+    // Warps polling proxy-route flags in host memory (docs/gpu.md, "Polling host memory"); rank-local.
+    p.view.pollWarps = g.env.pollWarps;
     // Programmatic dependent launch hides each call's launch gap (docs/gpu.md); sm_90 and later, TPF_GPU_PDL=0 off.
     int major = 0;
     if (s && g.env.pdl && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device) == cudaSuccess)

@@ -46,6 +46,17 @@ std::uint32_t gridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     return std::uint32_t(want < 1 ? 1 : want > cap ? cap : want);
 }
 
+// Threads of a collectiveKernel block: the work threads, and with a
+// proxy-route peer the poller warps of DeviceGroupView::pollWarps when there
+// are several (one: warp 0 polls).
+std::uint32_t pollWarpsOf(const DeviceGroupView& v) { return v.pollWarps != 0 ? v.pollWarps : kFlagCopies; }
+std::uint32_t collectiveThreads(const DeviceGroupView& v) {
+    bool proxy = false;
+    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= proxyCarries(v.routes[r]);
+    const std::uint32_t w = pollWarpsOf(v);
+    return kThreadsPerBlock + (proxy && w > 1 ? w * detail::kWarp : 0);
+}
+
 // The LL grid of a call (measured on two H200s and one, docs/perf.md): at
 // W > 2 (llChunks 0) one chunk a thread over blocks of kLlSpreadThreads while
 // llMaxBlocks of them cover the shard; else one block of 256 threads while
@@ -139,7 +150,7 @@ cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::
     CallTag t = tag ? *tag : CallTag{op == Op::Gather ? kStatsAllGather : kStatsAllReduceSum, 1, bytes};
     if (timeline.load(std::memory_order_relaxed)) t.flags |= kTagTimeline;
     if (const LlGrid g = llGridFor(v, bytes); g.per != 0 && !t.flagPath) return launchLlFor<op>(v, send, recv, bytes, g, t, stream);
-    return launchKernel(v, detail::collectiveKernel<op>, gridFor(v, bytes), kThreadsPerBlock, stream, v,
+    return launchKernel(v, detail::collectiveKernel<op>, gridFor(v, bytes), collectiveThreads(v), stream, v,
                         static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes / 16, t);
 }
 
@@ -161,6 +172,7 @@ Errc validateView(const DeviceGroupView& v) {
     if (v.layout.world != v.world || v.layout.stripes < 1 || v.layout.stripes > kMaxStripes) return Errc::OutOfRange;
     if (v.layout.slotBytes == 0 || v.layout.slotBytes % kSlotAlign != 0) return Errc::Misaligned;
     if (v.region == nullptr || v.control == nullptr || v.state == nullptr || v.timeoutNs == 0) return Errc::BadMessage;
+    if (v.pollWarps > kFlagCopies) return Errc::OutOfRange;
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) {
         const std::uint8_t route = v.routes[r];
@@ -214,7 +226,7 @@ cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, st
     if (!viewUsable(v) || !proxy || v.ring == nullptr || v.hostRegion == nullptr || bytes < 16 ||
         bytes % 16 != 0 || bytes > v.layout.slotBytes)
         return cudaErrorInvalidValue;
-    detail::hopLoopKernel<<<1, detail::kWarp, 0, stream>>>(v, iters, laps, bytes);
+    detail::hopLoopKernel<<<1, detail::kWarp * pollWarpsOf(v), 0, stream>>>(v, iters, laps, bytes);
     return cudaGetLastError();
 }
 

@@ -144,6 +144,9 @@ struct DeviceGroupView {
                                               ///< stream ends, and wait for it on the GPU (gridDepWait), which
                                               ///< hides the launch gap; releases the next kernel once its peers'
                                               ///< data arrived. 0: plain launches
+    std::uint32_t pollWarps = 0;              ///< calls with a proxy-route peer: warps that poll its flags in host
+                                              ///< memory, each its own copy (1..kFlagCopies; 0: kFlagCopies); 1:
+                                              ///< warp 0 alone (the one poller before 2026-12-02)
     std::uint32_t llChunks = 0;               ///< LL calls above one block: 256-thread blocks of this many chunks a thread (1, 2, 4); 0: the measured grid
     Layout ll{};                              ///< LL area's layout (2 x 8 data bytes per 16-byte line); world 0: no LL path
     std::uint64_t llOffset = 0;               ///< where the LL area starts in every ipc region (own and peers')

@@ -22,6 +22,14 @@ constexpr std::uint64_t kDaemonSilentNs = 500ull * 1000 * 1000;
 /// every call. DaemonLost still comes within kDaemonSilentNs + this.
 constexpr std::uint64_t kBeatAfterNs = 50ull * 1000;
 constexpr std::uint32_t kWarp = 32;
+/// Proxy-route flags live in host memory, where one poll is a PCIe read
+/// round trip (1.04 us measured on the H200 host): the extra warps of a call
+/// with a proxy peer poll the flag's copies (kFlagCopies, proto/layout.hpp)
+/// this far apart, so that a read comes back every quarter round trip and
+/// the flag is seen that much sooner (docs/gpu.md, "Polling host memory").
+constexpr std::uint64_t kPollStaggerNs = 250;
+/// Shared::wait while no poller has decided the call.
+constexpr std::uint32_t kWaitPending = 0xffffffffu;
 
 __device__ __forceinline__ bool isProxy(std::uint8_t route) { return proxyCarries(route); }
 
@@ -42,9 +50,41 @@ struct Shared {
     std::uint8_t* dst[kMaxWorld]; // where the own shard goes: own slot (if staged) + ipc peers' slots
     const std::uint8_t* src[kMaxWorld]; // row r of the result: send for r == rank, else slot (p, r)
     std::uint32_t ndst;
-    std::uint32_t lastPut; // this block finished the put last: it publishes
-    std::uint32_t ok;      // the wait succeeded: write the output
+    std::uint32_t lastPut;   // this block finished the put last: it publishes
+    std::uint32_t wait;      // kWaitPending, then 0 (every peer's flags arrived) or the call's Errc (non-zero blocks: 1)
+    std::uint32_t published; // block 0: warp 0 is past publish (the helper pollers start then)
+    std::uint64_t t0, tSeen; // hopLoopKernel's doorbell; the winning poll (waitPeers), %globaltimer
 };
+
+/// Block-local release of a poller's decision: the first of the block's
+/// pollers to decide wins. Its flags' acquire loads come before the CAS
+/// (fence.acq_rel.cta: the release pattern), so a thread that reads the
+/// decision and then fences (awaitDecision) reads the rows after them.
+__device__ __forceinline__ bool claim(Shared& s, std::uint32_t code) {
+    __threadfence_block();
+    return atomicCAS(&s.wait, kWaitPending, code) == kWaitPending;
+}
+__device__ __forceinline__ std::uint32_t decision(const Shared& s) {
+    return *static_cast<const volatile std::uint32_t*>(&s.wait);
+}
+/// Spins until a poller decided, then orders this thread's later loads after it.
+__device__ __forceinline__ std::uint32_t awaitDecision(const Shared& s) {
+    std::uint32_t d;
+    while ((d = decision(s)) == kWaitPending) {}
+    __threadfence_block();
+    return d;
+}
+/// Poller warp w starts once warp 0 is past publish, w quarter round trips after.
+__device__ __forceinline__ void staggerStart(const Shared& s, std::uint32_t w) {
+    while (*static_cast<const volatile std::uint32_t*>(&s.published) == 0) {}
+    const std::uint64_t t = globalTimerNs();
+    while (globalTimerNs() - t < w * kPollStaggerNs) {}
+}
+/// The barrier of the kernel's work threads (the first kThreadsPerBlock),
+/// once the extra poller warps went their own way.
+__device__ __forceinline__ void workBarrier() {
+    asm volatile("bar.sync 1, %0;" ::"r"(kThreadsPerBlock) : "memory");
+}
 
 /// Copies this block's part of the shard to every destination, kUnroll
 /// vectors in flight per thread.
@@ -126,13 +166,19 @@ __device__ bool leaveCarries(const DeviceGroupView& v, std::uint32_t err, std::u
     return true;
 }
 
-/// Warp 0 of block 0: waits until every peer's flags for every stripe reach
-/// e, or abort/error/ring-full/timeout. Returns 0 (all arrived) or the Errc
-/// to report; records it in the control block when it is this rank's own.
-__device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p) {
+/// One poller warp of block 0, w of them (0: the lead): waits until every
+/// peer's flags for every stripe reach e, or (the lead only) abort, error,
+/// ring-full or timeout. The first poller to decide records the decision in
+/// s.wait (claim) and, for a multi-block call, the verdict; a failure is
+/// recorded in the control block when it is this rank's own. Poller w reads
+/// copy w of a proxy-route peer's flag (host memory), copy 0 of an ipc
+/// peer's (device memory, fast to poll). Returns when the call is decided.
+__device__ void waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p, std::uint32_t w, Shared& s,
+                          bool verdict) {
     const std::uint32_t lane = threadIdx.x % kWarp;
     const std::uint32_t S = v.layout.stripes;
     const std::uint32_t n = v.world * S;
+    const bool lead = w == 0;
     const std::uint64_t t0 = globalTimerNs();
     // A proxy-route wait also watches the daemon's heartbeat (RingHeader,
     // host memory): the proxy beats every millisecond while a Device group
@@ -140,14 +186,23 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
     // means the daemon died or hung: DaemonLost, not a Timeout at the end.
     bool watchBeat = false;
     for (std::uint32_t r = 0; r < v.world; ++r) watchBeat |= isProxy(v.routes[r]);
-    watchBeat = watchBeat && v.ring != nullptr;
+    watchBeat = watchBeat && v.ring != nullptr && lead;
     const auto* beat = watchBeat ? &reinterpret_cast<const RingHeader*>(v.ring)->heartbeatNs : nullptr;
     std::uint64_t lastBeat = 0, beatSeen = t0;
+    const auto decide = [&](std::uint32_t code) {
+        if (lane != 0) return false;
+        const std::uint64_t now = globalTimerNs();
+        if (!claim(s, code)) return false;
+        s.tSeen = now;
+        if (verdict) stReleaseGpu(&v.state->verdict, e | (code == 0 ? 0 : kVerdictFailed));
+        return true;
+    };
     for (;;) {
+        if (decision(s) != kWaitPending) return; // another poller decided
         // Control words first: relaxed loads issue without waiting, so their
         // latency overlaps the flags' acquire loads.
         std::uint32_t daemonErr = 0, aborted = 0, ringFull = 0, silent = 0, carried = 0;
-        if (lane == 0) {
+        if (lead && lane == 0) {
             daemonErr = ldRelaxedSys(&v.control->error);
             aborted = ldRelaxedSys(&v.control->abort);
             carried = daemonErr != 0 && aborted == 0 && leaveCarries(v, daemonErr, e, p);
@@ -166,8 +221,10 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
             const std::uint32_t src = f / S;
             if (src == v.rank) continue;
             // A proxy-route peer's flag lands in the host region (the daemon writes it), an ipc peer's in region.
-            const std::uint8_t* base = isProxy(v.routes[src]) ? v.hostRegion : v.region;
-            const auto* flag = reinterpret_cast<const std::uint64_t*>(base + v.layout.flagOffset(p, src, f % S));
+            const bool proxy = isProxy(v.routes[src]);
+            const std::uint8_t* base = proxy ? v.hostRegion : v.region;
+            const auto* flag =
+                reinterpret_cast<const std::uint64_t*>(base + v.layout.flagCopyOffset(p, src, f % S, proxy ? w : 0));
 #if TPF_POLL_RELAXED
             if (ldRelaxedSys(flag) < e && src < missing) missing = src;
 #else
@@ -175,11 +232,6 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
 #endif
         }
         missing = __reduce_min_sync(0xffffffffu, missing);
-        daemonErr = __shfl_sync(0xffffffffu, daemonErr, 0);
-        aborted = __shfl_sync(0xffffffffu, aborted, 0);
-        ringFull = __shfl_sync(0xffffffffu, ringFull, 0);
-        silent = __shfl_sync(0xffffffffu, silent, 0);
-        carried = __shfl_sync(0xffffffffu, carried, 0);
         // Every flag arrived: the call is whole, whatever the daemon recorded
         // since (a peer that delivered and then left, an abort after the
         // last shard); the next call sees the record. As the host path.
@@ -187,24 +239,33 @@ __device__ std::uint32_t waitPeers(const DeviceGroupView& v, std::uint64_t e, st
 #if TPF_POLL_RELAXED
             fenceAcqRelSys(); // relaxed polls + this fence: the acquire pattern
 #endif
-            return 0;
+            decide(0);
+            return;
         }
-        std::uint32_t code = 0;
-        if (daemonErr != 0 && !carried) code = daemonErr; // carried: wait on, up to the timeout
-        else if (aborted != 0) code = std::uint32_t(Errc::Aborted), missing = kNoPeer;
-        else if (ringFull != 0) code = std::uint32_t(Errc::Timeout), missing = v.rank;
-        else if (silent != 0) code = std::uint32_t(Errc::DaemonLost), missing = kNoPeer;
         const std::uint64_t waited = globalTimerNs() - t0;
-        if (code == 0 && waited > v.timeoutNs) code = std::uint32_t(Errc::Timeout);
-        if (code != 0) {
-            if (lane == 0) {
-                if (daemonErr == 0) { // the daemon's record stays as it wrote it
-                    stRelaxedSys(&v.control->missingPeer, missing);
-                    stReleaseSys(&v.control->error, code);
+        if (lead) {
+            daemonErr = __shfl_sync(0xffffffffu, daemonErr, 0);
+            aborted = __shfl_sync(0xffffffffu, aborted, 0);
+            ringFull = __shfl_sync(0xffffffffu, ringFull, 0);
+            silent = __shfl_sync(0xffffffffu, silent, 0);
+            carried = __shfl_sync(0xffffffffu, carried, 0);
+            std::uint32_t code = 0;
+            if (daemonErr != 0 && !carried) code = daemonErr; // carried: wait on, up to the timeout
+            else if (aborted != 0) code = std::uint32_t(Errc::Aborted), missing = kNoPeer;
+            else if (ringFull != 0) code = std::uint32_t(Errc::Timeout), missing = v.rank;
+            else if (silent != 0) code = std::uint32_t(Errc::DaemonLost), missing = kNoPeer;
+            if (code == 0 && waited > v.timeoutNs) code = std::uint32_t(Errc::Timeout);
+            if (code != 0) {
+                if (decide(code)) {
+                    if (daemonErr == 0) { // the daemon's record stays as it wrote it
+                        stRelaxedSys(&v.control->missingPeer, missing);
+                        stReleaseSys(&v.control->error, code);
+                    }
+                    atomicAdd(&v.state->failures, 1u);
                 }
-                atomicAdd(&v.state->failures, 1u);
+                __syncwarp();
+                return;
             }
-            return code;
         }
         if (waited > 100000) __nanosleep(500); // long waits: poll gently
     }
@@ -254,15 +315,16 @@ __device__ __forceinline__ uint4 loadRow(const Shared& s, std::uint32_t r, std::
 }
 
 /// Rows in rank order into recv: vector j of the W * n16 output is row j / n16.
+/// By the block's kThreadsPerBlock work threads (the poller warps are not).
 /// 32-bit index math: W * n16 <= 16 * 2^26 (a slot is at most 1 GiB).
 __device__ __forceinline__ void gatherRange(const Shared& s, std::uint32_t rank, std::uint8_t* recv, std::uint32_t n16,
                                             Range r) {
     const std::uint32_t end = std::uint32_t(r.end);
-    for (std::uint32_t i = std::uint32_t(r.begin) + threadIdx.x; i < end; i += kUnroll * blockDim.x) {
+    for (std::uint32_t i = std::uint32_t(r.begin) + threadIdx.x; i < end; i += kUnroll * kThreadsPerBlock) {
         uint4 v[kUnroll];
 #pragma unroll
         for (std::uint32_t u = 0; u < kUnroll; ++u) {
-            const std::uint32_t j = i + u * blockDim.x;
+            const std::uint32_t j = i + u * kThreadsPerBlock;
             if (j < end) {
                 const std::uint32_t row = j / n16;
                 v[u] = loadRow(s, row, rank, std::uint64_t(j - row * n16) * 16);
@@ -270,7 +332,7 @@ __device__ __forceinline__ void gatherRange(const Shared& s, std::uint32_t rank,
         }
 #pragma unroll
         for (std::uint32_t u = 0; u < kUnroll; ++u) {
-            const std::uint32_t j = i + u * blockDim.x;
+            const std::uint32_t j = i + u * kThreadsPerBlock;
             if (j < end) st16(recv + std::uint64_t(j) * 16, v[u]);
         }
     }
@@ -329,13 +391,14 @@ template <> struct Vec<Op::SumBF16> {
     }
 };
 
-/// Sum of rows 0..W-1 in rank order, f32 accumulation (adds only: nothing to
+/// By the block's work threads, as gatherRange:
+/// sum of rows 0..W-1 in rank order, f32 accumulation (adds only: nothing to
 /// contract), rows loaded kUnroll at a time so their latencies overlap.
 template <Op op>
 __device__ __forceinline__ void sumRange(const Shared& s, std::uint32_t rank, std::uint32_t world, std::uint8_t* recv,
                                          Range r) {
     using V = Vec<op>;
-    for (std::uint64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+    for (std::uint64_t i = r.begin + threadIdx.x; i < r.end; i += kThreadsPerBlock) {
         const std::uint64_t off = i * 16;
         float acc[V::kLanes];
         for (std::uint32_t r0 = 0; r0 < world; r0 += kUnroll) {
@@ -361,13 +424,21 @@ __device__ __forceinline__ void sumRange(const Shared& s, std::uint32_t rank, st
     }
 }
 
+/// Threads a collectiveKernel block has: the kThreadsPerBlock work threads,
+/// then, for a call with a proxy-route peer, `pollWarps` extra warps (1..
+/// kFlagCopies) that poll the flags' copies in host memory from block 0
+/// (DeviceGroupView::pollWarps); without them warp 0 polls.
+constexpr std::uint32_t kCollectiveThreadsMax = kThreadsPerBlock + kFlagCopies * kWarp;
+
 template <Op op>
-__global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const DeviceGroupView v,
-                                                                     const std::uint8_t* send, std::uint8_t* recv,
-                                                                     std::uint64_t n16, const CallTag tag) {
+__global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const DeviceGroupView v,
+                                                                          const std::uint8_t* send, std::uint8_t* recv,
+                                                                          std::uint64_t n16, const CallTag tag) {
     __shared__ Shared s;
     DeviceState* st = v.state;
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
+    const std::uint32_t pollWarps = (blockDim.x - kThreadsPerBlock) / kWarp; // extra warps; 0: warp 0 polls
+    const bool poller = threadIdx.x >= kThreadsPerBlock;
     bool hasProxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]);
     gridDepWait(); // launched early (DeviceGroupView::pdl): the previous kernel's send and epoch first
@@ -379,6 +450,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         const std::uint32_t p = phaseOf(e);
         s.epoch = e;
         s.ndst = 0;
+        s.wait = kWaitPending;
+        s.published = 0;
         if (hasProxy) s.dst[s.ndst++] = v.hostRegion + v.layout.slotOffset(p, v.rank); // the daemon's source
         for (std::uint32_t i = 0; i + 1 < v.world; ++i) {
             const std::uint32_t q = peerAt(v.rank, i, v.world);
@@ -395,7 +468,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     const std::uint64_t e = s.epoch;
     const std::uint32_t p = phaseOf(e);
 
-    // 1. put, then publish once every block's stores are ordered before it.
+    // 1. put (every thread of the block), then publish once every block's stores are ordered before it.
     putRange(s, send, blockRange(n16, b, nb));
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -422,35 +495,41 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
         publish(v, e, p, n16 * 16, hasProxy);
         if (timed && threadIdx.x == 0) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
     }
+    // The helper pollers' loads would hold up publish's system-scope
+    // release if they were in flight before it (measured): they start now.
+    if (threadIdx.x == 0) *reinterpret_cast<volatile std::uint32_t*>(&s.published) = 1;
 
     // 2. wait: block 0 decides for all, so that either every block writes or none does.
-    std::uint64_t tFlags = 0;
     if (b == 0) {
         if (threadIdx.x == kWarp) countCall(v, tag); // a spare warp, after every release of this call
-        if (threadIdx.x < kWarp) {
-            const std::uint32_t code = waitPeers(v, e, p);
-            if (threadIdx.x == 0) {
-                if (timed) tFlags = globalTimerNs();
-                s.ok = code == 0;
-                if (nb > 1) stReleaseGpu(&st->verdict, e | (code == 0 ? 0 : kVerdictFailed));
-            }
+        if (pollWarps == 0 ? threadIdx.x < kWarp : poller) {
+            const std::uint32_t w = poller ? (threadIdx.x - kThreadsPerBlock) / kWarp : 0;
+            if (poller) staggerStart(s, w); // the lead (w = 0) too: after publish
+            waitPeers(v, e, p, w, s, nb > 1);
         }
     } else if (threadIdx.x == 0) {
-        s.ok = awaitVerdict(v, e);
+        s.wait = awaitVerdict(v, e) ? 0u : 1u;
     }
-    __syncthreads();
+    // The poller warps are done: block 0's decided (or saw the decision),
+    // the other blocks' never polled. A straggler's last read comes back
+    // while the work threads read the rows.
+    if (poller) return;
+    if (b == 0 && pollWarps != 0) awaitDecision(s);
+    workBarrier();
+    const bool ok = s.wait == 0;
+    const std::uint64_t tFlags = timed && b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     // The next kernel may be scheduled now: every peer's blocks have all run
     // their put (block 0 saw their flags), so blocks of it waiting for this
     // grid cannot keep a peer's blocks of this call from the SMs.
     gridDepRelease();
 
     // 3. the result, only on success.
-    if (s.ok) {
+    if (ok) {
         if constexpr (op == Op::Gather) gatherRange(s, v.rank, recv, std::uint32_t(n16), blockRange(n16 * v.world, b, nb));
         else sumRange<op>(s, v.rank, v.world, recv, blockRange(n16, b, nb));
     }
     if (timed && b == 0) {
-        __syncthreads();
+        workBarrier();
         if (threadIdx.x == 0) {
             const std::uint64_t pub = ldRelaxedGpu(&st->publishedNs), out = globalTimerNs();
             if (pub >= tIn && tFlags >= pub) {
@@ -466,44 +545,56 @@ __global__ void __launch_bounds__(kThreadsPerBlock) collectiveKernel(const Devic
     if (threadIdx.x == 0) {
         if (nb == 1 || atomicInc(&st->doneArrive, nb - 1) == nb - 1) {
             st->epoch = e;
-            endCall(v, tag, s.ok, s.ok ? 0u : ldRelaxedSys(&v.control->error));
+            endCall(v, tag, ok, ok ? 0u : ldRelaxedSys(&v.control->error));
         }
     }
 }
 
-/// The proxy hop alone (launchProxyHopLoop): one warp, `iters` calls of a
-/// `bytes` shard (16-byte multiple, at most the slot) with no output. Each
-/// call stages the shard in the own slot, publishes the doorbell (publish:
-/// fence, ring entry, release of subHead) and waits for every peer's flags
-/// (waitPeers); lap i, %globaltimer from just before the doorbell to the last
-/// flag seen, goes to laps[i] when laps is set: the daemon's carry of the
-/// shard is in the lap, the staging is not. Stops after the first failed call
-/// (recorded as a call's). The epoch advances per call as the collective
-/// kernel's does.
-__global__ void __launch_bounds__(kWarp) hopLoopKernel(const DeviceGroupView v, std::uint64_t iters,
-                                                        std::uint64_t* laps, std::uint64_t bytes) {
+/// The proxy hop alone (launchProxyHopLoop): one block of `pollWarps` warps
+/// (1..kFlagCopies), `iters` calls of a `bytes` shard (16-byte multiple, at
+/// most the slot) with no output. Each call: warp 0 stages the shard in the
+/// own slot, publishes the doorbell (publish: fence, ring entry, release of
+/// subHead) and waits for every peer's flags with the other warps
+/// (waitPeers, as block 0 of a collective call); lap i, %globaltimer from
+/// just before the doorbell to the winning poll, goes to laps[i] when laps
+/// is set: the daemon's carry of the shard is in the lap, the staging is
+/// not. Stops after the first failed call (recorded as a call's). The epoch
+/// advances per call as the collective kernel's does.
+__global__ void __launch_bounds__(kFlagCopies * kWarp) hopLoopKernel(const DeviceGroupView v, std::uint64_t iters,
+                                                                      std::uint64_t* laps, std::uint64_t bytes) {
+    __shared__ Shared s;
     DeviceState* st = v.state;
-    const std::uint32_t lane = threadIdx.x;
+    const std::uint32_t lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
     for (std::uint64_t i = 0; i < iters; ++i) {
         const std::uint64_t e = ldRelaxedGpu(&st->epoch) + 1;
         const std::uint32_t p = phaseOf(e);
-        if (lane == 0) {
+        if (threadIdx.x == 0) {
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0;
+            s.wait = kWaitPending;
+            s.published = 0;
+            s.tSeen = 0;
         }
-        std::uint8_t* slot = v.hostRegion + v.layout.slotOffset(p, v.rank);
-        for (std::uint64_t j = lane; j < bytes / 16; j += kWarp)
-            st16(slot + j * 16, make_uint4(std::uint32_t(e), std::uint32_t(i), std::uint32_t(j), 0));
-        __syncwarp();
-        const std::uint64_t t0 = globalTimerNs();
-        publish(v, e, p, bytes, true);
-        const std::uint32_t code = waitPeers(v, e, p);
-        const std::uint64_t lap = globalTimerNs() - t0;
-        if (lane == 0) {
-            if (laps) laps[i] = lap;
+        __syncthreads();
+        if (w == 0) {
+            std::uint8_t* slot = v.hostRegion + v.layout.slotOffset(p, v.rank);
+            for (std::uint64_t j = lane; j < bytes / 16; j += kWarp)
+                st16(slot + j * 16, make_uint4(std::uint32_t(e), std::uint32_t(i), std::uint32_t(j), 0));
+            __syncwarp();
+            if (lane == 0) s.t0 = globalTimerNs();
+            publish(v, e, p, bytes, true);
+            if (lane == 0) *reinterpret_cast<volatile std::uint32_t*>(&s.published) = 1;
+        } else {
+            staggerStart(s, w);
+        }
+        waitPeers(v, e, p, w, s, false); // the winner stamps s.tSeen
+        __syncthreads();
+        const std::uint32_t code = s.wait;
+        if (threadIdx.x == 0) {
+            if (laps) laps[i] = s.tSeen - s.t0;
             st->epoch = e;
         }
-        __syncwarp();
+        __syncthreads();
         if (code != 0) return;
     }
 }

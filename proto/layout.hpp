@@ -12,8 +12,15 @@
 // Phase p = epoch & 1. Slot (p, s) of rank r holds source rank s's shard of
 // an epoch with parity p; slot (p, r) is r's own staged shard (the source of
 // its writes and already its own row of an all-gather). Flag (p, s, k) holds
-// the last epoch whose stripe k arrived from s. Flags carry epochs, never
-// booleans, so nothing is reset between calls.
+// the last epoch whose stripe k arrived from s in its first 8 bytes (copy 0:
+// every writer writes it, every reader may read it). Flags carry epochs,
+// never booleans, so nothing is reset between calls. A GPU that waits for a
+// flag in host memory polls it from kFlagCopies warps at once, a quarter of
+// a PCIe read round trip apart, each its own 32-byte copy in the flag's line
+// (docs/gpu.md, "Polling host memory"), so the proxy, carrying for a Device
+// group, writes every copy; a writer that writes copy 0 alone (an RDMA
+// WRITE, a host rank) leaves the other pollers waiting and copy 0's poller
+// sees the epoch. A copy never runs ahead of the shard it flags.
 //
 // All integers little-endian (the only byte order tpfabric runs on).
 #pragma once
@@ -37,6 +44,9 @@ inline constexpr std::uint32_t kMaxWorld = 16;      ///< ranks in a group, at mo
 inline constexpr std::uint32_t kMaxStripes = 8;     ///< HCA pairs between two nodes, at most
 inline constexpr std::uint64_t kSlotAlign = 4096;   ///< slot size and offset granularity (a page)
 inline constexpr std::uint64_t kFlagLine = 128;     ///< one flag per line (two 64 B sectors: no false sharing on adjacent-line prefetch)
+inline constexpr std::uint32_t kFlagCopies = 4;     ///< copies of a flag's epoch in its line, for pollers over PCIe
+inline constexpr std::uint64_t kFlagCopyStride = 32; ///< bytes between copies: one 32-byte sector each
+static_assert(kFlagCopies * kFlagCopyStride <= kFlagLine);
 inline constexpr std::uint64_t kStripeAlign = 4096; ///< every stripe but the last starts and ends on this
 inline constexpr std::uint64_t kMaxSlotBytes = 1ull << 30; ///< sanity bound on one slot (1 GiB)
 inline constexpr std::uint64_t kBufferAlign = 16;   ///< user buffers and sizes: 16-byte aligned
@@ -119,6 +129,11 @@ struct Layout {
     TPF_HD constexpr std::uint64_t flagOffset(std::uint32_t phase, std::uint32_t src,
                                               std::uint32_t stripe) const {
         return flagsOffset() + ((std::uint64_t(phase) * world + src) * stripes + stripe) * kFlagLine;
+    }
+    /// Offset of copy c (0..kFlagCopies-1) of that flag; copy 0 is the flag.
+    TPF_HD constexpr std::uint64_t flagCopyOffset(std::uint32_t phase, std::uint32_t src, std::uint32_t stripe,
+                                                  std::uint32_t copy) const {
+        return flagOffset(phase, src, stripe) + copy * kFlagCopyStride;
     }
     TPF_HD constexpr std::uint64_t flagsBytes() const { return 2ull * world * stripes * kFlagLine; }
     TPF_HD constexpr std::uint64_t controlOffset() const { return flagsOffset() + flagsBytes(); }

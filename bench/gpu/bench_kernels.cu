@@ -28,6 +28,45 @@ __global__ void pingPongK(std::uint64_t* ping, const std::uint64_t* pong, std::u
     }
 }
 
+__global__ void pingPongWarpsK(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters,
+                               std::uint64_t* laps) {
+    __shared__ volatile std::uint64_t seen, published, t0, tSeen;
+    const unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) seen = 0, published = 0;
+    __syncthreads();
+    for (std::uint64_t i = 1; i <= iters; ++i) {
+        if (lane == 0) {
+            if (w == 0) {
+                std::uint64_t t;
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                t0 = t;
+                asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ping), "l"(i) : "memory");
+                published = i;
+            } else {
+                while (published < i) {}
+                std::uint64_t a, b;
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(a));
+                do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(b));
+                while (b - a < w * 250);
+            }
+            while (seen < i) {
+                std::uint64_t v;
+                asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(pong + w * 4) : "memory");
+                if (v >= i) {
+                    std::uint64_t t;
+                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                    if (atomicCAS(const_cast<unsigned long long*>(reinterpret_cast<volatile unsigned long long*>(&seen)),
+                                  (unsigned long long)(i - 1), (unsigned long long)i) == i - 1)
+                        tSeen = t;
+                    break;
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) laps[i - 1] = tSeen - t0;
+    }
+}
+
 // The collectives' grid sizing: one block of 256 threads per 16 KiB, at most 32.
 unsigned copyBlocks(std::uint64_t bytes) {
     const std::uint64_t blocks = (bytes + 16383) / 16384;
@@ -57,8 +96,14 @@ void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_
     pingPongK<<<1, 1, 0, s>>>(ping, pong, iters);
 }
 
+void launchPingPongWarps(std::uint64_t* ping, const std::uint64_t* pong, std::uint32_t warps, std::uint64_t iters,
+                         std::uint64_t* laps, cudaStream_t s) {
+    pingPongWarpsK<<<1, 32 * warps, 0, s>>>(ping, pong, iters, laps);
+}
+
 cudaError_t preloadBenchKernels() {
     cudaFuncAttributes a;
+    if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)pingPongWarpsK); e != cudaSuccess) return e;
     if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)copyK); e != cudaSuccess) return e;
     if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)copyPdlK); e != cudaSuccess) return e;
     return cudaFuncGetAttributes(&a, (const void*)pingPongK);

@@ -17,6 +17,13 @@ void launchCopyPdl(void* dst, const void* src, std::uint64_t bytes, cudaStream_t
 /// `iters` round trips: the kernel stores i+1 to ping (host-mapped), waits for
 /// pong == i+1 written by a CPU thread. Returns when done; the host measures.
 void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters, cudaStream_t s);
+/// The same round trip polled as the collectives poll a flag in host memory
+/// (collectives_kernel.cuh, waitPeers): `warps` warps (1..4), warp w reading
+/// pong[w * 4] (its own 32-byte copy) from w * 250 ns after warp 0's store to
+/// ping; the CPU thread writes all `warps` copies. laps[i]: %globaltimer from
+/// the store to the first warp's sight of pong (ns).
+void launchPingPongWarps(std::uint64_t* ping, const std::uint64_t* pong, std::uint32_t warps, std::uint64_t iters,
+                         std::uint64_t* laps, cudaStream_t s);
 cudaError_t preloadBenchKernels();
 
 } // namespace tpf::gpubench

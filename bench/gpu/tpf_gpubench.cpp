@@ -5,7 +5,8 @@
 //   graph, best of 5 replays, beside a graph of 100 copy kernels of the same
 //   bytes measured in the same run (the floor); each also without
 //   programmatic dependent launch (-nopdl: a second group opened with
-//   TPF_GPU_PDL=0) and the floor with it (copy-kernel-pdl).
+//   TPF_GPU_PDL=0) and the floor with it (copy-kernel-pdl); on the proxy
+//   route also with one poller warp (-1poll: TPF_GPU_POLLERS=1).
 // --mode nccl: one process per GPU (W GPUs), NCCL beside tpfabric in the same
 //   run, every side a graph of 100 calls, best of 5 replays, per size 4 KiB ..
 //   512 KiB: the copy floor; the fabric kernel (LL path where it applies: its
@@ -17,8 +18,10 @@
 //   group would (fabric up to the crossover, NCCL above it).
 // --mode hop: proxy route 16 B gathers (a graph of 100, per call), then the
 //   hop alone (doorbell -> daemon -> flag -> waiting kernel; proxyHop below),
-//   beside a raw host-mapped flag ping-pong (kernel <-> CPU thread) in the
-//   same run.
+//   both also with one poller warp (TPF_GPU_POLLERS=1), beside raw
+//   host-mapped flag ping-pongs (kernel <-> CPU thread) in the same run:
+//   one thread's round trip (the host clock's mean), and warp 0 alone or
+//   four warps polling as the collectives do (laps).
 // --mode parts --route ipc: the LL calls of 4 to 64 KiB taken apart (block
 //   0's phases: epoch read to the puts issued, to every line seen, to the
 //   output), beside the copy floor launched as they are.
@@ -40,6 +43,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -145,10 +149,13 @@ int timeParts(const char* name, const std::function<void()>& call, Group* g, std
 // --mode hop, the hop alone: every rank runs one launch of kHopCalls 16-byte
 // calls (kernels::launchProxyHopLoop: stage, doorbell, wait for the peer's
 // flag; no launch and no output per call), after a warm-up launch. Rows: the
-// mean per call (host clock over the launch / calls) and the laps' p50/p99
-// (%globaltimer, doorbell store to the last flag seen).
+// period per call (host clock over the launch / calls: with several poller
+// warps it includes the slower pollers' last reads, which a collective call
+// overlaps with its output) and the laps' p50 / mean / p99 (%globaltimer,
+// doorbell store to the flags seen), named `name`-*.
 template <class Barrier>
-int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 16, std::uint64_t kHopCalls = 20000) {
+int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 16, std::uint64_t kHopCalls = 20000,
+             const std::string& name = "proxy-hop") {
     constexpr std::uint64_t kWarmup = 1000;
     const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
     std::uint64_t* laps = nullptr;
@@ -166,9 +173,45 @@ int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 
     CK(cudaMemcpy(lap.data(), laps, kHopCalls * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
     cudaFree(laps);
     std::sort(lap.begin(), lap.end());
-    row("proxy-hop-mean", bytes, s * 1e6 / double(kHopCalls));
-    row("proxy-hop-p50", bytes, double(lap[kHopCalls / 2]) / 1e3);
-    row("proxy-hop-p99", bytes, double(lap[kHopCalls * 99 / 100]) / 1e3);
+    double sum = 0;
+    for (const std::uint64_t l : lap) sum += double(l);
+    row((name + "-period").c_str(), bytes, s * 1e6 / double(kHopCalls));
+    row((name + "-p50").c_str(), bytes, double(lap[kHopCalls / 2]) / 1e3);
+    row((name + "-mean").c_str(), bytes, sum / double(kHopCalls) / 1e3);
+    row((name + "-p99").c_str(), bytes, double(lap[kHopCalls * 99 / 100]) / 1e3);
+    return 0;
+}
+
+// The raw ping-pong polled as waitPeers polls (gpubench::launchPingPongWarps):
+// rows pingpong-<warps>w-p50 / -mean / -p99, from the laps.
+int pingPongWarps(cudaStream_t st, std::uint32_t warps) {
+    constexpr std::uint64_t kIters = 20000;
+    std::uint64_t *flags = nullptr, *dflags = nullptr, *laps = nullptr;
+    CK(cudaHostAlloc(&flags, 256, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::fill(flags, flags + 32, 0);
+    CK(cudaHostGetDevicePointer(&dflags, flags, 0));
+    CK(cudaMalloc(&laps, kIters * sizeof(std::uint64_t)));
+    std::thread cpu([&] {
+        for (std::uint64_t i = 1; i <= kIters; ++i) {
+            while (std::atomic_ref(flags[0]).load(std::memory_order_acquire) < i) {}
+            for (std::uint32_t w = 0; w < warps; ++w) std::atomic_ref(flags[16 + 4 * w]).store(i, std::memory_order_release);
+        }
+    });
+    gpubench::launchPingPongWarps(dflags, dflags + 16, warps, kIters, laps, st);
+    const cudaError_t err = cudaStreamSynchronize(st);
+    cpu.join();
+    CK(err);
+    std::vector<std::uint64_t> lap(kIters);
+    CK(cudaMemcpy(lap.data(), laps, kIters * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+    cudaFree(laps);
+    cudaFreeHost(flags);
+    std::sort(lap.begin(), lap.end());
+    double sum = 0;
+    for (const std::uint64_t l : lap) sum += double(l);
+    const std::string name = "pingpong-" + std::to_string(warps) + "w";
+    row((name + "-p50").c_str(), 8, double(lap[kIters / 2]) / 1e3);
+    row((name + "-mean").c_str(), 8, sum / double(kIters) / 1e3);
+    row((name + "-p99").c_str(), 8, double(lap[kIters * 99 / 100]) / 1e3);
     return 0;
 }
 
@@ -308,10 +351,19 @@ int main(int argc, char** argv) {
         ::unsetenv("TPF_GPU_PDL");
         if (!plain) return std::fprintf(stderr, "rank %u: open (TPF_GPU_PDL=0): %s\n", a.rank, plain.error().describe().c_str()), 1;
         Group& gp = **plain;
+        // Proxy route: the same group with one poller warp (TPF_GPU_POLLERS=1), beside it.
+        std::unique_ptr<Group> onePoll;
+        if (a.route == "proxy") {
+            ::setenv("TPF_GPU_POLLERS", "1", 1);
+            auto one = Group::open(**boot, a.rank, a.world, maxBytes, o);
+            ::unsetenv("TPF_GPU_POLLERS");
+            if (!one) return std::fprintf(stderr, "rank %u: open (TPF_GPU_POLLERS=1): %s\n", a.rank, one.error().describe().c_str()), 1;
+            onePoll = std::move(*one);
+        }
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
             const std::uint64_t count = bytes / 2;
             const std::string gather = a.route + "-gather", sum = a.route + "-sum-bf16";
-            const Side sides[] = {
+            std::vector<Side> sides = {
                 {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
                 {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
                 {gather, [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
@@ -319,6 +371,11 @@ int main(int argc, char** argv) {
                 {sum, [&] { (void)g.allReduceSum(send, recv, count, DType::BF16, st); }, &g},
                 {sum + "-nopdl", [&] { (void)gp.allReduceSum(send, recv, count, DType::BF16, st); }, &gp},
             };
+            if (onePoll) {
+                sides.push_back({gather + "-1poll", [&] { (void)onePoll->allGather(send, recv, bytes, st); }, onePoll.get()});
+                sides.push_back({sum + "-1poll", [&] { (void)onePoll->allReduceSum(send, recv, count, DType::BF16, st); },
+                                 onePoll.get()});
+            }
             for (const auto& sd : sides) {
                 barrier();
                 if (timeGraph(st, sd.call, us, sd.g)) return 1;
@@ -388,7 +445,20 @@ int main(int argc, char** argv) {
         barrier();
         if (proxyHop(g, st, barrier)) return 1;
         barrier();
-        if (a.rank == 0) { // raw ping-pong: GPU kernel <-> CPU thread through host-mapped memory
+        { // the same hop polled by warp 0 alone (TPF_GPU_POLLERS=1), beside it
+            ::setenv("TPF_GPU_POLLERS", "1", 1);
+            auto one = Group::open(**boot, a.rank, a.world, maxBytes, o);
+            ::unsetenv("TPF_GPU_POLLERS");
+            if (!one) return std::fprintf(stderr, "rank %u: open (TPF_GPU_POLLERS=1): %s\n", a.rank, one.error().describe().c_str()), 1;
+            barrier();
+            if (timeGraph(st, [&] { (void)(*one)->allGather(send, recv, 16, st); }, us, one->get())) return 1;
+            row("proxy-gather-1poll", 16, us);
+            barrier();
+            if (proxyHop(**one, st, barrier, 16, 20000, "proxy-hop-1poll")) return 1;
+            barrier();
+        }
+        if (a.rank == 0) { // raw ping-pongs: GPU kernel <-> CPU thread through host-mapped memory
+            if (pingPongWarps(st, 1) || pingPongWarps(st, 4)) return 1;
             std::uint64_t* flags = nullptr;
             CK(cudaHostAlloc(&flags, 256, cudaHostAllocMapped | cudaHostAllocPortable));
             flags[0] = flags[16] = 0;

@@ -113,13 +113,17 @@ bool Proxy::resume(ProxyRank& pr) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
             std::uint8_t* const to = dst.slot(phase, pr.rank) + s.offset;
             const std::uint8_t* const from = src.slot(phase, pr.rank) + s.offset;
+            std::uint64_t* const flag = dst.flag(phase, pr.rank, k);
             if (pr.gpuDoorbells) { // a Device group: a GPU reads these rows over PCIe
                 streamCopy(to, from, s.bytes);
                 streamFence(); // the streamed lines before the flag
+                // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
+                for (std::uint32_t c = 0; c < kFlagCopies; ++c)
+                    std::atomic_ref(flag[c * kFlagCopyStride / sizeof *flag]).store(d.epoch, std::memory_order_release);
             } else {
                 std::memcpy(to, from, s.bytes);
+                std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);
             }
-            std::atomic_ref(*dst.flag(phase, pr.rank, k)).store(d.epoch, std::memory_order_release);
         }
         dst.wakeIfWaiting();
     }

@@ -633,6 +633,7 @@ int main(void) {
         {"TPF_GPU_LL", "on", "1 (use the LL path where it fits) and 0"},
         {"TPF_GPU_LL_CHUNKS", "3", "1, 2, 4"},
         {"TPF_GPU_PDL", "yes", "1 (device calls use programmatic dependent launch where the GPU has it) and 0"},
+        {"TPF_GPU_POLLERS", "8", "1, 2, 3, 4 (warps that poll a proxy-route flag in host memory)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         bad_name = bad[i][0];

@@ -200,7 +200,8 @@ void SimGroup::proxyFail(const std::string& why) {
 }
 
 // The daemon proxy's shm wire, as daemon/proxy.cpp does it: per doorbell,
-// each shm peer in peerAt order, each stripe: memcpy, then release the flag.
+// each shm peer in peerAt order, each stripe: memcpy, then release the flag
+// (its copies: proto/layout.hpp).
 void SimGroup::proxyLoop() {
     std::vector<RingView> rings;
     for (Rank& k : ranks_) rings.emplace_back(k.ringHost, ringLayout_);
@@ -225,8 +226,14 @@ void SimGroup::proxyLoop() {
                 for (std::uint32_t s = 0; s < layout_.stripes; ++s) {
                     const Stripe st = stripeOf(d.bytes, layout_.stripes, s);
                     std::memcpy(dst + layout_.slotOffset(p, r) + st.offset, src + st.offset, st.bytes);
-                    auto* flag = reinterpret_cast<std::uint64_t*>(dst + layout_.flagOffset(p, r, s));
-                    std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);
+                    // Every copy of the flag, as the daemon does for Device groups, except
+                    // on every third epoch copy 0 alone, as an RDMA WRITE of the flag does:
+                    // the kernel's lead poller alone sees those.
+                    const std::uint32_t copies = d.epoch % 3 == 0 ? 1 : kFlagCopies;
+                    for (std::uint32_t c = 0; c < copies; ++c) {
+                        auto* flag = reinterpret_cast<std::uint64_t*>(dst + layout_.flagCopyOffset(p, r, s, c));
+                        std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);
+                    }
                 }
             }
             doorbells_.fetch_add(1, std::memory_order_relaxed);
