@@ -12,6 +12,11 @@
 //   TPF_SLOT_LOAD_CG=1  peers' rows read with ld.global.cg (weak, L2) instead of ld.relaxed.sys;
 //                       sound for device regions only (a sysmem line could be stale in L2).
 //   TPF_POLL_RELAXED=1  flags polled with ld.relaxed.sys, one fence.acq_rel.sys once all arrived.
+//   TPF_LL_SCRUB=0      the LL kernel's scrub of one stale line a call off (ll_kernel.cuh): for the
+//                       test that shows why it is there (tests/gpu, "LL epoch wrap").
+#ifndef TPF_LL_SCRUB
+#define TPF_LL_SCRUB 1
+#endif
 #ifndef TPF_SLOT_LOAD_CG
 #define TPF_SLOT_LOAD_CG 0
 #endif

@@ -8,6 +8,18 @@
 // (NCCL's LL protocol). Stale lines carry f of epoch e - 2 (same phase), and
 // the area is zeroed at creation (epochs start at 1).
 //
+// f is 32 bits of a 64-bit epoch: a line a call of epoch e' left and nothing
+// rewrote since would pass for one of epoch e' + 2^32 (half a day of calls at
+// 100,000 a second, after a large call and only smaller ones). So every call
+// also scrubs one line of each peer's slot (p, rank) that it does not write,
+// round robin over the slot: line (e >> 1) mod lines (32 bits of the
+// counter), if at or past 2n, gets
+// {0, f + 2^31, 0, f + 2^31}, a flag no epoch within 2^31 of e has. Every line
+// of a slot is then rewritten (data or scrub) within 2 x lines epochs of the
+// slot's phase. A peer reads only lines below 2n of slot (p, rank) at e, and
+// at e + 2 only after this rank's kernel of e ended (the protocol's own
+// argument): the scrub never races a read.
+//
 // Per thread: kPer 16-byte chunks of the shard; of n chunks, chunk c goes to
 // line c (its first 8 bytes) and line n + c (its last 8) of slot (p, rank)
 // of every peer's LL area, so that each store and load instruction of a warp
@@ -135,6 +147,18 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
                     a[k][j] = ldLl(line);
                     z[k][j] = ldLl(line + n16 * 16);
                 }
+        // The scrub (top of the file), by block 0's thread 0 while its first
+        // pass's loads are in flight, so that its arithmetic is off the
+        // call's path (within 0.05 us of no scrub at 4 and 64 KiB, W = 2,
+        // docs/perf.md). 32-bit arithmetic: the counter's wrap every 2^33
+        // epochs restarts the round.
+        if (TPF_LL_SCRUB && spins == 1 && b == 0 && threadIdx.x == 0) {
+            const std::uint32_t lines = std::uint32_t(v.ll.slotBytes / 16), m = std::uint32_t(e >> 1) % lines;
+            if (m >= 2 * n16)
+                for (std::uint32_t i = 0; i + 1 < W; ++i)
+                    stLl(v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me) + std::uint64_t(m) * 16, 0,
+                         0, f + (1u << 31));
+        }
 #pragma unroll
         for (std::uint32_t k = 0; k < kPer; ++k)
 #pragma unroll

@@ -44,6 +44,7 @@ void testGather(const SimOptions& o);
 void testSum(const SimOptions& o, Elem t);
 void testGraph(const SimOptions& o);
 void testMixed();
+void testLlEpochWrap();
 // cases_fault.cu: failures, and many calls in a row.
 void testTimeout(const SimOptions& o);
 void testDaemonStop(const SimOptions& o, bool abort);

@@ -1,9 +1,14 @@
 // Data cases: gathers byte-exact, sums bit-exact against the rank-order
-// reference, a captured graph replayed with new shards, a mixed group.
+// reference, a captured graph replayed with new shards, a mixed group, the
+// LL path across the 32-bit wrap of its flags.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include "tests/gpu/cases.hpp"
 
@@ -118,6 +123,62 @@ bool sumOnce(SimGroup& g, Buffers& b, Elem t, std::uint64_t bytes, std::mt19937_
 }
 
 } // namespace
+
+// The LL flag is 32 bits of the epoch (ll_kernel.cuh): lines a call left
+// 2^32 epochs back would pass for fresh ones. W = 2 ipc, a 16 KiB slot: lines
+// of rank 0's slot for rank 1 planted with garbage and the flag of epoch E
+// (as a large call of E - 2^32 would have left them), then 2 x lines + 4
+// calls of 16 B (the epoch crossing 2^32 on the way), then a gather at E
+// whose lines cover the planted ones: its rows must be the new shards, not
+// the garbage. Without the scrub (TPF_LL_SCRUB=0) rank 0 takes the garbage.
+void testLlEpochWrap() {
+    SimOptions o;
+    o.world = 2;
+    o.wire = Wire::Ipc;
+    o.slotBytes = 16384;
+    SimGroup g(o);
+    const kernels::DeviceGroupView& v = g.view(0);
+    if (v.ll.world == 0) return check(false, "LL epoch wrap: the group has no LL area");
+    const std::uint64_t lines = v.ll.slotBytes / 16, small = 2 * lines + 4;
+    const std::uint64_t E = (1ull << 32) + 7, start = E - small; // every small call's epoch, then E
+    const std::uint64_t big = std::min<std::uint64_t>(v.ll.slotBytes / 2, kernels::llMaxBytes(2)) & ~std::uint64_t(15);
+    g.setEpoch(start);
+    g.plantLlLines(0, phaseOf(E), 1, 2, lines, std::uint32_t(E));
+    Buffers b(2, big, 2 * big);
+    std::mt19937_64 rng(4242);
+    bool ok = true;
+    for (std::uint64_t i = 0; i < small && ok; ++i) {
+        for (std::uint32_t r = 2; r-- > 0;)
+            TPF_CUDA_CHECK(kernels::launchAllGather(g.view(r), b.send[r]->p, b.recv[r]->p, 16, g.stream(r)));
+        if (i % 1024 == 1023) {
+            g.syncAll();
+            ok = g.failure(0).error == Errc::Ok && g.failure(1).error == Errc::Ok;
+        }
+    }
+    g.syncAll();
+    check(ok && g.state(0).epoch == E - 1 && g.state(1).epoch == E - 1,
+          "LL epoch wrap: " + std::to_string(small) + " calls of 16 B across epoch 2^32 (the scrub's round)");
+    // Rank 0 first, rank 1 a millisecond later: rank 0 polls its slot before
+    // rank 1 wrote anything there, so planted lines it took would stay taken.
+    std::vector<std::vector<std::uint8_t>> shards(2);
+    for (std::uint32_t r = 0; r < 2; ++r) {
+        shards[r] = randomBytes(rng, big);
+        b.send[r]->upload(shards[r]);
+        b.recv[r]->poison();
+    }
+    TPF_CUDA_CHECK(kernels::launchAllGather(g.view(0), b.send[0]->p, b.recv[0]->p, big, g.stream(0)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    TPF_CUDA_CHECK(kernels::launchAllGather(g.view(1), b.send[1]->p, b.recv[1]->p, big, g.stream(1)));
+    g.syncAll();
+    for (std::uint32_t r = 0; r < 2; ++r) {
+        const auto out = b.recv[r]->download(2 * big);
+        const bool rows = std::memcmp(out.data(), shards[0].data(), big) == 0 &&
+                          std::memcmp(out.data() + big, shards[1].data(), big) == 0;
+        check(rows && g.failure(r).error == Errc::Ok,
+              "LL epoch wrap: rank " + std::to_string(r) + "'s gather of " + std::to_string(big) +
+                  " B at epoch 2^32 + 7, over lines left with its 32-bit flag, has the new rows");
+    }
+}
 
 void testGather(const SimOptions& o) {
     SimGroup g(o);

@@ -189,6 +189,29 @@ kernels::DeviceState SimGroup::state(std::uint32_t r) const {
     return s;
 }
 
+void SimGroup::setEpoch(std::uint64_t next) {
+    syncAll();
+    for (Rank& k : ranks_) {
+        const kernels::DeviceState now = [&] {
+            kernels::DeviceState s;
+            TPF_CUDA_CHECK(kernels::readDeviceState(k.state, s));
+            return s;
+        }();
+        TPF_CUDA_CHECK(kernels::writeDeviceState(k.state, next - 1, now.ringHead));
+        k.lastEpoch = next - 1;
+    }
+}
+
+void SimGroup::plantLlLines(std::uint32_t r, std::uint32_t phase, std::uint32_t src, std::uint64_t from,
+                            std::uint64_t to, std::uint32_t flag) {
+    const kernels::DeviceGroupView& v = ranks_[r].view;
+    if (v.ll.world == 0 || to * 16 > v.ll.slotBytes) throw std::runtime_error("plantLlLines: no LL area or out of the slot");
+    std::vector<std::uint32_t> lines(4 * (to - from));
+    for (std::size_t i = 0; i < lines.size(); i += 4) lines[i] = lines[i + 2] = 0xdeadbeef, lines[i + 1] = lines[i + 3] = flag;
+    TPF_CUDA_CHECK(cudaMemcpy(v.region + v.llOffset + v.ll.slotOffset(phase, src) + from * 16, lines.data(),
+                              lines.size() * 4, cudaMemcpyHostToDevice));
+}
+
 std::string SimGroup::proxyError() const {
     return proxyFailed_.load(std::memory_order_acquire) ? proxyError_ : std::string();
 }

@@ -62,6 +62,12 @@ public:
     void daemonWrite(std::uint32_t r, std::uint32_t error, std::uint32_t missingPeer, std::uint32_t abort);
     kernels::CallFailure failure(std::uint32_t r) const;
     kernels::DeviceState state(std::uint32_t r) const;
+    /// Every rank's next call gets epoch `next` (the streams are idle).
+    void setEpoch(std::uint64_t next);
+    /// Lines [from, to) of slot (phase, src) of rank r's LL area (ipc wire)
+    /// set to {0xdeadbeef, flag, 0xdeadbeef, flag}: what an old call left.
+    void plantLlLines(std::uint32_t r, std::uint32_t phase, std::uint32_t src, std::uint64_t from, std::uint64_t to,
+                      std::uint32_t flag);
     /// Doorbells the proxy thread carried out, and the first protocol
     /// violation it saw ("" if none).
     std::uint64_t doorbells() const { return doorbells_.load(); }

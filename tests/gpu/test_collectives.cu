@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
                     if (args.world == 0 || args.world == W) runSuite(w, W);
             }
             if (args.wire.empty() || args.wire == "mixed") testMixed();
+            if (args.wire.empty() || args.wire == "ipc") testLlEpochWrap();
         }
         if (args.bench) runLatencyBench();
     } catch (const std::exception& e) {
