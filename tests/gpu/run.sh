@@ -5,7 +5,8 @@
 # Binaries: $TPF_GPU_BIN (default .carry/gpu) when it holds test_gpu_collectives
 # (built on the CPU box: meson compile -C build-gpu, then copied there with
 # libcudart.so.13 under lib/); otherwise, or with TPF_GPU_BUILD=1, they are
-# built here with nvcc into build-gpu-device/ (single-process test only).
+# built here with nvcc into build-gpu-device/ (single-process test only;
+# TPF_GPU_NVCC_FLAGS adds flags, e.g. -DTPF_LL_SCRUB=0).
 # The multi-process tests and the benchmark need tpf-gpurank, tpfabricd and
 # tpf-gpubench in $TPF_GPU_BIN, with libtpfabric.so.0 and the .so files the
 # GPU machine lacks (libsodium.so.23, libtomlplusplus.so.3, libspdlog.so.1.10,
@@ -38,13 +39,21 @@ bin=${TPF_GPU_BIN:-.carry/gpu}
 
 build_here() {
   echo "building the GPU tests with $(nvcc --version | tail -1)"
+  # <tpfabric/version.h> as Meson generates it (include/tpfabric/meson.build).
+  local ver maj min pat
+  ver=$(sed -n "s/^ *version: *'\([0-9.]*\)'.*/\1/p" meson.build | head -1)
+  IFS=. read -r maj min pat <<<"$ver"
+  mkdir -p build-gpu-device/include/tpfabric
+  sed -e "s/@TPF_VERSION_MAJOR@/$maj/" -e "s/@TPF_VERSION_MINOR@/$min/" -e "s/@TPF_VERSION_PATCH@/$pat/" \
+      -e "s/@TPF_VERSION_STRING@/$ver/" include/tpfabric/version.h.in >build-gpu-device/include/tpfabric/version.h
   local srcs=(kernels/collectives.cu kernels/layout_probe.cu tests/gpu/test_collectives.cu tests/gpu/cases_data.cu
               tests/gpu/cases_fault.cu tests/gpu/bench.cu tests/gpu/check_kernels.cu tests/gpu/sim_group.cpp)
   local objs=() pids=() s o ok=1
   for s in "${srcs[@]}"; do
     o=build-gpu-device/$(basename "$s").o
     objs+=("$o")
-    nvcc -O2 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -Xcompiler -pthread -I. -c "$s" -o "$o" &
+    nvcc -O2 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -Xcompiler -pthread ${TPF_GPU_NVCC_FLAGS:-} \
+      -I. -Iinclude -Ibuild-gpu-device/include -c "$s" -o "$o" &
     pids+=($!)
   done
   for s in "${pids[@]}"; do wait "$s" || ok=0; done
