@@ -80,6 +80,23 @@ TEST_CASE("layout: a known offset table (world 4, 8 KiB slots, 2 stripes)") {
     CHECK(l.totalBytes() == 8 * 8192 + 4096);
 }
 
+TEST_CASE("layout: a flag's copies lie in its own line, 32 bytes apart, copy 0 the flag") {
+    const Layout l = Layout::of(4, 8192, 2).value();
+    for (std::uint32_t p = 0; p < 2; ++p)
+        for (std::uint32_t s = 0; s < 4; ++s)
+            for (std::uint32_t k = 0; k < 2; ++k) {
+                const std::uint64_t line = l.flagOffset(p, s, k);
+                REQUIRE(l.flagCopyOffset(p, s, k, 0) == line);
+                for (std::uint32_t c = 0; c < kFlagCopies; ++c) {
+                    const std::uint64_t at = l.flagCopyOffset(p, s, k, c);
+                    REQUIRE(at == line + 32 * c);
+                    REQUIRE(at % 32 == 0); // a sector of its own: the GPU reads 8 bytes of it
+                    REQUIRE(at + sizeof(std::uint64_t) <= line + kFlagLine);
+                }
+            }
+    CHECK(l.flagCopyOffset(0, 0, 1, 3) == 8 * 8192 + 128 + 96);
+}
+
 TEST_CASE("peerAt visits every other rank once, starting at self+1") {
     for (std::uint32_t world = 2; world <= kMaxWorld; ++world)
         for (std::uint32_t self = 0; self < world; ++self) {
