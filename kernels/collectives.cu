@@ -31,14 +31,20 @@ Errc checkCall(const DeviceGroupView& v, const void* send, const void* recv, std
 
 std::atomic<bool> timeline{false}; // setKernelTimeline
 
+// Some peer is on a proxy route (the daemon carries its shards).
+bool hasProxyPeer(const DeviceGroupView& v) {
+    for (std::uint32_t r = 0; r < v.world; ++r)
+        if (proxyCarries(v.routes[r])) return true;
+    return false;
+}
+
 // Blocks of one call: one per kBytesPerBlock of shard (kProxyBytesPerBlock
 // with a proxy-route peer), at most maxBlocks.
 // Every block of every rank sharing the GPU must be resident at once (they
 // wait on each other), which is why the cap is small.
 std::uint32_t gridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     const std::uint32_t cap = v.maxBlocks != 0 ? v.maxBlocks : kDefaultMaxBlocks;
-    bool proxy = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= proxyCarries(v.routes[r]);
+    const bool proxy = hasProxyPeer(v);
     // A proxy-route call of a few KiB stays on one block: the blocks'
     // arrival and verdict cost more than the loads a second block adds.
     const std::uint64_t per = !proxy ? kBytesPerBlock : bytes <= kProxyOneBlockMax ? kProxyOneBlockMax : kProxyBytesPerBlock;
@@ -51,10 +57,8 @@ std::uint32_t gridFor(const DeviceGroupView& v, std::uint64_t bytes) {
 // are several (one: warp 0 polls).
 std::uint32_t pollWarpsOf(const DeviceGroupView& v) { return v.pollWarps != 0 ? v.pollWarps : kFlagCopies; }
 std::uint32_t collectiveThreads(const DeviceGroupView& v) {
-    bool proxy = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= proxyCarries(v.routes[r]);
     const std::uint32_t w = pollWarpsOf(v);
-    return kThreadsPerBlock + (proxy && w > 1 ? w * detail::kWarp : 0);
+    return kThreadsPerBlock + (hasProxyPeer(v) && w > 1 ? w * detail::kWarp : 0);
 }
 
 // The LL grid of a call (measured on two H200s and one, docs/perf.md): at
@@ -221,9 +225,7 @@ void setKernelTimeline(bool on) { timeline.store(on, std::memory_order_relaxed);
 
 cudaError_t launchProxyHopLoop(const DeviceGroupView& v, std::uint64_t iters, std::uint64_t* laps,
                                cudaStream_t stream, std::uint64_t bytes) {
-    bool proxy = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) proxy |= v.routes[r] == kRouteShm || v.routes[r] == kRouteVerbs;
-    if (!viewUsable(v) || !proxy || v.ring == nullptr || v.hostRegion == nullptr || bytes < 16 ||
+    if (!viewUsable(v) || !hasProxyPeer(v) || v.ring == nullptr || v.hostRegion == nullptr || bytes < 16 ||
         bytes % 16 != 0 || bytes > v.layout.slotBytes)
         return cudaErrorInvalidValue;
     detail::hopLoopKernel<<<1, detail::kWarp * pollWarpsOf(v), 0, stream>>>(v, iters, laps, bytes);

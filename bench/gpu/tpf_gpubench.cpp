@@ -146,6 +146,16 @@ int timeParts(const char* name, const std::function<void()>& call, Group* g, std
     return 0;
 }
 
+// Rows name-p50 / -mean / -p99 (us) of laps in ns (sorted here).
+void lapRows(const std::string& name, std::uint64_t bytes, std::vector<std::uint64_t>& lap) {
+    std::sort(lap.begin(), lap.end());
+    double sum = 0;
+    for (const std::uint64_t l : lap) sum += double(l);
+    row((name + "-p50").c_str(), bytes, double(lap[lap.size() / 2]) / 1e3);
+    row((name + "-mean").c_str(), bytes, sum / double(lap.size()) / 1e3);
+    row((name + "-p99").c_str(), bytes, double(lap[lap.size() * 99 / 100]) / 1e3);
+}
+
 // --mode hop, the hop alone: every rank runs one launch of kHopCalls 16-byte
 // calls (kernels::launchProxyHopLoop: stage, doorbell, wait for the peer's
 // flag; no launch and no output per call), after a warm-up launch. Rows: the
@@ -172,13 +182,8 @@ int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 
     std::vector<std::uint64_t> lap(kHopCalls);
     CK(cudaMemcpy(lap.data(), laps, kHopCalls * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
     cudaFree(laps);
-    std::sort(lap.begin(), lap.end());
-    double sum = 0;
-    for (const std::uint64_t l : lap) sum += double(l);
     row((name + "-period").c_str(), bytes, s * 1e6 / double(kHopCalls));
-    row((name + "-p50").c_str(), bytes, double(lap[kHopCalls / 2]) / 1e3);
-    row((name + "-mean").c_str(), bytes, sum / double(kHopCalls) / 1e3);
-    row((name + "-p99").c_str(), bytes, double(lap[kHopCalls * 99 / 100]) / 1e3);
+    lapRows(name, bytes, lap);
     return 0;
 }
 
@@ -205,13 +210,7 @@ int pingPongWarps(cudaStream_t st, std::uint32_t warps) {
     CK(cudaMemcpy(lap.data(), laps, kIters * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
     cudaFree(laps);
     cudaFreeHost(flags);
-    std::sort(lap.begin(), lap.end());
-    double sum = 0;
-    for (const std::uint64_t l : lap) sum += double(l);
-    const std::string name = "pingpong-" + std::to_string(warps) + "w";
-    row((name + "-p50").c_str(), 8, double(lap[kIters / 2]) / 1e3);
-    row((name + "-mean").c_str(), 8, sum / double(kIters) / 1e3);
-    row((name + "-p99").c_str(), 8, double(lap[kIters * 99 / 100]) / 1e3);
+    lapRows("pingpong-" + std::to_string(warps) + "w", 8, lap);
     return 0;
 }
 
