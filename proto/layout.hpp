@@ -17,10 +17,12 @@
 // never booleans, so nothing is reset between calls. A GPU that waits for a
 // flag in host memory polls it from kFlagCopies warps at once, a quarter of
 // a PCIe read round trip apart, each its own 32-byte copy in the flag's line
-// (docs/gpu.md, "Polling host memory"), so the proxy, carrying for a Device
-// group, writes every copy; a writer that writes copy 0 alone (an RDMA
-// WRITE, a host rank) leaves the other pollers waiting and copy 0's poller
-// sees the epoch. A copy never runs ahead of the shard it flags.
+// (docs/gpu.md, "Polling host memory"), so the proxy writes every copy when
+// it carries for a Device group, and an RDMA WRITE of a flag carries the
+// line's copies (daemon/verbs/qp.hpp, kFlagLineInline); a writer that writes
+// copy 0 alone (a host rank; an HCA without 104 bytes of inline data)
+// leaves the other pollers waiting and copy 0's poller sees the epoch. A
+// copy never runs ahead of the shard it flags.
 //
 // All integers little-endian (the only byte order tpfabric runs on).
 #pragma once

@@ -89,7 +89,8 @@ nlohmann::json peersPart(const GroupTable& table) {
                                    {"remote_qpn", l->remote.qpn},
                                    {"posts", l->posts.load(std::memory_order_relaxed)},
                                    {"inflight_cap", l->gate.cap()},
-                                   {"inflight_high_water", l->gate.highWater()}});
+                                   {"inflight_high_water", l->gate.highWater()},
+                                   {"flag_bytes", l->flagBytes()}});
                 }
             const LinkState state = n.session ? n.session->state()
                                     : g.state == State::Negotiating ? LinkState::Waiting

@@ -31,7 +31,6 @@ ibv_mtu mtuEnum(std::uint16_t bytes) {
 constexpr std::uint8_t kAckTimeout = 18;
 constexpr std::uint8_t kRetryCount = 6;  // 7 means "forever" on rxe
 constexpr std::uint8_t kRnrRetry = 6;
-constexpr std::uint32_t kMaxInline = 16;
 
 } // namespace
 
@@ -102,8 +101,17 @@ Result<std::unique_ptr<QpLink>> QpLink::create(std::shared_ptr<VerbsHca> hca, st
     init.cap.max_recv_wr = 1;
     init.cap.max_send_sge = 1;
     init.cap.max_recv_sge = 1;
-    init.cap.max_inline_data = kMaxInline;
-    TPF_VERBS_PTR(Errc::QpError, l->qp_, ibv_create_qp(l->hca_->pd(), &init));
+    // Inline room for the flag line's copies; an HCA that refuses that much
+    // gets copy 0 alone (a GPU's lead poller still sees it, docs/verbs.md).
+    init.cap.max_inline_data = kFlagLineInline;
+    l->qp_ = ibv_create_qp(l->hca_->pd(), &init);
+    if (!l->qp_) {
+        spdlog::info("{}: no queue pair with {} bytes of inline data ({}); flags go as copy 0 alone", l->hca_->name(),
+                     kFlagLineInline, std::strerror(errno));
+        init.cap.max_inline_data = sizeof(std::uint64_t);
+        TPF_VERBS_PTR(Errc::QpError, l->qp_, ibv_create_qp(l->hca_->pd(), &init));
+    }
+    l->flagBytes_ = init.cap.max_inline_data >= kFlagLineInline ? kFlagLineInline : sizeof(std::uint64_t);
     const std::uint32_t wrs = std::min(init.cap.max_send_wr, maxSendWr);
     l->gate.reset(inflightCap, wrs);
     l->psn_ = randombytes_uniform(1u << 24);
@@ -164,8 +172,10 @@ Status QpLink::postStripe(const Layout& layout, std::uint32_t phase, std::uint32
                           const Stripe& s, std::uint64_t epoch) {
     const std::uint64_t slot = layout.slotOffset(phase, src) + s.offset;
     ibv_sge payload{reinterpret_cast<std::uintptr_t>(localBase + slot), std::uint32_t(s.bytes), lkey};
-    std::uint64_t flagValue = epoch; // copied into the WQE: the flag WRITE is inline
-    ibv_sge flag{reinterpret_cast<std::uintptr_t>(&flagValue), sizeof flagValue, lkey};
+    // Copied into the WQE (the flag WRITE is inline): the epoch at every copy's offset.
+    std::uint64_t line[kFlagLineInline / sizeof(std::uint64_t)] = {};
+    for (std::uint32_t c = 0; c < kFlagCopies; ++c) line[c * kFlagCopyStride / sizeof(std::uint64_t)] = epoch;
+    ibv_sge flag{reinterpret_cast<std::uintptr_t>(line), flagBytes_, lkey};
 
     ibv_send_wr wr[2]{};
     // The payload is unsignaled: only an error completes it, tagged (low bit)
@@ -189,7 +199,7 @@ Status QpLink::postStripe(const Layout& layout, std::uint32_t phase, std::uint32
     ibv_send_wr* bad = nullptr;
     if (int rc = ibv_post_send(qp_, s.bytes ? &wr[0] : &wr[1], &bad))
         return verbsError(Errc::QpError, "ibv_post_send", __FILE__, __LINE__, rc);
-    notePosted(s.bytes + sizeof flagValue, wrs);
+    notePosted(s.bytes + flagBytes_, wrs);
     return okStatus();
 }
 

@@ -93,6 +93,10 @@ struct RemoteQp {
     std::uint32_t rkey = 0;
 };
 
+/// The flag line's copies as one inline WRITE: copy 0 at 0 to the last copy's
+/// 8 bytes (104 bytes; the bytes between the copies are unused).
+inline constexpr std::uint32_t kFlagLineInline = (kFlagCopies - 1) * kFlagCopyStride + sizeof(std::uint64_t);
+
 /// The RC queue pair between one local rank and one remote rank on one rail,
 /// with everything the proxy needs to post a stripe on it.
 class QpLink {
@@ -106,6 +110,8 @@ public:
 
     std::uint32_t qpn() const;
     std::uint32_t psn() const { return psn_; }
+    /// Bytes of the flag WRITE: kFlagLineInline (every copy) or 8 (copy 0).
+    std::uint32_t flagBytes() const { return flagBytes_; }
     /// INIT -> RTR -> RTS towards `remote`. Retry count 6: rxe treats 7 as
     /// "retry forever", and a cut link must end in an error, not a stall.
     Status connect(const RemoteQp& remote);
@@ -113,7 +119,10 @@ public:
     /// Post stripe `s` of the shard staged in the local slot (phase, src) and
     /// the epoch flag of (phase, src, stripe) into the remote region: payload
     /// WRITE unsignaled (skipped when empty), chained to a signaled inline
-    /// WRITE of the flag on this QP, so the flag cannot land first.
+    /// WRITE of the flag on this QP, so the flag cannot land first. The flag
+    /// WRITE carries every copy of the flag (kFlagLineInline bytes: a GPU's
+    /// poller warps each read their own, proto/layout.hpp) where the HCA
+    /// takes that much inline data, else copy 0 alone (flagBytes()).
     /// The caller checked gate.mustWait(2) first.
     Status postStripe(const Layout& layout, std::uint32_t phase, std::uint32_t src, std::uint32_t stripe,
                       const Stripe& s, std::uint64_t epoch);
@@ -153,6 +162,7 @@ private:
     std::shared_ptr<VerbsHca> hca_;
     ibv_qp* qp_ = nullptr;
     std::uint32_t psn_ = 0;
+    std::uint32_t flagBytes_ = sizeof(std::uint64_t);
 };
 
 /// Poll one HCA's CQ once (proxy thread). Successful completions retire

@@ -5,7 +5,8 @@
 # and sums of every size class checked byte- and bit-exact by each rank; the
 # rxe counters show both rails carried data; the world-4 group never had more
 # than the in-flight cap plus one stripe outstanding on any QP; tpfabricctl
-# status lists the peer link and its QPs; once the groups closed the daemons
+# status lists the peer link and its QPs, each writing the flag line's four
+# copies in one inline WRITE (rxe takes 104 bytes inline); once the groups closed the daemons
 # hold no MR or QP. Timing means nothing under TCG.
 # vm-timeout: 1500
 # shellcheck source=../guest-lib.sh
@@ -44,11 +45,14 @@ for layout in "A B" "A A B" "A B A B"; do
     tap_fail "W=$w: status on node A lists the peer link (ready) and its $want QPs" "QPs listed: $got"
     [ -f "$st" ] && diag "$(head -c 1500 "$st")"
   fi
+  fb=$(json_ints "$st" flag_bytes 2>/dev/null | sort -u | tr '\n' ' ')
+  if [ "$fb" = "104 " ]; then tap_ok "W=$w: every QP writes the flag's four copies (104 bytes inline)"
+  else tap_fail "W=$w: every QP writes the flag's four copies (104 bytes inline)" "flag_bytes seen: ${fb:-none}"; fi
   if [ "$w" = 4 ]; then
-    bound=$((VERBS_INFLIGHT + VERBS_STRIPE_MAX + 8)) worst=0
+    bound=$((VERBS_INFLIGHT + VERBS_STRIPE_MAX + 104)) worst=0
     for v in $(json_ints "$st" inflight_high_water); do [ "$v" -gt "$worst" ] && worst=$v; done
     if [ "$worst" -gt 0 ] && [ "$worst" -le "$bound" ]; then
-      tap_ok "W=4: no QP ever had more than cap + one stripe outstanding ($worst <= $VERBS_INFLIGHT + $VERBS_STRIPE_MAX + 8 bytes)"
+      tap_ok "W=4: no QP ever had more than cap + one stripe outstanding ($worst <= $VERBS_INFLIGHT + $VERBS_STRIPE_MAX + 104 bytes)"
     else
       tap_fail "W=4: no QP ever had more than cap + one stripe outstanding" "largest high water $worst, bound $bound"
     fi
