@@ -21,11 +21,15 @@ namespace tpf {
 /// Copies at or above this many bytes stream; below it memcpy.
 inline constexpr std::size_t kStreamCopyMin = 128 * 1024;
 
-inline void streamCopy(void* dst, const void* src, std::size_t n) {
+/// Non-temporal stores for the whole 64-byte lines of n bytes, memcpy for
+/// the tail; memcpy alone where dst is not 16-byte aligned or the CPU is not
+/// x86-64. For parts of one large copy (daemon/proxy/carry.hpp), whatever
+/// their size.
+inline void streamLines(void* dst, const void* src, std::size_t n) {
 #if defined(__x86_64__)
     auto* d = static_cast<std::uint8_t*>(dst);
     const auto* s = static_cast<const std::uint8_t*>(src);
-    if (n >= kStreamCopyMin && reinterpret_cast<std::uintptr_t>(d) % 16 == 0) {
+    if (reinterpret_cast<std::uintptr_t>(d) % 16 == 0) {
         const std::size_t body = n & ~std::size_t(63);
         for (std::size_t i = 0; i < body; i += 64) {
             const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
@@ -41,6 +45,12 @@ inline void streamCopy(void* dst, const void* src, std::size_t n) {
         return;
     }
 #endif
+    std::memcpy(dst, src, n);
+}
+
+/// streamLines from kStreamCopyMin bytes on, memcpy below.
+inline void streamCopy(void* dst, const void* src, std::size_t n) {
+    if (n >= kStreamCopyMin) return streamLines(dst, src, n);
     std::memcpy(dst, src, n);
 }
 

@@ -170,7 +170,10 @@ std::string proxyText(const json* proxy) {
     const json* cpu = field(*proxy, "cpu");
     if (cpu && cpu->is_number_integer() && cpu->get<std::int64_t>() < 0) s += ", cpu not pinned";
     else s += ", cpu " + text(cpu);
-    return s + ", " + text(*proxy, "doorbells") + " doorbells";
+    s += ", " + text(*proxy, "doorbells") + " doorbells";
+    if (const json* carry = field(*proxy, "carry_threads"); carry && carry->is_number_integer())
+        s += ", " + text(carry) + " carry threads (" + text(*proxy, "carry_parts") + " parts)";
+    return s;
 }
 
 void printHeader(const json& doc, std::ostream& out) {

@@ -152,6 +152,9 @@ TEST_CASE("absent fields and sections print as '-', empty lists as 'none'") {
         CHECK(has(out, "  pid           -\n"));
         CHECK(has(out, "  proxy         polling, cpu 3, - doorbells\n"));
         CHECK(has(out, "HCAs: none\n"));
+        const std::string carry = render(json::parse(R"({"status_version": 2, "daemon": {"proxy":
+            {"state": "polling", "cpu": -1, "doorbells": 9, "carry_threads": 2, "carry_parts": 40}}})"));
+        CHECK(has(carry, "  proxy         polling, cpu not pinned, 9 doorbells, 2 carry threads (40 parts)\n"));
         CHECK(has(out, "Peers: none\n"));
         CHECK(has(out, "Groups: 2\n  abc\n"));
         CHECK(has(out, "    world -, state -, agreed cap - (slot -), stripes -\n"));

@@ -90,7 +90,7 @@ int run(DaemonConfig cfg, bool foreground) {
 
     boost::asio::io_context io;
     GroupTable* groupsPtr = nullptr;
-    Proxy proxy(cfg.proxySpinUs, cfg.heartbeatMs, cfg.proxyCpu, cfg.gpuPollUs,
+    Proxy proxy(ProxyOptions{cfg.proxySpinUs, cfg.heartbeatMs, cfg.proxyCpu, cfg.gpuPollUs, cfg.carryThreads},
                 ProxyEvents{[&](std::uint64_t v) { boost::asio::post(io, [&, v] { groupsPtr->drained(v); }); },
                             [&](std::uint32_t handle, std::uint32_t rank, Error why) {
                                 boost::asio::post(io, [&, handle, rank, why] { groupsPtr->badDoorbell(handle, rank, why); });

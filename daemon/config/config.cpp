@@ -170,6 +170,7 @@ const KeySpec kProxyKeys[] = {
     {"spin_us", [](const Value& v, DaemonConfig& c) { c.proxySpinUs = integer(v, 0, 1000000); }},
     {"heartbeat_ms", [](const Value& v, DaemonConfig& c) { c.heartbeatMs = integer(v, 10, 10000); }},
     {"gpu_poll_us", [](const Value& v, DaemonConfig& c) { c.gpuPollUs = integer(v, 0, 1000); }},
+    {"carry_threads", [](const Value& v, DaemonConfig& c) { c.carryThreads = integer(v, 0, 16); }},
 };
 
 const KeySpec kPeerKeys[] = {

@@ -35,6 +35,7 @@ struct DaemonConfig {
     std::uint32_t proxySpinUs = 50;            ///< proxy.spin_us: busy-poll this long without work before sleeping, 0..1000000
     std::uint32_t heartbeatMs = 100;           ///< proxy.heartbeat_ms: ring heartbeat period while idle, 10..10000
     std::uint32_t gpuPollUs = 0;               ///< proxy.gpu_poll_us: sleep between polls of GPU rings once idle, 0 (busy-poll)..1000
+    std::uint32_t carryThreads = 2;            ///< proxy.carry_threads: helper threads copying parts of large shards, 0..16
 
     // [peer]
     std::string peerListen = "";               ///< peer.listen: address for daemon<->daemon TCP; "" = peer negotiation off

@@ -22,15 +22,16 @@ inline void cpuRelax() {
 }
 } // namespace
 
-Proxy::Proxy(std::uint32_t spinUs, std::uint32_t heartbeatMs, int cpu, std::uint32_t gpuPollUs, ProxyEvents events)
-    : spinNs_(std::uint64_t(spinUs) * 1000), heartbeatMs_(heartbeatMs), cpu_(cpu),
-      gpuPollNs_(std::uint64_t(gpuPollUs) * 1000), events_(std::move(events)),
-      eventFd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+Proxy::Proxy(const ProxyOptions& options, ProxyEvents events)
+    : spinNs_(std::uint64_t(options.spinUs) * 1000), heartbeatMs_(options.heartbeatMs), cpu_(options.cpu),
+      gpuPollNs_(std::uint64_t(options.gpuPollUs) * 1000), events_(std::move(events)),
+      eventFd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), carry_(options.carryThreads, options.spinUs) {}
 
 Proxy::~Proxy() { stop(); }
 
 Status Proxy::start() {
     if (!eventFd_) return {Errc::SystemError, std::string("eventfd: ") + std::strerror(errno)};
+    if (auto s = carry_.start(); !s) return s;
     running_ = true;
     thread_ = std::thread([this] { run(); });
     if (cpu_ >= 0) {
@@ -47,6 +48,7 @@ void Proxy::stop() {
     if (!running_.exchange(false)) return;
     wake();
     if (thread_.joinable()) thread_.join();
+    carry_.stop();
 }
 
 void Proxy::publish(std::vector<ProxyRank> table, std::uint64_t version) {
@@ -115,13 +117,12 @@ bool Proxy::resume(ProxyRank& pr) {
             const std::uint8_t* const from = src.slot(phase, pr.rank) + s.offset;
             std::uint64_t* const flag = dst.flag(phase, pr.rank, k);
             if (pr.gpuDoorbells) { // a Device group: a GPU reads these rows over PCIe
-                streamCopy(to, from, s.bytes);
-                streamFence(); // the streamed lines before the flag
+                carry_.copy(to, from, s.bytes, s.bytes >= kStreamCopyMin); // streamed lines fenced before the flag
                 // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
                 for (std::uint32_t c = 0; c < kFlagCopies; ++c)
                     std::atomic_ref(flag[c * kFlagCopyStride / sizeof *flag]).store(d.epoch, std::memory_order_release);
             } else {
-                std::memcpy(to, from, s.bytes);
+                carry_.copy(to, from, s.bytes, false);
                 std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);
             }
         }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/fd.hpp"
+#include "daemon/proxy/carry.hpp"
 #include "daemon/proxy/shared_state.hpp"
 #include "daemon/verbs/qp.hpp"
 #include "daemon/verbs/verbs_group.hpp"
@@ -82,14 +83,25 @@ struct ProxyEvents {
     std::function<void(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why)> peerFailed;
 };
 
+/// The proxy's settings ([proxy] of the config, docs/configuration.md).
+struct ProxyOptions {
+    std::uint32_t spinUs = 50;       ///< busy-poll this long without work before sleeping
+    std::uint32_t heartbeatMs = 100; ///< ring heartbeat period while idle
+    int cpu = -1;                    ///< pin the proxy thread to this CPU; -1: not pinned
+    /// While it serves rings GPU kernels may ring and has had no work for
+    /// spinUs, sleep this long between polls instead of busy-polling (0:
+    /// busy-poll, a whole core for as long as such a group is open; else
+    /// about one poll pass a period, and a doorbell waits up to that much
+    /// longer).
+    std::uint32_t gpuPollUs = 0;
+    /// Helper threads copying parts of shards of CarryPool::kSplitMin bytes
+    /// and more that the proxy carries between same-node regions (carry.hpp).
+    std::uint32_t carryThreads = 0;
+};
+
 class Proxy {
 public:
-    /// gpuPollUs: while it serves rings GPU kernels may ring and has had no
-    /// work for spinUs, sleep this long between polls instead of
-    /// busy-polling (0: busy-poll, a whole core for as long as such a group
-    /// is open; else about one poll pass a period, and a doorbell waits up
-    /// to that much longer).
-    Proxy(std::uint32_t spinUs, std::uint32_t heartbeatMs, int cpu, std::uint32_t gpuPollUs, ProxyEvents events);
+    Proxy(const ProxyOptions& options, ProxyEvents events);
     ~Proxy();
     Proxy(const Proxy&) = delete;
     Proxy& operator=(const Proxy&) = delete;
@@ -118,6 +130,9 @@ public:
     std::uint64_t busyNs() const;
     bool sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
     int cpu() const { return cpu_; }
+    std::uint32_t carryThreads() const { return carry_.threads(); }
+    /// Shard parts the carry threads copied since start.
+    std::uint64_t carryChunks() const { return carry_.helperChunks(); }
 
 private:
     void run();
@@ -156,6 +171,7 @@ private:
     const std::uint64_t gpuPollNs_;
     ProxyEvents events_;
     UniqueFd eventFd_;
+    CarryPool carry_;
     std::thread thread_;
     std::atomic<bool> running_{false};
     std::atomic<bool> sleeping_{false};

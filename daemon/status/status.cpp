@@ -55,7 +55,9 @@ nlohmann::json daemonPart(const StatusSources& s) {
              {{"state", s.proxy.sleeping() ? "sleeping" : "polling"},
               {"cpu", s.proxy.cpu()},
               {"doorbells", s.proxy.doorbells()},
-              {"busy_ns", s.proxy.busyNs()}}}};
+              {"busy_ns", s.proxy.busyNs()},
+              {"carry_threads", s.proxy.carryThreads()},
+              {"carry_parts", s.proxy.carryChunks()}}}};
 }
 
 nlohmann::json hcasPart(const std::vector<client_proto::HcaCard>& hcas) {

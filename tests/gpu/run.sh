@@ -13,7 +13,8 @@
 # libfmt.so.9; libprometheus-cpp-core.so.1.0 for tpfabricctl) under lib/ (docs/gpu.md). TPF_GPU_SKIP_SINGLE=1 skips the
 # single-process test, TPF_GPU_NO_BENCH=1 the benchmark; TPF_GPU_BENCH_ONLY=1
 # runs only the one-GPU benchmark (under MPS, with the daemon), TPF_GPU_BENCH_W
-# its ipc widths (default "2 4 8").
+# its ipc widths (default "2 4 8"). TPF_GPU_DAEMON_CONFIG: a config file for
+# the MPS suite's daemon (e.g. [proxy] carry_threads = 0 to compare).
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
 # The MPS suite ends with the chaos run (tests/gpu/chaos.sh; TPF_GPU_CHAOS_SECONDS,
@@ -236,7 +237,7 @@ fi
 [ "$ngpu" -ge 2 ] && export CUDA_VISIBLE_DEVICES=0 && echo "== MPS suite on GPU 0 only (CUDA_VISIBLE_DEVICES=0)"
 start_mps || { echo "MPS did not start"; exit 1; }
 sock=$mps_dir/tpfabricd.sock
-start_daemon "$sock" "$logdir/tpfabricd.log" || exit 1
+start_daemon "$sock" "$logdir/tpfabricd.log" ${TPF_GPU_DAEMON_CONFIG:+--config "$TPF_GPU_DAEMON_CONFIG"} || exit 1
 dpid=$started
 
 t0=$SECONDS

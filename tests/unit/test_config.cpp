@@ -68,7 +68,7 @@ struct EnvVar {
 /// added to DaemonConfig, so a new key cannot be left out of this comparison.
 void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19,
-                                  f20, f21, f22, f23] = a;
+                                  f20, f21, f22, f23, f24] = a;
     CHECK(a.socketPath == b.socketPath);
     CHECK(a.socketGroup == b.socketGroup);
     CHECK(a.logLevel == b.logLevel);
@@ -84,6 +84,7 @@ void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     CHECK(a.proxySpinUs == b.proxySpinUs);
     CHECK(a.heartbeatMs == b.heartbeatMs);
     CHECK(a.gpuPollUs == b.gpuPollUs);
+    CHECK(a.carryThreads == b.carryThreads);
     CHECK(a.peerListen == b.peerListen);
     CHECK(a.peerPort == b.peerPort);
     CHECK(a.peerKeyFile == b.peerKeyFile);
@@ -112,6 +113,7 @@ TEST_CASE("defaults are the documented values") {
     CHECK(c.proxySpinUs == 50);
     CHECK(c.heartbeatMs == 100);
     CHECK(c.gpuPollUs == 0);
+    CHECK(c.carryThreads == 2);
     CHECK(c.peerListen.empty());
     CHECK(c.peerPort == 18515);
     CHECK(c.peerKeyFile.empty());
@@ -150,6 +152,7 @@ cpu = 3
 spin_us = 0
 heartbeat_ms = 250
 gpu_poll_us = 40
+carry_threads = 5
 
 [peer]
 listen = "10.77.0.1"
@@ -177,6 +180,7 @@ qp_timeout_ms = 9000
     CHECK(c.proxySpinUs == 0);
     CHECK(c.heartbeatMs == 250);
     CHECK(c.gpuPollUs == 40);
+    CHECK(c.carryThreads == 5);
     CHECK(c.peerListen == "10.77.0.1");
     CHECK(c.peerPort == 20000);
     CHECK(c.peerKeyFile == "/etc/tpfabric/cluster.key");
@@ -190,17 +194,18 @@ TEST_CASE("values at the ends of their ranges are accepted") {
     auto c = load("[daemon]\nmax_bytes = 4096\nring_entries = 8\nopen_timeout_ms = 100\nmax_clients = 1\n"
                   "max_clients_per_uid = 1\nmessage_timeout_ms = 100\n"
                   "max_groups = 1\nmax_region_bytes = \"1MiB\"\n"
-                  "[proxy]\ncpu = 0\nspin_us = 0\nheartbeat_ms = 10\ngpu_poll_us = 0\n"
+                  "[proxy]\ncpu = 0\nspin_us = 0\nheartbeat_ms = 10\ngpu_poll_us = 0\ncarry_threads = 0\n"
                   "[peer]\nport = 1\nconnect_timeout_ms = 100\n[verbs]\ninflight_bytes = \"4KiB\"\nqp_timeout_ms = 100\n");
     CHECK(c.maxBytes == 4096);
     CHECK(c.ringEntries == 8);
     CHECK(c.maxRegionBytes == 1ull << 20);
     CHECK(c.proxyCpu == 0);
+    CHECK(c.carryThreads == 0);
     CHECK(c.peerPort == 1);
     c = load("[daemon]\nmax_bytes = \"1GiB\"\nring_entries = 4096\nopen_timeout_ms = 600000\nmax_clients = 65536\n"
              "max_clients_per_uid = 65536\nmessage_timeout_ms = 600000\n"
              "max_groups = 4096\nmax_region_bytes = \"1024GiB\"\n"
-             "[proxy]\ncpu = 4095\nspin_us = 1000000\nheartbeat_ms = 10000\ngpu_poll_us = 1000\n"
+             "[proxy]\ncpu = 4095\nspin_us = 1000000\nheartbeat_ms = 10000\ngpu_poll_us = 1000\ncarry_threads = 16\n"
              "[peer]\nlisten = \"fd00::1\"\nport = 65535\nconnect_timeout_ms = 600000\n"
              "[verbs]\ninflight_bytes = 1073741824\nqp_timeout_ms = 600000\n");
     CHECK(c.maxBytes == 1ull << 30);
@@ -208,6 +213,7 @@ TEST_CASE("values at the ends of their ranges are accepted") {
     CHECK(c.maxClients == 65536);
     CHECK(c.maxRegionBytes == 1ull << 40);
     CHECK(c.proxyCpu == 4095);
+    CHECK(c.carryThreads == 16);
     CHECK(c.peerListen == "fd00::1");
     CHECK(c.peerPort == 65535);
     CHECK(c.inflightBytes == 1ull << 30);
@@ -286,6 +292,8 @@ TEST_CASE("every bad value is refused with one line naming the key and what is a
         {"proxy", "heartbeat_ms = 10001", "proxy.heartbeat_ms", "from 10 to 10000"},
         {"proxy", "gpu_poll_us = -1", "proxy.gpu_poll_us", "from 0 to 1000"},
         {"proxy", "gpu_poll_us = 1001", "proxy.gpu_poll_us", "from 0 to 1000"},
+        {"proxy", "carry_threads = -1", "proxy.carry_threads", "from 0 to 16"},
+        {"proxy", "carry_threads = 17", "proxy.carry_threads", "from 0 to 16"},
         {"peer", "listen = \"node-a\"", "peer.listen", "IPv4 or IPv6 address"},
         {"peer", "listen = \"10.0.0.256\"", "peer.listen", "IPv4 or IPv6 address"},
         {"peer", "listen = \"10.0.0.1:18515\"", "peer.listen", "IPv4 or IPv6 address"},
@@ -411,7 +419,7 @@ TEST_CASE("the shipped example documents exactly the defaults") {
     buf << std::ifstream(path).rdbuf();
     const std::string text = buf.str();
     for (const char* key : {"socket", "socket_group", "log_level", "max_bytes", "ring_entries", "open_timeout_ms",
-                            "max_clients", "max_clients_per_uid", "message_timeout_ms", "max_groups", "max_region_bytes", "cpu", "spin_us", "heartbeat_ms", "gpu_poll_us",
+                            "max_clients", "max_clients_per_uid", "message_timeout_ms", "max_groups", "max_region_bytes", "cpu", "spin_us", "heartbeat_ms", "gpu_poll_us", "carry_threads",
                             "listen", "port", "key_file", "connect_timeout_ms", "hcas", "inflight_bytes",
                             "qp_timeout_ms"}) {
         INFO(key);

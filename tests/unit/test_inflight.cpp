@@ -105,7 +105,9 @@ void run(const Scenario& sc) {
     group->verbs = wire;
 
     std::atomic<int> reports{0};
-    Proxy proxy(50, 100, -1, 0,
+    ProxyOptions options;
+    options.carryThreads = 2; // same-node copies through the carry threads too
+    Proxy proxy(options,
                 ProxyEvents{[](std::uint64_t) {}, [&](std::uint32_t, std::uint32_t, Error) { ++reports; },
                             [&](std::uint32_t, std::uint32_t, Error) { ++reports; }});
     proxy.setHcas(hcas);

@@ -1,0 +1,84 @@
+// Helper threads that copy parts of one large shard beside the proxy thread
+// (proxy.carry_threads). One proxy thread copying every local rank's shard
+// into every peer's region in turn is the one-host proxy route's cost at
+// 64 KiB and above (docs/perf.md): a core's copy is bounded by the loads it
+// keeps in flight, not by the memory's bandwidth, so several cores copying
+// parts of one shard finish it in a fraction of the time.
+//
+// The proxy posts a copy as chunks; the helpers that are awake and the proxy
+// itself claim chunks from one counter, and the proxy returns once every
+// chunk is stored. A helper asleep when a copy of kWakeMin bytes or more is
+// posted is woken, but nothing waits for it to wake: the chunks go to
+// whoever claims them first.
+// Helpers busy-poll for proxy.spin_us after their last chunk, then sleep on
+// a futex (std::atomic::wait), so an idle pool costs no CPU.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include <tpfabric/error.hpp>
+
+namespace tpf::daemon {
+
+class CarryPool {
+public:
+    /// Copies below this many bytes are the proxy's alone: below it the
+    /// hand-off (two cache-line transfers a helper) costs what it saves.
+    static constexpr std::size_t kSplitMin = 16 * 1024;
+    /// Sleeping helpers are woken for copies of this many bytes and more
+    /// only: the futex wake costs the proxy about what it saves below it.
+    static constexpr std::size_t kWakeMin = 64 * 1024;
+    /// No chunk is smaller than this (a multiple of 64: whole lines, and the
+    /// 16-byte alignment streamLines needs is kept from chunk to chunk).
+    static constexpr std::size_t kChunkMin = 8 * 1024;
+
+    /// threads: helper threads (0: the proxy copies alone); spinUs: how long
+    /// an idle helper busy-polls before it sleeps.
+    CarryPool(std::uint32_t threads, std::uint32_t spinUs);
+    ~CarryPool();
+    CarryPool(const CarryPool&) = delete;
+    CarryPool& operator=(const CarryPool&) = delete;
+
+    Status start();
+    void stop();
+
+    /// Proxy thread only: copies n bytes from `from` to `to` (not
+    /// overlapping). stream: non-temporal stores (streamLines) for a GPU
+    /// reader, fenced before this returns. Every byte is stored, and visible
+    /// to a release store after the call, when it returns.
+    void copy(void* to, const void* from, std::size_t n, bool stream);
+
+    std::uint32_t threads() const { return std::uint32_t(threads_.size()); }
+    /// Chunks the helpers copied since start (status: how much they took).
+    std::uint64_t helperChunks() const { return helperChunks_.load(std::memory_order_relaxed); }
+
+private:
+    void helper();
+    /// Claim and copy chunks of generation gen until none is left; returns how many this thread copied.
+    std::uint32_t work(std::uint32_t gen);
+
+    const std::uint32_t count_;
+    const std::uint64_t spinNs_;
+    std::vector<std::thread> threads_;
+    std::atomic<bool> running_{false};
+
+    // The copy in progress. Fields are written by the proxy before it
+    // publishes gen_ (release) and not again until every chunk is done.
+    std::atomic<std::uint8_t*> to_{nullptr};
+    std::atomic<const std::uint8_t*> from_{nullptr};
+    std::atomic<std::size_t> bytes_{0};
+    std::atomic<std::size_t> chunkBytes_{0};
+    std::atomic<std::uint32_t> chunks_{0};
+    std::atomic<bool> stream_{false};
+    alignas(64) std::atomic<std::uint32_t> gen_{0};   ///< copy generation; the helpers' futex word
+    alignas(64) std::atomic<std::uint64_t> claim_{0}; ///< gen << 32 | next chunk to claim
+    alignas(64) std::atomic<std::uint32_t> done_{0};  ///< chunks of the current copy stored
+    alignas(64) std::atomic<std::uint32_t> sleepers_{0};
+    std::atomic<std::uint64_t> helperChunks_{0};
+};
+
+} // namespace tpf::daemon

@@ -1,0 +1,114 @@
+// The proxy's carry threads (daemon/proxy/carry.cpp): a copy split among the
+// proxy and its helpers stores every byte of every part and none beyond,
+// streamed or not, at every alignment, for copies back to back whose parts
+// a slow helper might still hold; helpers asleep neither delay a copy nor
+// keep stop() from returning.
+#include <catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "daemon/proxy/carry.hpp"
+
+using namespace tpf::daemon;
+
+namespace {
+
+constexpr std::size_t kGuard = 256;
+
+/// Copies n bytes at the given misalignments and checks the destination and
+/// the guard bytes around it.
+void copyAndCheck(CarryPool& pool, std::size_t n, std::size_t dstOff, std::size_t srcOff, bool stream,
+                  std::mt19937& rng) {
+    static std::vector<std::uint8_t> src, dst; // malloc: 16-byte aligned, so dst+0 and dst+16 stream
+    src.assign(n + srcOff + kGuard, 0);
+    dst.assign(n + dstOff + 2 * kGuard, 0xa5);
+    for (auto& b : src) b = std::uint8_t(rng());
+    pool.copy(dst.data() + kGuard + dstOff, src.data() + srcOff, n, stream);
+    INFO("bytes " << n << " dst+" << dstOff << " src+" << srcOff << (stream ? " streamed" : ""));
+    const std::uint8_t* const at = dst.data() + kGuard + dstOff;
+    const std::uint8_t* const begin = dst.data();
+    REQUIRE(std::all_of(begin, at, [](std::uint8_t b) { return b == 0xa5; }));
+    REQUIRE(std::equal(at, at + n, src.data() + srcOff));
+    REQUIRE(std::all_of(at + n, begin + dst.size(), [](std::uint8_t b) { return b == 0xa5; }));
+}
+
+const std::size_t kSizes[] = {0,
+                              1,
+                              63,
+                              4096,
+                              CarryPool::kSplitMin - 1,
+                              CarryPool::kSplitMin,
+                              CarryPool::kSplitMin + 1,
+                              24 * 1024 + 17,
+                              CarryPool::kWakeMin,
+                              64 * 1024 + 5,
+                              200 * 1024 + 48,
+                              512 * 1024,
+                              (1u << 20) + 3};
+
+} // namespace
+
+TEST_CASE("every byte of every part, none beyond, at every helper count") {
+    std::mt19937 rng(7);
+    for (std::uint32_t helpers : {0u, 1u, 2u, 3u, 16u}) {
+        CarryPool pool(helpers, 50);
+        REQUIRE(pool.start().ok());
+        CHECK(pool.threads() == helpers);
+        for (std::size_t n : kSizes)
+            for (bool stream : {false, true})
+                for (auto [d, s] : {std::pair<std::size_t, std::size_t>{0, 0}, {16, 0}, {1, 3}, {64, 7}})
+                    copyAndCheck(pool, n, d, s, stream, rng);
+        pool.stop();
+    }
+}
+
+TEST_CASE("copies back to back: no part of one lands in the next") {
+    // Each copy goes to a fresh place in one buffer with its own byte; a
+    // part claimed late, from an older copy, would leave the wrong byte.
+    CarryPool pool(3, 1000);
+    REQUIRE(pool.start().ok());
+    std::mt19937 rng(11);
+    std::vector<std::uint8_t> src(1u << 20), dst(4u << 20);
+    for (int round = 0; round < 400; ++round) {
+        const std::size_t n = CarryPool::kSplitMin + rng() % (src.size() - CarryPool::kSplitMin);
+        const std::size_t at = (rng() % ((dst.size() - n) / 64)) * 64;
+        const auto mark = std::uint8_t(round);
+        std::fill(src.begin(), src.begin() + std::ptrdiff_t(n), mark);
+        std::fill(dst.begin(), dst.end(), std::uint8_t(mark + 1));
+        pool.copy(dst.data() + at, src.data(), n, round % 2 == 1);
+        INFO("round " << round << " bytes " << n << " at " << at);
+        const auto is = [](std::uint8_t v) { return [v](std::uint8_t b) { return b == v; }; };
+        REQUIRE(std::all_of(dst.begin(), dst.begin() + std::ptrdiff_t(at), is(std::uint8_t(mark + 1))));
+        REQUIRE(std::all_of(dst.begin() + std::ptrdiff_t(at), dst.begin() + std::ptrdiff_t(at + n), is(mark)));
+        REQUIRE(std::all_of(dst.begin() + std::ptrdiff_t(at + n), dst.end(), is(std::uint8_t(mark + 1))));
+    }
+}
+
+TEST_CASE("awake helpers take parts; asleep ones delay nothing and stop") {
+    std::mt19937 rng(3);
+    {
+        CarryPool pool(2, 1000000); // helpers stay awake between copies
+        REQUIRE(pool.start().ok());
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (pool.helperChunks() == 0 && std::chrono::steady_clock::now() < until)
+            copyAndCheck(pool, 512 * 1024, 0, 0, false, rng);
+        CHECK(pool.helperChunks() > 0);
+    }
+    {
+        CarryPool pool(2, 0); // helpers sleep at once
+        REQUIRE(pool.start().ok());
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        for (std::size_t n : {CarryPool::kSplitMin, CarryPool::kWakeMin, std::size_t(512 * 1024)})
+            copyAndCheck(pool, n, 0, 0, true, rng);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const auto t0 = std::chrono::steady_clock::now();
+        pool.stop();
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+        copyAndCheck(pool, 64 * 1024, 0, 0, false, rng); // after stop: the caller copies alone
+    }
+}
