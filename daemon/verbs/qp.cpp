@@ -106,10 +106,11 @@ Result<std::unique_ptr<QpLink>> QpLink::create(std::shared_ptr<VerbsHca> hca, st
     init.cap.max_inline_data = kFlagLineInline;
     l->qp_ = ibv_create_qp(l->hca_->pd(), &init);
     if (!l->qp_) {
-        spdlog::info("{}: no queue pair with {} bytes of inline data ({}); flags go as copy 0 alone", l->hca_->name(),
-                     kFlagLineInline, std::strerror(errno));
+        const int refused = errno;
         init.cap.max_inline_data = sizeof(std::uint64_t);
-        TPF_VERBS_PTR(Errc::QpError, l->qp_, ibv_create_qp(l->hca_->pd(), &init));
+        TPF_VERBS_PTR(Errc::QpError, l->qp_, ibv_create_qp(l->hca_->pd(), &init)); // failing again: not the inline size
+        spdlog::info("{}: no queue pair with {} bytes of inline data ({}), one with {}; flags go as copy 0 alone",
+                     l->hca_->name(), kFlagLineInline, std::strerror(refused), init.cap.max_inline_data);
     }
     l->flagBytes_ = init.cap.max_inline_data >= kFlagLineInline ? kFlagLineInline : sizeof(std::uint64_t);
     const std::uint32_t wrs = std::min(init.cap.max_send_wr, maxSendWr);
