@@ -32,11 +32,7 @@ Errc checkCall(const DeviceGroupView& v, const void* send, const void* recv, std
 std::atomic<bool> timeline{false}; // setKernelTimeline
 
 // Some peer is on a proxy route (the daemon carries its shards).
-bool hasProxyPeer(const DeviceGroupView& v) {
-    for (std::uint32_t r = 0; r < v.world; ++r)
-        if (proxyCarries(v.routes[r])) return true;
-    return false;
-}
+bool hasProxyPeer(const DeviceGroupView& v) { return anyProxyCarries(v.routes, v.world); }
 
 // Blocks of one call: one per kBytesPerBlock of shard (kProxyBytesPerBlock
 // with a proxy-route peer), at most maxBlocks.

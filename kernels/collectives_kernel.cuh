@@ -184,9 +184,7 @@ __device__ void waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32
     // host memory): the proxy beats every millisecond while a Device group
     // with proxy peers is open, so a beat that stops for kDaemonSilentNs
     // means the daemon died or hung: DaemonLost, not a Timeout at the end.
-    bool watchBeat = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) watchBeat |= isProxy(v.routes[r]);
-    watchBeat = watchBeat && v.ring != nullptr && lead;
+    const bool watchBeat = anyProxyCarries(v.routes, v.world) && v.ring != nullptr && lead;
     const auto* beat = watchBeat ? &reinterpret_cast<const RingHeader*>(v.ring)->heartbeatNs : nullptr;
     std::uint64_t lastBeat = 0, beatSeen = t0;
     const auto decide = [&](std::uint32_t code) {
@@ -439,8 +437,7 @@ __global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const 
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
     const std::uint32_t pollWarps = (blockDim.x - kThreadsPerBlock) / kWarp; // extra warps; 0: warp 0 polls
     const bool poller = threadIdx.x >= kThreadsPerBlock;
-    bool hasProxy = false;
-    for (std::uint32_t r = 0; r < v.world; ++r) hasProxy |= isProxy(v.routes[r]);
+    const bool hasProxy = anyProxyCarries(v.routes, v.world);
     gridDepWait(); // launched early (DeviceGroupView::pdl): the previous kernel's send and epoch first
     const std::uint64_t tIn = (tag.flags & kTagTimeline) != 0 && b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {

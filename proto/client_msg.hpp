@@ -295,11 +295,7 @@ static_assert(offsetof(DeviceAttach, routes) == 24);
 static_assert(std::is_trivially_copyable_v<DeviceAttach>);
 
 /// Some peer of the report is on a proxy route: the sender's kernels ring the proxy.
-inline bool ringsProxy(const DeviceAttach& m) {
-    for (std::uint32_t q = 0; q < m.world && q < kMaxWorld; ++q)
-        if (proxyCarries(m.routes[q])) return true;
-    return false;
-}
+inline bool ringsProxy(const DeviceAttach& m) { return anyProxyCarries(m.routes, m.world < kMaxWorld ? m.world : kMaxWorld); }
 
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {

@@ -31,4 +31,14 @@ constexpr const char* routeName(std::uint8_t r) {
 /// Routes on which the daemon's proxy carries the shard (doorbells needed).
 constexpr bool proxyCarries(std::uint8_t r) { return r == kRouteShm || r == kRouteVerbs; }
 
+/// Some rank of routes[0, n) is on a route the proxy carries: that rank's
+/// kernels ring the proxy. One definition for the daemon (a DeviceAttach),
+/// the launch (grid, block size) and the kernel itself (constexpr: nvcc
+/// calls it from device code with --expt-relaxed-constexpr).
+constexpr bool anyProxyCarries(const std::uint8_t* routes, std::uint32_t n) {
+    for (std::uint32_t r = 0; r < n; ++r)
+        if (proxyCarries(routes[r])) return true;
+    return false;
+}
+
 } // namespace tpf

@@ -464,6 +464,11 @@ TEST_CASE("DeviceAttach: round trip, refusals by name, golden bytes") {
     };
     CHECK(with([](DeviceAttach& x) { x.routes[2] = kRouteIpc; }) == Errc::Ok);
     CHECK_FALSE(ringsProxy([&] { DeviceAttach x = m; x.routes[2] = kRouteIpc; return x; }()));
+    // A route past `world` (a byte the sender should have zeroed) does not count; one at the last rank does.
+    CHECK_FALSE(ringsProxy([&] { DeviceAttach x = m; x.world = 2; return x; }()));
+    static_assert(!anyProxyCarries(nullptr, 0));
+    constexpr std::uint8_t kRoutes[] = {kRouteSelf, kRouteIpc, kRouteShm};
+    static_assert(!anyProxyCarries(kRoutes, 2) && anyProxyCarries(kRoutes, 3));
     CHECK(with([](DeviceAttach& x) { x.routes[2] = kRouteShm; x.routes[0] = kRouteShm; x.deviceBytes = 0; }) == Errc::Ok);
     CHECK(with([](DeviceAttach& x) { x.world = 1; }) == Errc::OutOfRange);
     CHECK(with([](DeviceAttach& x) { x.world = 17; }) == Errc::OutOfRange);
