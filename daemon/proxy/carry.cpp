@@ -121,7 +121,7 @@ void CarryPool::copy(void* to, const void* from, std::size_t n, bool stream) {
     done_.store(0, std::memory_order_relaxed);
     claim_.store(std::uint64_t(gen) << 32, std::memory_order_relaxed);
     gen_.store(gen, std::memory_order_seq_cst); // publishes the fields above
-    if (n >= kWakeMin && sleepers_.load(std::memory_order_seq_cst)) gen_.notify_all();
+    if (sleepers_.load(std::memory_order_seq_cst)) gen_.notify_all();
     work(gen);
     while (done_.load(std::memory_order_acquire) != chunks) cpuRelax();
 }

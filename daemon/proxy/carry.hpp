@@ -7,9 +7,8 @@
 //
 // The proxy posts a copy as chunks; the helpers that are awake and the proxy
 // itself claim chunks from one counter, and the proxy returns once every
-// chunk is stored. A helper asleep when a copy of kWakeMin bytes or more is
-// posted is woken, but nothing waits for it to wake: the chunks go to
-// whoever claims them first.
+// chunk is stored. A helper asleep when a copy is posted is woken, but
+// nothing waits for it to wake: the chunks go to whoever claims them first.
 // Helpers busy-poll for proxy.spin_us after their last chunk, then sleep on
 // a futex (std::atomic::wait), so an idle pool costs no CPU.
 #pragma once
@@ -26,12 +25,10 @@ namespace tpf::daemon {
 
 class CarryPool {
 public:
-    /// Copies below this many bytes are the proxy's alone: below it the
-    /// hand-off (two cache-line transfers a helper) costs what it saves.
-    static constexpr std::size_t kSplitMin = 16 * 1024;
-    /// Sleeping helpers are woken for copies of this many bytes and more
-    /// only: the futex wake costs the proxy about what it saves below it.
-    static constexpr std::size_t kWakeMin = 64 * 1024;
+    /// Copies below this many bytes are the proxy's alone. Measured on the
+    /// GPU machine (docs/perf.md, 2026-12-02 10:50): split from 16 KiB, the
+    /// proxy route gained nothing at 16 and 32 KiB and 0.76x at 64 KiB.
+    static constexpr std::size_t kSplitMin = 64 * 1024;
     /// No chunk is smaller than this (a multiple of 64: whole lines, and the
     /// 16-byte alignment streamLines needs is kept from chunk to chunk).
     static constexpr std::size_t kChunkMin = 8 * 1024;

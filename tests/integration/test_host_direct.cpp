@@ -69,14 +69,14 @@ TEST_CASE("one-node host groups: byte-exact over either path; host-direct rings 
     }
 }
 
-// Shards of 16 KiB and more that the proxy carries are copied in parts by
+// Shards of 64 KiB and more that the proxy carries are copied in parts by
 // its carry threads (daemon/proxy/carry.hpp, proxy.carry_threads = 2 by
 // default): every byte still lands, sums still rank-order exact.
 TEST_CASE("the proxy path with large shards: parts copied by the carry threads land byte-exact") {
     Daemon d;
     for (std::uint32_t world : {2u, 4u}) {
         INFO("world " << world);
-        auto run = startRanks(d, world, {"--iters", "100", "--sizes", "16384,65536,300000,20000", "--max-bytes", "300000", "--mode", "mixed"}, {},
+        auto run = startRanks(d, world, {"--iters", "100", "--sizes", "16384,65536,300000,100000", "--max-bytes", "300000", "--mode", "mixed"}, {},
                               {{"TPF_HOST_DIRECT", "0"}});
         REQUIRE(waitAll(pointers(run), 300000));
         for (std::uint32_t r = 0; r < world; ++r) CHECK(run.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=100");

@@ -44,9 +44,8 @@ const std::size_t kSizes[] = {0,
                               CarryPool::kSplitMin - 1,
                               CarryPool::kSplitMin,
                               CarryPool::kSplitMin + 1,
-                              24 * 1024 + 17,
-                              CarryPool::kWakeMin,
-                              64 * 1024 + 5,
+                              CarryPool::kSplitMin + 4096 + 17,
+                              2 * CarryPool::kSplitMin,
                               200 * 1024 + 48,
                               512 * 1024,
                               (1u << 20) + 3};
@@ -103,7 +102,7 @@ TEST_CASE("awake helpers take parts; asleep ones delay nothing and stop") {
         CarryPool pool(2, 0); // helpers sleep at once
         REQUIRE(pool.start().ok());
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        for (std::size_t n : {CarryPool::kSplitMin, CarryPool::kWakeMin, std::size_t(512 * 1024)})
+        for (std::size_t n : {CarryPool::kSplitMin, 2 * CarryPool::kSplitMin, std::size_t(512 * 1024)})
             copyAndCheck(pool, n, 0, 0, true, rng);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         const auto t0 = std::chrono::steady_clock::now();
