@@ -7,7 +7,8 @@
 // serves a ring that GPU kernels may ring (a kernel cannot write the
 // eventfd): a Device group member with a proxy-route peer, or one that has
 // not reported its routes yet (DeviceAttach). Members whose every peer is ipc
-// cost nothing while idle.
+// cost nothing while idle. Copies of 64 KiB and more between two regions of
+// this node go in parts to the carry threads as well (carry.hpp).
 #pragma once
 
 #include <array>
