@@ -8,6 +8,7 @@
 
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "proto/ring.hpp"
@@ -84,6 +85,7 @@ struct Fallback {
 struct Snapshot {
     std::string version, nodeId;
     std::uint64_t startedUnixNs = 0, busyNs = 0, doorbells = 0;
+    std::optional<std::uint64_t> carryThreads, carryParts; // absent from a daemon before the carry threads
     std::uint64_t regions = 0, hostBytes = 0, deviceBytes = 0, clients = 0;
     std::uint64_t groupsOpened = 0, queuePairs = 0;
     std::map<std::string, std::uint64_t> broken, refused, callErrors, groupsByState;
@@ -109,6 +111,10 @@ Result<Snapshot> read(const json& doc) {
     const json& proxy = f.object(daemon, "proxy", "daemon.");
     s.busyNs = f.count(proxy, "busy_ns", "daemon.proxy.");
     s.doorbells = f.count(proxy, "doorbells", "daemon.proxy.");
+    if (proxy.contains("carry_threads")) {
+        s.carryThreads = f.count(proxy, "carry_threads", "daemon.proxy.");
+        s.carryParts = f.count(proxy, "carry_parts", "daemon.proxy.");
+    }
     const json& regions = f.object(doc, "regions", "");
     s.regions = f.count(regions, "count", "regions.");
     s.hostBytes = f.count(regions, "host_bytes", "regions.");
@@ -246,6 +252,12 @@ Result<std::string> renderMetrics(const nlohmann::ordered_json& doc) {
     counter("tpfabric_proxy_doorbells_total", "Doorbells the proxy thread carried out")
         .Add({})
         .Increment(double(s.doorbells));
+    if (s.carryThreads) {
+        gauge("tpfabric_proxy_carry_threads", "The proxy's carry threads (proxy.carry_threads)").Add({}).Set(double(*s.carryThreads));
+        counter("tpfabric_proxy_carry_parts_total", "Parts of same-node shards of 64 KiB and more the carry threads copied")
+            .Add({})
+            .Increment(double(*s.carryParts));
+    }
 
     std::ostringstream out;
     TextSerializer().Serialize(out, reg.Collect());

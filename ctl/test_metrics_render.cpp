@@ -35,7 +35,9 @@ json sampleDoc() {
          {{"version", "0.1.0"},
           {"node_id", "00112233445566778899aabbccddeeff"},
           {"started_unix_ns", 1700000000500000000ull},
-          {"proxy", {{"state", "sleeping"}, {"cpu", -1}, {"doorbells", 42}, {"busy_ns", 2500000000ull}}}}},
+          {"proxy",
+           {{"state", "sleeping"}, {"cpu", -1}, {"doorbells", 42}, {"busy_ns", 2500000000ull}, {"carry_threads", 2},
+            {"carry_parts", 96}}}}},
         {"regions", {{"count", 3}, {"host_bytes", 3 * 69632}, {"device_bytes", 0}}},
         {"clients", 4},
         {"metrics",
@@ -120,6 +122,8 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
     CHECK(at("tpfabric_clients") == 4);
     CHECK(at("tpfabric_proxy_busy_seconds_total") == 2.5);
     CHECK(at("tpfabric_proxy_doorbells_total") == 42);
+    CHECK(at("tpfabric_proxy_carry_threads") == 2);
+    CHECK(at("tpfabric_proxy_carry_parts_total") == 96);
 
     // Every family has its HELP and TYPE, every name is tpfabric_*.
     std::istringstream in(text);
@@ -129,7 +133,7 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
         else if (line.rfind("# TYPE ", 0) == 0) ++type[line.substr(7, line.find(' ', 7) - 7)];
         else if (!line.empty()) CHECK(line.rfind("tpfabric_", 0) == 0);
     }
-    CHECK(type.size() == 18);
+    CHECK(type.size() == 20);
     for (const auto& [name, n] : type) {
         INFO(name);
         CHECK(n == 1);
@@ -159,6 +163,16 @@ TEST_CASE("latency histogram: cumulative le buckets, count and sum of completed 
         ++seen;
     }
     CHECK(seen == ctl::latencyBoundsNs().size());
+}
+
+TEST_CASE("a daemon from before the carry threads: their two metrics left out, the rest as ever") {
+    json doc = sampleDoc();
+    doc["daemon"]["proxy"].erase("carry_threads");
+    doc["daemon"]["proxy"].erase("carry_parts");
+    const auto s = samples(render(doc));
+    CHECK(s.count("tpfabric_proxy_carry_threads") == 0);
+    CHECK(s.count("tpfabric_proxy_carry_parts_total") == 0);
+    CHECK(s.at("tpfabric_proxy_doorbells_total") == 42);
 }
 
 TEST_CASE("an older daemon and malformed documents are refused by name") {

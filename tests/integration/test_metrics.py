@@ -275,7 +275,8 @@ def main():
         _, families, _ = scrape(sock)
         for fam in families:
             check(fam.name.startswith("tpfabric_") and fam.documentation, f"{fam.name}: tpfabric_ name and HELP")
-        check(len(families) == 18, f"18 metric families (got {len(families)}: {[f.name for f in families]})")
+        check(len(families) == 20, f"20 metric families (got {len(families)}: {[f.name for f in families]})")
+        check(value(samples, "tpfabric_proxy_carry_threads") == 2, "the default carry threads (proxy.carry_threads 2)")
         check(value(samples, "tpfabric_regions") == 0 and value(samples, "tpfabric_region_bytes", kind="host") == 0,
               "no regions left")
         busy = value(samples, "tpfabric_proxy_busy_seconds_total")
