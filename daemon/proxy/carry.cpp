@@ -87,7 +87,8 @@ void CarryPool::helper() {
             cpuRelax();
             continue;
         }
-        // Dekker with copy(): announce the sleep, then look again.
+        // Dekker with copy(): announce the sleep, then look again (a helper
+        // that still sleeps through a copy only misses that copy).
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
         if (gen_.load(std::memory_order_seq_cst) == seen && running_.load(std::memory_order_relaxed))
             gen_.wait(seen, std::memory_order_acquire);
@@ -121,7 +122,7 @@ void CarryPool::copy(void* to, const void* from, std::size_t n, bool stream) {
     done_.store(0, std::memory_order_relaxed);
     claim_.store(std::uint64_t(gen) << 32, std::memory_order_relaxed);
     gen_.store(gen, std::memory_order_seq_cst); // publishes the fields above
-    if (sleepers_.load(std::memory_order_seq_cst)) gen_.notify_all();
+    if (sleepers_.load(std::memory_order_seq_cst)) wakeDue_ = true; // woken in wakeIdle(), after the flags
     work(gen);
     while (done_.load(std::memory_order_acquire) != chunks) cpuRelax();
 }

@@ -7,10 +7,13 @@
 //
 // The proxy posts a copy as chunks; the helpers that are awake and the proxy
 // itself claim chunks from one counter, and the proxy returns once every
-// chunk is stored. A helper asleep when a copy is posted is woken, but
-// nothing waits for it to wake: the chunks go to whoever claims them first.
-// Helpers busy-poll for proxy.spin_us after their last chunk, then sleep on
-// a futex (std::atomic::wait), so an idle pool costs no CPU.
+// chunk is stored. Helpers busy-poll for proxy.spin_us after their last
+// chunk, then sleep on a futex (std::atomic::wait), so an idle pool costs
+// no CPU. Helpers asleep when a copy comes are woken after it (wakeIdle(),
+// once the proxy released the copy's flags), awake then for the calls that
+// follow: waking them first delayed the copy itself at every size, since a
+// helper takes longer to run than the copy (bench/carry_bench.cpp,
+// docs/perf.md).
 #pragma once
 
 #include <atomic>
@@ -48,6 +51,11 @@ public:
     /// reader, fenced before this returns. Every byte is stored, and visible
     /// to a release store after the call, when it returns.
     void copy(void* to, const void* from, std::size_t n, bool stream);
+    /// Proxy thread only, after the flags of its copies are released: wake
+    /// the helpers that slept through a copy (cheap when none did).
+    void wakeIdle() {
+        if (wakeDue_) wakeDue_ = false, gen_.notify_all();
+    }
 
     std::uint32_t threads() const { return std::uint32_t(threads_.size()); }
     /// Chunks the helpers copied since start (status: how much they took).
@@ -60,6 +68,7 @@ private:
 
     const std::uint32_t count_;
     const std::uint64_t spinNs_;
+    bool wakeDue_ = false; ///< proxy thread: helpers slept through a copy
     std::vector<std::thread> threads_;
     std::atomic<bool> running_{false};
 

@@ -128,6 +128,7 @@ bool Proxy::resume(ProxyRank& pr) {
         }
         dst.wakeIfWaiting();
     }
+    carry_.wakeIdle(); // after the flags: a futex wake must not delay them
     ring.delivering.reset();
     doorbells_.fetch_add(1, std::memory_order_relaxed);
     return true;

@@ -102,8 +102,11 @@ TEST_CASE("awake helpers take parts; asleep ones delay nothing and stop") {
         CarryPool pool(2, 0); // helpers sleep at once
         REQUIRE(pool.start().ok());
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        for (std::size_t n : {CarryPool::kSplitMin, 2 * CarryPool::kSplitMin, std::size_t(512 * 1024)})
-            copyAndCheck(pool, n, 0, 0, true, rng);
+        for (std::size_t n : {CarryPool::kSplitMin, 2 * CarryPool::kSplitMin, std::size_t(512 * 1024)}) {
+            copyAndCheck(pool, n, 0, 0, true, rng); // the proxy copies alone; the sleepers are only marked...
+            pool.wakeIdle();                        // ...and woken here, after the copy
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         const auto t0 = std::chrono::steady_clock::now();
         pool.stop();

@@ -1,0 +1,55 @@
+// tpf-carrybench: the proxy's carry threads (daemon/proxy/carry.hpp) alone,
+// on this machine's CPUs: one copy of N bytes by the calling thread with
+// proxy.carry_threads = 0 (alone), with helpers that slept and are woken
+// after each copy (the daemon's way: copy, then wakeIdle()), and with
+// helpers awake (spinning). Copies go between
+// buffers rotated over 512 MiB, so each starts from memory, not from a
+// core's cache (as the proxy route's: a GPU wrote the source, a GPU reads
+// the destination). Cold copies are 200 µs apart, so the helpers sleep
+// (proxy.spin_us 0). Prints µs per copy, p50 / mean / p99 (docs/perf.md).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "daemon/proxy/carry.hpp"
+
+using namespace tpf::daemon;
+
+int main(int argc, char** argv) {
+    const int copies = argc > 1 ? std::atoi(argv[1]) : 400;
+    constexpr std::size_t kMax = 512 * 1024, kPool = 512ull << 20;
+    std::vector<std::uint8_t> pool(kPool, 1);
+    const std::size_t slots = kPool / kMax / 2;
+    struct Mode {
+        const char* name;
+        std::uint32_t threads, spinUs;
+    };
+    const Mode modes[] = {{"alone (carry_threads 0)", 0, 0}, {"2 asleep, woken after", 2, 0}, {"2 awake (spinning)", 2, 1000000}};
+    std::printf("| bytes | mode | p50 | mean | p99 | parts by helpers |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (std::size_t n : {std::size_t(64 * 1024), std::size_t(128 * 1024), std::size_t(256 * 1024), kMax}) {
+        for (const Mode& m : modes) {
+            CarryPool carry(m.threads, m.spinUs);
+            if (!carry.start()) return 1;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::vector<double> us;
+            for (int i = 0; i < copies; ++i) {
+                std::uint8_t* const from = pool.data() + (std::size_t(i) % slots) * 2 * kMax;
+                if (m.spinUs == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+                const auto t0 = std::chrono::steady_clock::now();
+                carry.copy(from + kMax, from, n, false);
+                us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+                carry.wakeIdle();
+            }
+            std::sort(us.begin(), us.end());
+            double sum = 0;
+            for (double x : us) sum += x;
+            std::printf("| %zu | %s | %.2f | %.2f | %.2f | %llu |\n", n, m.name, us[us.size() / 2], sum / double(us.size()),
+                        us[us.size() * 99 / 100], (unsigned long long)carry.helperChunks());
+        }
+    }
+    return 0;
+}
