@@ -13,6 +13,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/launch.hpp"
+#include "common/cpu_relax.hpp"
 
 namespace tpf::bench {
 
@@ -52,14 +53,6 @@ void mapRegion(Region& r, int fd, std::size_t bytes) {
     if (p == MAP_FAILED) throw std::runtime_error(std::string("floor: mmap: ") + std::strerror(errno));
     r.base = static_cast<std::uint8_t*>(p);
     r.bytes = bytes;
-}
-
-inline void cpuRelax() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
 }
 
 void publish(std::uint64_t* w, std::uint64_t v) { std::atomic_ref(*w).store(v, std::memory_order_release); }

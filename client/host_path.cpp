@@ -8,17 +8,12 @@
 
 #include "client/impl.hpp"
 #include "client/reduce.hpp"
+#include "common/cpu_relax.hpp"
 #include "common/unix_socket.hpp"
 
 namespace tpf {
 
 namespace {
-
-inline void cpuRelax() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-}
 
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kBufferAlign == 0; }
 

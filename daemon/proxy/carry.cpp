@@ -4,18 +4,11 @@
 #include <cstring>
 #include <string>
 
+#include "common/cpu_relax.hpp"
 #include "common/shm.hpp"
 #include "common/stream_copy.hpp"
 
 namespace tpf::daemon {
-
-namespace {
-inline void cpuRelax() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-}
-} // namespace
 
 CarryPool::CarryPool(std::uint32_t threads, std::uint32_t spinUs)
     : count_(threads), spinNs_(std::uint64_t(spinUs) * 1000) {}

@@ -9,18 +9,11 @@
 #include <cstring>
 #include <utility>
 
+#include "common/cpu_relax.hpp"
 #include "common/shm.hpp"
 #include "common/stream_copy.hpp"
 
 namespace tpf::daemon {
-
-namespace {
-inline void cpuRelax() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-}
-} // namespace
 
 Proxy::Proxy(const ProxyOptions& options, ProxyEvents events)
     : spinNs_(std::uint64_t(options.spinUs) * 1000), heartbeatMs_(options.heartbeatMs), cpu_(options.cpu),
