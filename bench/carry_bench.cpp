@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
             double sum = 0;
             for (double x : us) sum += x;
             std::printf("| %zu | %s | %.2f | %.2f | %.2f | %llu |\n", n, m.name, us[us.size() / 2], sum / double(us.size()),
-                        us[us.size() * 99 / 100], (unsigned long long)carry.helperChunks());
+                        us[us.size() * 99 / 100], (unsigned long long)carry.parts());
         }
     }
     return 0;

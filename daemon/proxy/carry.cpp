@@ -72,7 +72,7 @@ void CarryPool::helper() {
         const std::uint32_t gen = gen_.load(std::memory_order_acquire);
         if (gen != seen) {
             seen = gen;
-            if (const std::uint32_t n = work(gen)) helperChunks_.fetch_add(n, std::memory_order_relaxed);
+            if (const std::uint32_t n = work(gen)) parts_.fetch_add(n, std::memory_order_relaxed);
             lastWorkNs = monotonicNs();
             continue;
         }

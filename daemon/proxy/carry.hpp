@@ -58,8 +58,8 @@ public:
     }
 
     std::uint32_t threads() const { return std::uint32_t(threads_.size()); }
-    /// Chunks the helpers copied since start (status: how much they took).
-    std::uint64_t helperChunks() const { return helperChunks_.load(std::memory_order_relaxed); }
+    /// Chunks the helpers copied since start: status's daemon.proxy.carry_parts, how much they took.
+    std::uint64_t parts() const { return parts_.load(std::memory_order_relaxed); }
 
 private:
     void helper();
@@ -84,7 +84,7 @@ private:
     alignas(64) std::atomic<std::uint64_t> claim_{0}; ///< gen << 32 | next chunk to claim
     alignas(64) std::atomic<std::uint32_t> done_{0};  ///< chunks of the current copy stored
     alignas(64) std::atomic<std::uint32_t> sleepers_{0};
-    std::atomic<std::uint64_t> helperChunks_{0};
+    std::atomic<std::uint64_t> parts_{0};
 };
 
 } // namespace tpf::daemon

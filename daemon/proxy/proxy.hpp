@@ -133,7 +133,7 @@ public:
     int cpu() const { return cpu_; }
     std::uint32_t carryThreads() const { return carry_.threads(); }
     /// Shard parts the carry threads copied since start.
-    std::uint64_t carryChunks() const { return carry_.helperChunks(); }
+    std::uint64_t carryParts() const { return carry_.parts(); }
 
 private:
     void run();

@@ -57,7 +57,7 @@ nlohmann::json daemonPart(const StatusSources& s) {
               {"doorbells", s.proxy.doorbells()},
               {"busy_ns", s.proxy.busyNs()},
               {"carry_threads", s.proxy.carryThreads()},
-              {"carry_parts", s.proxy.carryChunks()}}}};
+              {"carry_parts", s.proxy.carryParts()}}}};
 }
 
 nlohmann::json hcasPart(const std::vector<client_proto::HcaCard>& hcas) {
