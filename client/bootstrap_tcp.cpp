@@ -110,7 +110,7 @@ Result<Bytes> receiveFrame(int fd, std::uint16_t op, std::uint32_t seq, std::siz
         return Error{m.code(), who + ": " + m.error().detail};
     }
     if (m->header.opcode == kRefuse) {
-        auto r = client_proto::decodeFixed<client_proto::ErrorReply>(m->payload, "bootstrap refusal");
+        auto r = decodeFixed<client_proto::ErrorReply>(m->payload, "bootstrap refusal");
         if (!r) return r.error();
         Errc code = Errc::GroupMismatch;
         errcFromWire(r->errc, code);

@@ -165,7 +165,7 @@ Result<nlohmann::ordered_json> fetchStatus(const std::string& socketPath, int ti
     auto helloMsg = request(fd->get(), socketPath, "Hello", cp::encode(cp::kHello, kHelloSeq, hello), cp::kHelloReply,
                             kHelloSeq, deadline, timeoutMs);
     if (!helloMsg) return helloMsg.error();
-    if (auto r = cp::decodeFixed<cp::HelloReply>(helloMsg->payload, "HelloReply"); !r)
+    if (auto r = decodeFixed<cp::HelloReply>(helloMsg->payload, "HelloReply"); !r)
         return badReply(socketPath, "HelloReply", r.error());
 
     const cp::StatusRequest req{0, 0};

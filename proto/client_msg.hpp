@@ -505,17 +505,6 @@ inline Bytes encodeStatusReply(std::uint32_t seq, std::string_view json) {
     return out;
 }
 
-/// Decode a fixed record from a payload: exact size, then validate().
-template <class T>
-inline Result<T> decodeFixed(ByteView payload, std::string_view what) {
-    Reader r(payload, what);
-    T rec;
-    if (auto s = r.get(rec); !s) return s.error();
-    if (auto s = r.finish(); !s) return s.error();
-    if (auto s = validate(rec); !s) return s.error();
-    return rec;
-}
-
 inline Status expectEmpty(ByteView payload, std::string_view what) {
     if (!payload.empty())
         return {Errc::BadMessage, std::string(what) + ": " + std::to_string(payload.size()) +

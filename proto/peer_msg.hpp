@@ -229,16 +229,6 @@ inline Bytes encode(std::uint32_t seq, const PeerGroup& m) {
     return out;
 }
 
-template <class T>
-inline Result<T> decodeFixed(ByteView payload, std::string_view what) {
-    Reader r(payload, what);
-    T rec;
-    if (auto s = r.get(rec); !s) return s.error();
-    if (auto s = r.finish(); !s) return s.error();
-    if (auto s = validate(rec); !s) return s.error();
-    return rec;
-}
-
 inline Result<PeerGroup> decodePeerGroup(ByteView payload) {
     Reader r(payload, "PeerGroup");
     PeerGroup m;

@@ -175,6 +175,19 @@ private:
     std::string_view what_;
 };
 
+/// One fixed-size record decoded from a whole payload: exactly its size,
+/// then the record's own validate() (found beside its type: client_proto,
+/// peer_proto).
+template <class T>
+inline Result<T> decodeFixed(ByteView payload, std::string_view what) {
+    Reader r(payload, what);
+    T rec;
+    if (auto s = r.get(rec); !s) return s.error();
+    if (auto s = r.finish(); !s) return s.error();
+    if (auto s = validate(rec); !s) return s.error();
+    return rec;
+}
+
 /// Fixed-size NUL-padded text field helpers (names, reasons).
 template <std::size_t N>
 inline void setText(char (&dst)[N], std::string_view s) {
