@@ -10,7 +10,9 @@ namespace tpf {
 
 /// `s` in double quotes: `"` and `\` escaped with a backslash, newline and tab
 /// as \n and \t, other control characters (and DEL) as \xHH; the rest as is.
-inline std::string quoted(std::string_view s) {
+/// (Not named quoted: with <iomanip> in sight, a std::string argument would
+/// find std::quoted by argument-dependent lookup.)
+inline std::string quote(std::string_view s) {
     std::string out = "\"";
     for (unsigned char c : s) {
         if (c == '"' || c == '\\') {

@@ -34,12 +34,12 @@ constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info"
 std::string keyName(std::string_view k) {
     const bool bare = !k.empty() && k.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
                                         std::string_view::npos;
-    return bare ? std::string(k) : quoted(k);
+    return bare ? std::string(k) : quote(k);
 }
 
 /// What the operator wrote, for "X is not allowed".
 std::string shown(const toml::node& n) {
-    if (auto v = n.as_string()) return quoted(v->get());
+    if (auto v = n.as_string()) return quote(v->get());
     if (auto v = n.as_integer()) return std::to_string(v->get());
     if (auto v = n.as_boolean()) return v->get() ? "true" : "false";
     if (auto v = n.as_floating_point()) {
@@ -202,7 +202,7 @@ const KeySpec kVerbsKeys[] = {
              auto s = e.node.as_string();
              if (!s || s->get().empty() || hasControl(s->get()) || s->get().find_first_of(" ,") != std::string::npos)
                  e.refuse(allowed);
-             if (!seen.insert(s->get()).second) e.fail(quoted(s->get()) + " is listed twice; name each HCA once");
+             if (!seen.insert(s->get()).second) e.fail(quote(s->get()) + " is listed twice; name each HCA once");
              hcas.push_back(s->get());
          }
          c.hcas = std::move(hcas);
@@ -231,7 +231,7 @@ std::string keyList(std::span<const KeySpec> keys) {
 
 std::string readFile(const std::string& path) {
     const auto cannot = [&](const char* what) {
-        return ConfigError("cannot read config file " + quoted(path) + ": " + what);
+        return ConfigError("cannot read config file " + quote(path) + ": " + what);
     };
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw cannot(std::strerror(errno));

@@ -79,7 +79,7 @@ Result<Entry> parseEntry(std::string_view text, std::string_view source, bool al
     Entry e;
     e.text = std::string(text);
     const auto bad = [&](const std::string& why) -> Result<Entry> {
-        return {Errc::ConfigError, std::string(source) + " entry " + quoted(text) + ": " + why};
+        return {Errc::ConfigError, std::string(source) + " entry " + quote(text) + ": " + why};
     };
     const std::string s(text);
     if (allowIp) {
@@ -102,7 +102,7 @@ Result<Entry> parseEntry(std::string_view text, std::string_view source, bool al
         const std::string p = s.substr(colon + 1);
         const bool digits = !p.empty() && p.size() <= 3 && p.find_first_not_of("0123456789") == std::string::npos;
         const unsigned long n = digits ? std::stoul(p) : 0;
-        if (n < 1 || n > 255) return bad("port " + quoted(p) + " is not a number from 1 to 255");
+        if (n < 1 || n > 255) return bad("port " + quote(p) + " is not a number from 1 to 255");
         e.port = std::uint32_t(n);
     }
     return e;
@@ -186,7 +186,7 @@ Result<HcaSelection> byEntries(std::span<const CandidatePort> ports, const std::
         std::vector<std::string> why;
         const auto notActive = [&](const CandidatePort& p) {
             if (p.state != kPortActive)
-                c.warn(src + " entry " + quoted(e.text) + ": " + stateNote(p) +
+                c.warn(src + " entry " + quote(e.text) + ": " + stateNote(p) +
                        "; listed, but it carries no traffic until ACTIVE");
         };
         if (e.ip) {
@@ -224,7 +224,7 @@ Result<HcaSelection> byEntries(std::span<const CandidatePort> ports, const std::
             else if (!port) why.push_back(e.name + " has no port " + std::to_string(e.port));
         }
         if (!matched) {
-            std::string w = src + " entry " + quoted(e.text) + " matched no HCA port: ";
+            std::string w = src + " entry " + quote(e.text) + " matched no HCA port: ";
             for (std::size_t i = 0; i < why.size(); ++i) w += (i ? "; " : "") + why[i];
             c.warn(w);
             misses.push_back(w);
@@ -254,7 +254,7 @@ Result<HcaSelection> byNccl(std::span<const CandidatePort> ports, std::string_vi
         entries.push_back(std::move(*e));
     }
     if (entries.empty())
-        return {Errc::ConfigError, src + " " + quoted(spec) + " names no device; unset it or write e.g. \"mlx5_0:1,mlx5_1:1\""};
+        return {Errc::ConfigError, src + " " + quote(spec) + " names no device; unset it or write e.g. \"mlx5_0:1,mlx5_1:1\""};
 
     Chooser c;
     std::vector<std::string> misses;
@@ -269,7 +269,7 @@ Result<HcaSelection> byNccl(std::span<const CandidatePort> ports, std::string_vi
     for (const auto& e : entries) {
         if (std::any_of(ports.begin(), ports.end(), [&](const CandidatePort& p) { return ncclMatch(e, p, exact); }))
             continue;
-        std::string w = src + " entry " + quoted(e.text) + " matched no HCA port";
+        std::string w = src + " entry " + quote(e.text) + " matched no HCA port";
         c.warn(w);
         misses.push_back(w);
     }
