@@ -90,7 +90,11 @@ int run(DaemonConfig cfg, bool foreground) {
 
     boost::asio::io_context io;
     GroupTable* groupsPtr = nullptr;
-    Proxy proxy(ProxyOptions{cfg.proxySpinUs, cfg.heartbeatMs, cfg.proxyCpu, cfg.gpuPollUs, cfg.carryThreads},
+    Proxy proxy(ProxyOptions{.spinUs = cfg.proxySpinUs,
+                             .heartbeatMs = cfg.heartbeatMs,
+                             .cpu = cfg.proxyCpu,
+                             .gpuPollUs = cfg.gpuPollUs,
+                             .carryThreads = cfg.carryThreads},
                 ProxyEvents{[&](std::uint64_t v) { boost::asio::post(io, [&, v] { groupsPtr->drained(v); }); },
                             [&](std::uint32_t handle, std::uint32_t rank, Error why) {
                                 boost::asio::post(io, [&, handle, rank, why] { groupsPtr->badDoorbell(handle, rank, why); });

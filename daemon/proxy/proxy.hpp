@@ -84,7 +84,10 @@ struct ProxyEvents {
     std::function<void(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why)> peerFailed;
 };
 
-/// The proxy's settings ([proxy] of the config, docs/configuration.md).
+/// The proxy's settings ([proxy] of the config, docs/configuration.md; the
+/// daemon passes every one from DaemonConfig). These defaults are a Proxy's
+/// without a config, as the unit tests build it: carry threads off, the
+/// rest as the config's.
 struct ProxyOptions {
     std::uint32_t spinUs = 50;       ///< busy-poll this long without work before sleeping
     std::uint32_t heartbeatMs = 100; ///< ring heartbeat period while idle
