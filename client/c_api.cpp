@@ -154,6 +154,8 @@ tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf
         if (!group) return invalid("tpf_group_open: group (the out parameter) is NULL");
         *group = nullptr;
         if (!allgather) return invalid("tpf_group_open: allgather (the bootstrap callback) is NULL");
+        if (allgather == &tpf_tcp_bootstrap_allgather && !ctx)
+            return invalid("tpf_group_open: allgather is tpf_tcp_bootstrap_allgather but ctx (its tpf_tcp_bootstrap) is NULL");
         Options o;
         if (auto s = optionsOf(options, o); !s) return report(s);
         CallbackBootstrap callback(rank, world, allgather, ctx);
@@ -267,6 +269,7 @@ void tpf_tcp_bootstrap_destroy(tpf_tcp_bootstrap* bootstrap) { delete bootstrap;
 
 tpf_status tpf_tcp_bootstrap_allgather(void* ctx, const void* mine, void* out, size_t bytes) {
     if (!ctx) return invalid("tpf_tcp_bootstrap_allgather: ctx (the tpf_tcp_bootstrap) is NULL");
+    if (bytes != 0 && (!mine || !out)) return invalid("tpf_tcp_bootstrap_allgather: mine or out is NULL");
     return guarded([&] { return report(static_cast<tpf_tcp_bootstrap*>(ctx)->boot->allGather(mine, out, bytes)); });
 }
 

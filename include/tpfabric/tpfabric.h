@@ -197,7 +197,9 @@ TPF_API int tpf_fits(const tpf_group* group, size_t bytes);
 TPF_API const char* tpf_path(const tpf_group* group);
 /** "self", "shm", "verbs" or "ipc": how this rank reaches `peer` ("none" out of range). Static storage. */
 TPF_API const char* tpf_route(const tpf_group* group, uint32_t peer);
+/** This rank's rank in the group (0 for NULL). */
 TPF_API uint32_t tpf_rank(const tpf_group* group);
+/** The group's world size (0 for NULL). */
 TPF_API uint32_t tpf_world(const tpf_group* group);
 
 /** TCP bootstrap for CPU processes and tools: rank 0 listens on host_port
@@ -207,6 +209,8 @@ TPF_API uint32_t tpf_world(const tpf_group* group);
  *  deadline. Pass tpf_tcp_bootstrap_allgather and the handle to tpf_group_open. */
 TPF_API tpf_status tpf_tcp_bootstrap_create(uint32_t rank, uint32_t world, const char* host_port, uint32_t timeout_ms,
                                             tpf_tcp_bootstrap** bootstrap);
+/** Closes the bootstrap's sockets and frees it; NULL is a no-op. A group
+ *  opened through it does not need it afterwards. */
 TPF_API void tpf_tcp_bootstrap_destroy(tpf_tcp_bootstrap* bootstrap);
 /** A tpf_allgather_fn over a tpf_tcp_bootstrap (ctx). Rank 0 checks every
  *  rank's join and all-gather: a rank of another world, a rank twice, a rank

@@ -535,6 +535,20 @@ static int count_in_log(const char* needle) {
     return n;
 }
 
+/* A loopback port free a moment ago (the kernel's pick for port 0). */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000001);
+    bind(fd, (struct sockaddr*)&a, sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd, (struct sockaddr*)&a, &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 static void single_process_checks(void) {
     tpf_group* g = (tpf_group*)1;
     tpf_open_options o;
@@ -581,6 +595,23 @@ static void single_process_checks(void) {
     CHECK(tb == NULL, "bootstrap not cleared");
     CHECK_STATUS(tpf_tcp_bootstrap_allgather(NULL, "", NULL, 0), TPF_INVALID_ARGUMENT);
     tpf_tcp_bootstrap_destroy(NULL);
+    /* A world-1 TCP bootstrap: NULL buffers are refused, not dereferenced;
+       its allgather without its handle is refused by name at open. */
+    tpf_tcp_bootstrap* one = NULL;
+    char one_at[32];
+    snprintf(one_at, sizeof one_at, "127.0.0.1:%d", free_port());
+    CHECK_STATUS(tpf_tcp_bootstrap_create(0, 1, one_at, 0, &one), TPF_OK);
+    if (one) {
+        uint8_t mine[16] = {7}, out[16] = {0};
+        CHECK_STATUS(tpf_tcp_bootstrap_allgather(one, NULL, out, 16), TPF_INVALID_ARGUMENT);
+        CHECK(strstr(tpf_last_error(), "mine or out is NULL") != NULL, "last error %s", tpf_last_error());
+        CHECK_STATUS(tpf_tcp_bootstrap_allgather(one, mine, NULL, 16), TPF_INVALID_ARGUMENT);
+        CHECK_STATUS(tpf_tcp_bootstrap_allgather(one, mine, out, 16), TPF_OK);
+        CHECK(out[0] == 7, "world-1 bootstrap all-gather");
+        tpf_tcp_bootstrap_destroy(one);
+    }
+    CHECK_STATUS(tpf_group_open(0, 2, 4096, tpf_tcp_bootstrap_allgather, NULL, &o, &g), TPF_INVALID_ARGUMENT);
+    CHECK(strstr(tpf_last_error(), "ctx (its tpf_tcp_bootstrap) is NULL") != NULL, "last error %s", tpf_last_error());
 
     /* Names, messages, version. */
     CHECK(strcmp(tpf_status_name(TPF_PEER_LOST), "PeerLost") == 0, "name %s", tpf_status_name(TPF_PEER_LOST));
@@ -596,19 +627,10 @@ static void single_process_checks(void) {
 }
 
 static void write_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(0x7f000001);
-    bind(fd, (struct sockaddr*)&a, sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, (struct sockaddr*)&a, &len);
-    close(fd);
     char path[300];
     snprintf(path, sizeof path, "%s/tcp-port", top);
     FILE* f = fopen(path, "w");
-    fprintf(f, "%d\n", ntohs(a.sin_port));
+    fprintf(f, "%d\n", free_port());
     fclose(f);
 }
 
