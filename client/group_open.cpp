@@ -120,7 +120,10 @@ Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp,
 Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Clock::time_point deadline) {
     const std::string path = socketPathOf(g);
     auto fd = connectUnix(path, msLeft(deadline));
-    if (!fd) return fd.error();
+    if (!fd) // what to do, as tpfabricctl says it: the engine's log is where an operator reads this
+        return Error{fd.error().code, fd.error().detail +
+                                          " (is tpfabricd running? systemctl status tpfabricd; another socket: TPF_SOCKET or "
+                                          "Options::socketPath; TPF_DISABLE=1 opens no fabric group)"};
     g.socket = std::move(*fd);
     auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, msLeft(deadline));
     if (!hello) return hello.error();

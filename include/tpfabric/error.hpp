@@ -108,7 +108,7 @@ constexpr std::string_view errcMessage(Errc e) noexcept {
     case Errc::Truncated: return "message shorter than its header or counts say";
     case Errc::TooLarge: return "message length above the protocol maximum";
     case Errc::OutOfRange: return "a rank, world, count or index is outside its allowed range";
-    case Errc::Unavailable: return "the fabric path is unavailable for this group; NCCL is used (see the reason)";
+    case Errc::Unavailable: return "the fabric path is unavailable for this group (see the reason); a device group over an NCCL communicator falls back to NCCL, any other open fails";
     case Errc::AuthFailed: return "peer did not prove the cluster key; give both daemons the same key file";
     case Errc::QpError: return "an RDMA queue pair failed; check link state and GIDs (tpfabricctl status)";
     case Errc::RegistrationFailed: return "memory registration failed; check LimitMEMLOCK and free memory";

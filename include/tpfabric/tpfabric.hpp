@@ -2,8 +2,8 @@
 //
 //   auto boot = tpf::TcpBootstrap::create(rank, world, "127.0.0.1:29500");
 //   auto group = tpf::Group::open(**boot, rank, world, 512 * 1024);
-//   group.value()->allGather(send, recv, bytes);   // recv: world * bytes
-//   group.value()->allReduceSum(send, recv, count, tpf::DType::BF16);
+//   tpf::Status s = group.value()->allGather(send, recv, bytes);   // recv: world * bytes
+//   s = group.value()->allReduceSum(send, recv, count, tpf::DType::BF16);
 //
 // Every call returns a Status naming its failure (tpf::Errc, <tpfabric/error.hpp>).
 // A failed call writes nothing into its output buffer. After any failure
@@ -12,6 +12,10 @@
 // group must be reopened. docs/integration.md is the guide; the same API for
 // C, Zig and Rust is <tpfabric/tpfabric.h>.
 #pragma once
+
+#if __cplusplus < 202002L
+#error "<tpfabric/tpfabric.hpp> needs C++20 (-std=c++20); C++17 and older code can use <tpfabric/tpfabric.h>"
+#endif
 
 #include <chrono>
 #include <cstddef>
