@@ -188,19 +188,22 @@ done
 # ---- 5. build the examples from the installed tree alone ----------------------
 mkdir -p "$tmp/examples" "$tmp/bin"
 cp "$src/examples/hello.c" "$src/examples/hello.cpp" "$src/examples/CMakeLists.txt" "$tmp/examples/"
-# pkg-config: the installed .pc only; its paths (prefix...) rebased into the destdir.
-export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$dest
+# pkg-config: the installed .pc only, found by PKG_CONFIG_PATH alone: it is
+# relocatable (prefix=${pcfiledir}/...), so the destdir needs no
+# PKG_CONFIG_SYSROOT_DIR, as a moved prefix needs none.
+export PKG_CONFIG_PATH=$lib/pkgconfig
 cflags=$(pkg-config --cflags libtpfabric) libs=$(pkg-config --libs libtpfabric)
 echo "pkg-config --cflags --libs libtpfabric: $cflags $libs"
-check "pkg-config's include path is the installed one" grep -qF -- "-I$inc" <<<"$cflags"
-check "pkg-config's library path is the installed one" grep -qF -- "-L$lib" <<<"$libs"
+pc_inc=$(grep -o -- '-I[^ ]*' <<<"$cflags" | head -n 1) pc_lib=$(grep -o -- '-L[^ ]*' <<<"$libs" | head -n 1)
+check "pkg-config's include path is the installed one" test "$(realpath -m -- "${pc_inc#-I}")" = "$(realpath -m -- "$inc")"
+check "pkg-config's library path is the installed one" test "$(realpath -m -- "${pc_lib#-L}")" = "$(realpath -m -- "$lib")"
 # shellcheck disable=SC2086 # the flags are words
 run_logged "hello.c built with pkg-config" "$tmp/cc.log" \
     cc -std=c11 -Wall -Wextra -Wpedantic -Werror "$tmp/examples/hello.c" $cflags $libs -o "$tmp/bin/hello_c"
 # shellcheck disable=SC2086
 run_logged "hello.cpp built with pkg-config" "$tmp/cxx.log" \
     c++ -std=c++20 -Wall -Wextra -Wpedantic -Werror "$tmp/examples/hello.cpp" $cflags $libs -o "$tmp/bin/hello"
-unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
+unset PKG_CONFIG_PATH
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 run_logged "examples/CMakeLists.txt configured with CMAKE_PREFIX_PATH=$dest$prefix" "$tmp/cmake.log" \
