@@ -140,9 +140,38 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
     }
 }
 
-Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t& phase) {
-    std::memcpy(slot(phaseOf(epoch + 1), rank), send, bytes);
-    return post(bytes, phase);
+namespace {
+
+/// "allReduceSum(bf16) of 4096 bytes" from a row's header.
+std::string callOf(const RowHeader& h) {
+    std::string op;
+    if (h.magic == kRowHeaderGather) op = "allGather";
+    else if (h.magic == kRowHeaderMagic) op = "allGatherV";
+    else if (h.magic - kRowHeaderSumBase <= std::uint32_t(DType::BF16))
+        op = std::string("allReduceSum(") + (h.magic == kRowHeaderSumBase ? "f32" : h.magic == kRowHeaderSumBase + 1 ? "f16" : "bf16") + ")";
+    else return "a call this library does not know (magic " + std::to_string(h.magic) + ")";
+    return op + " of " + std::to_string(h.rowBytes) + " bytes";
+}
+
+} // namespace
+
+Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t magic, std::uint32_t& phase) {
+    const RowHeader mine{0, std::uint32_t(bytes), magic};
+    std::uint8_t* const own = slot(phaseOf(epoch + 1), rank);
+    std::memcpy(own, &mine, sizeof mine);
+    std::memcpy(own + sizeof mine, send, bytes);
+    if (auto s = post(sizeof mine + bytes, phase); !s) return s;
+    // Every row's header before any byte of output: all or nothing.
+    for (std::uint32_t q = 0; q < world; ++q) {
+        if (q == rank) continue;
+        RowHeader h;
+        std::memcpy(&h, rowOf(phase, q), sizeof h);
+        if (h.magic != mine.magic || h.rowBytes != mine.rowBytes || h.countsHash != mine.countsHash)
+            return fail(Error{Errc::GroupMismatch, "rank " + std::to_string(q) + " called " + callOf(h) + ", rank " +
+                                                       std::to_string(rank) + " " + callOf(mine) +
+                                                       " (every rank of a call passes the same op, dtype and size)"});
+    }
+    return okStatus();
 }
 
 Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
@@ -213,14 +242,14 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
     }
     const std::uint64_t start = monotonicNs();
     std::uint32_t phase = 0;
-    const Status s = g.exchange(send, bytes, phase);
+    const Status s = g.exchange(send, bytes, kRowHeaderGather, phase);
     if (s) {
         // Our own row from send, first (no other row overwrites it then):
         // the peers are reading our slot now, and reading it here as well
         // made a W = 2 4 KiB sum 0.3 us slower than the private copy.
         if (bytes) std::memmove(out + std::size_t(g.rank) * bytes, send, bytes);
         for (std::uint32_t q = 0; q < g.world; ++q)
-            if (q != g.rank) std::memmove(out + std::size_t(q) * bytes, g.rowOf(phase, q), bytes);
+            if (q != g.rank) std::memmove(out + std::size_t(q) * bytes, g.rowOf(phase, q) + sizeof(RowHeader), bytes);
     }
     g.record(kStatsAllGather, start, bytes, bool(s));
     return s;
@@ -239,10 +268,10 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     }
     const std::uint64_t start = monotonicNs();
     std::uint32_t phase = 0;
-    const Status s = g.exchange(send, bytes, phase);
+    const Status s = g.exchange(send, bytes, kRowHeaderSumBase + std::uint32_t(type), phase);
     if (s) {
         const void* rows[kMaxWorld];
-        for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.rowOf(phase, q);
+        for (std::uint32_t q = 0; q < g.world; ++q) rows[q] = g.rowOf(phase, q) + sizeof(RowHeader);
         // As in allGather, our own row from send unless recv overlaps it (in place: then from our slot).
         const auto in = reinterpret_cast<std::uintptr_t>(send), to = reinterpret_cast<std::uintptr_t>(recv);
         if (in + bytes <= to || to + bytes <= in) rows[g.rank] = send;
@@ -285,7 +314,10 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
     for (std::uint32_t q = 0; q < g.world && s; ++q) {
         RowHeader h;
         std::memcpy(&h, g.rowOf(phase, q), sizeof h);
-        if (h.magic != kRowHeaderMagic || h.countsHash != mine.countsHash || h.rowBytes != counts[q])
+        if (h.magic != kRowHeaderMagic)
+            s = g.fail(Error{Errc::GroupMismatch, "rank " + std::to_string(q) + " called " + callOf(h) + ", rank " +
+                                                      std::to_string(g.rank) + " allGatherV (every rank of a call passes the same op)"});
+        else if (h.countsHash != mine.countsHash || h.rowBytes != counts[q])
             s = g.fail(Error{Errc::GroupMismatch, "allGatherV: rank " + std::to_string(q) + " passed other counts than rank " +
                                                       std::to_string(g.rank) + " (its row is " + std::to_string(h.rowBytes) +
                                                       " bytes; counts[" + std::to_string(q) + "] here is " +

@@ -70,10 +70,13 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
         return reinterpret_cast<std::uint64_t*>(regionOf(q) + layout.flagOffset(phase, q, k));
     }
 
-    /// Stage `bytes` of `send` into the own slot of a new epoch, ring the
-    /// doorbell and wait until every peer's shard of that epoch arrived.
-    /// Returns the epoch's phase in `phase`.
-    Status exchange(const void* send, std::size_t bytes, std::uint32_t& phase);
+    /// Stage [RowHeader{0, bytes, magic} | `bytes` of `send`] into the own
+    /// slot of a new epoch, ring the doorbell, wait until every peer's row of
+    /// that epoch arrived and check every row's header against ours (another
+    /// size or call on some rank: GroupMismatch, the group broken). Returns
+    /// the epoch's phase in `phase`; rank q's row then starts at
+    /// rowOf(phase, q) + sizeof(RowHeader).
+    Status exchange(const void* send, std::size_t bytes, std::uint32_t magic, std::uint32_t& phase);
     /// exchange() without the staging: the caller wrote `bytes` into
     /// slot(phaseOf(epoch + 1), rank) itself.
     Status post(std::size_t bytes, std::uint32_t& phase);

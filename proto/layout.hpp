@@ -187,6 +187,13 @@ struct RowHeader {
 static_assert(sizeof(RowHeader) == 16);
 static_assert(offsetof(RowHeader, rowBytes) == 8);
 inline constexpr std::uint32_t kRowHeaderMagic = 0x56475054; ///< "TPGV"
+/// A host group's allGather and allReduceSum rows travel behind a RowHeader
+/// too (countsHash 0, rowBytes the call's bytes), magic naming the call: so
+/// ranks that pass another size, op or dtype fail the call on every rank
+/// (GroupMismatch) instead of reading a row of another shape. Device groups'
+/// rows carry none (docs/integration.md).
+inline constexpr std::uint32_t kRowHeaderGather = 0x41475054;   ///< "TPGA": allGather
+inline constexpr std::uint32_t kRowHeaderSumBase = 0x30535054;  ///< "TPS0" + tpf_dtype: allReduceSum of that dtype
 
 /// FNV-1a over world and every count (as u64, little-endian), identical on
 /// host and device: equal on two ranks iff (with overwhelming probability)

@@ -42,7 +42,7 @@ enum class Errc : std::uint16_t {
     NcclError = TPF_NCCL_ERROR,                           ///< an NCCL call failed
     ConfigError = TPF_CONFIG_ERROR,                       ///< bad configuration: a config key or a TPF_* variable
     DaemonUnreachable = TPF_DAEMON_UNREACHABLE,           ///< no daemon answers on the socket
-    GroupMismatch = TPF_GROUP_MISMATCH,                   ///< ranks of one group id disagree (world, duplicate rank)
+    GroupMismatch = TPF_GROUP_MISMATCH,                   ///< ranks of one group disagree (world, duplicate rank; a call's size, dtype, op or counts)
     PermissionDenied = TPF_PERMISSION_DENIED,             ///< the caller may not do this (uid, group membership)
     Closed = TPF_CLOSED,                                  ///< the group or connection is closed
     ProbeFailed = TPF_PROBE_FAILED,                       ///< the load-time probe disagreed with the reference
@@ -116,7 +116,7 @@ constexpr std::string_view errcMessage(Errc e) noexcept {
     case Errc::NcclError: return "an NCCL call failed; see the log line for the call and site";
     case Errc::ConfigError: return "bad configuration (a tpfabricd.conf key or a TPF_* variable); the detail names it and its accepted values";
     case Errc::DaemonUnreachable: return "tpfabricd does not answer on its socket; start it (systemctl start tpfabricd) or fix the socket path";
-    case Errc::GroupMismatch: return "ranks of one group disagree on world size or rank numbers; check the open calls";
+    case Errc::GroupMismatch: return "ranks of one group disagree: on world size or rank numbers at open, or on a call's size, dtype, op or counts; the detail names the rank";
     case Errc::PermissionDenied: return "not permitted; join the group first, or run as root for changing commands";
     case Errc::Closed: return "the group or connection is closed";
     case Errc::ProbeFailed: return "load-time probe disagreed with the NCCL reference; the fabric path is disabled";

@@ -137,8 +137,9 @@ TPF_API void tpf_group_close(tpf_group* group);
 
 /** Host buffers: recv (world * bytes) gets every rank's send in rank order.
  *  send and recv 16-byte aligned (else TPF_MISALIGNED); bytes at most
- *  tpf_agreed_cap (else TPF_CAP_MISMATCH); any byte count. A failed call
- *  writes nothing into recv. In place when send == recv + rank * bytes. */
+ *  tpf_agreed_cap (else TPF_CAP_MISMATCH); any byte count, the same on every
+ *  rank (else TPF_GROUP_MISMATCH on every rank). A failed call writes
+ *  nothing into recv. In place when send == recv + rank * bytes. */
 TPF_API tpf_status tpf_all_gather(tpf_group* group, const void* send, void* recv, size_t bytes);
 
 /** Host buffers: all-gather with a length per rank. `counts` has world
@@ -151,7 +152,8 @@ TPF_API tpf_status tpf_all_gather_v(tpf_group* group, const void* send, void* re
 
 /** Host buffers: recv = sum over ranks of send (count elements of `dtype`,
  *  enum tpf_dtype), added in rank order 0..W-1 (f16/bf16 accumulate in f32,
- *  rounded once), bit-identical on every rank. send may equal recv. */
+ *  rounded once), bit-identical on every rank. send may equal recv. count
+ *  and dtype the same on every rank (else TPF_GROUP_MISMATCH on every rank). */
 TPF_API tpf_status tpf_all_reduce_sum(tpf_group* group, const void* send, void* recv, size_t count, int32_t dtype);
 
 /** Device buffers (TPF_BUFFERS_DEVICE) on `stream` (a cudaStream_t; NULL the

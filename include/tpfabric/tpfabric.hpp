@@ -174,7 +174,8 @@ public:
 
     /// Host buffers: recv (world * bytes) gets every rank's send in rank
     /// order. send and recv 16-byte aligned (else Misaligned); bytes any
-    /// count up to agreedCap() (else CapMismatch). In place when
+    /// count up to agreedCap() (else CapMismatch), the same on every rank
+    /// (else GroupMismatch on every rank, nothing written). In place when
     /// send == recv + rank * bytes.
     Status allGather(const void* send, void* recv, std::size_t bytes);
     /// Host buffers: all-gather with a length per rank. counts has world()
@@ -187,7 +188,8 @@ public:
     Status allGatherV(const void* send, void* recv, std::span<const std::size_t> counts);
     /// Host buffers: recv = sum over ranks of send, added in rank order
     /// 0..W-1 (f16/bf16 accumulate in f32, rounded once to nearest even), so
-    /// every rank's result is bit-identical. send may equal recv.
+    /// every rank's result is bit-identical. send may equal recv. count and
+    /// type the same on every rank (else GroupMismatch on every rank).
     Status allReduceSum(const void* send, void* recv, std::size_t count, DType type);
 
     /// Device buffers (Buffers::Device) on `stream`: enqueues kernels only
@@ -197,7 +199,8 @@ public:
     /// agreedCap() (or when the group fell back) the call goes to NCCL on the
     /// same stream, where the group was opened over an NcclBootstrap.
     /// Any byte or element count: sizes that are not a multiple of 16 bytes
-    /// run staged (three launches instead of one; docs/gpu.md).
+    /// run staged (three launches instead of one; docs/gpu.md). Sizes must
+    /// match across ranks, as for NCCL: device groups do not check them.
     Status allGather(const void* send, void* recv, std::size_t bytes, CUstream_st* stream);
     Status allReduceSum(const void* send, void* recv, std::size_t count, DType type, CUstream_st* stream);
     /// As the host allGatherV, on `stream` (staged). A mismatch of counts is

@@ -111,3 +111,31 @@ TEST_CASE("all-gather-v with mismatched counts fails by name on every rank, noth
         }
     }
 }
+
+// The same for allGather and allReduceSum: the last rank passes 16 bytes
+// less at call 5. Every row travels behind a header naming its call, so
+// every rank fails call 5 by name, nothing written, whether the rows came
+// straight from the peers' regions or through the daemon's proxy.
+TEST_CASE("gather and sum with a size that differs between ranks fail by name on every rank, nothing written") {
+    for (const char* mode : {"gather", "sum"})
+        for (std::uint32_t world : {2u, 3u})
+            for (const char* direct : {"1", "0"}) {
+                DYNAMIC_SECTION(mode << " world " << world << " TPF_HOST_DIRECT=" << direct) {
+                    Daemon d;
+                    auto run = startRanks(d, world,
+                                          {"--max-bytes", "4096", "--sizes", "4096,48", "--mode", mode, "--iters", "20",
+                                           "--mismatch-at", "5"},
+                                          {}, {{"TPF_HOST_DIRECT", direct}});
+                    std::vector<Child*> all;
+                    for (auto& c : run.ranks) all.push_back(&c);
+                    REQUIRE(waitAll(all, 60000));
+                    for (std::uint32_t r = 0; r < world; ++r) {
+                        INFO("rank " << r << ": " << run.line(r));
+                        CHECK(exitCode(run.ranks[r]) == 1);
+                        CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
+                        CHECK(run.line(r).find(" of 32 bytes") != std::string::npos); // call 5: 48 bytes, 32 on the last rank
+                        CHECK(run.line(r).find("(every rank of a call passes the same op, dtype and size)") != std::string::npos);
+                    }
+                }
+            }
+}

@@ -50,7 +50,7 @@ struct Args {
     std::int64_t abortAt = -1;   // call abort() before this iteration
     std::int64_t stallAt = -1;   // stop posting (sleep) at this iteration
     std::int64_t exitAt = -1;    // _exit(0) without closing at this iteration
-    std::int64_t mismatchAt = -1; // gatherv: at this iteration the last rank passes other counts
+    std::int64_t mismatchAt = -1; // at this iteration the last rank passes other counts (gatherv), 16 bytes less (gather, sum)
     std::int64_t pauseAt = -1;   // before this iteration wait until goFile exists
     std::string goFile;
     std::string stopFile;        // every 16 calls all ranks agree whether it exists; stop ok if so
@@ -194,6 +194,7 @@ int runCalls(const Args& a, Group& g) {
         if (a.progress && it > 0 && it % a.progress == 0) line("PROGRESS rank=%u calls=%llu\n", a.rank, (unsigned long long)calls);
         const std::uint64_t size = a.sizes[it % a.sizes.size()];
         const bool sum = a.mode == "sum" || (a.mode == "mixed" && it % 2);
+        const bool skew = std::int64_t(it) == a.mismatchAt && a.rank == a.world - 1;
         start = monotonicNs();
         std::memset(recv.data(), kSentinel, outBytes);
         if (a.mode == "gatherv") {
@@ -202,7 +203,7 @@ int runCalls(const Args& a, Group& g) {
             std::size_t at = 0;
             for (std::uint32_t q = 0; q < a.world; ++q)
                 counts[q] = q == it % a.world ? 0 : std::size_t(mix(it * 131 + q) % (size + 1));
-            if (std::int64_t(it) == a.mismatchAt && a.rank == a.world - 1) counts[a.rank] += 16;
+            if (skew) counts[a.rank] += 16;
             fillBytes(send.data(), counts[a.rank], it, a.rank);
             const Status s = g.allGatherV(send.data(), recv.data(), counts);
             if (!s) return failed(s);
@@ -220,7 +221,7 @@ int runCalls(const Args& a, Group& g) {
                 }
         } else if (!sum) {
             fillBytes(send.data(), size, it, a.rank);
-            const Status s = g.allGather(send.data(), recv.data(), size);
+            const Status s = g.allGather(send.data(), recv.data(), skew && size >= 16 ? size - 16 : size);
             if (!s) return failed(s);
             for (std::uint32_t q = 0; q < a.world; ++q) {
                 fillBytes(expect.data(), size, it, q);
@@ -235,7 +236,7 @@ int runCalls(const Args& a, Group& g) {
             const DType t = types[(it / 2) % 3];
             const std::size_t count = size / dtypeSize(t);
             fillValues(send.data(), count, t, it, a.rank);
-            const Status s = g.allReduceSum(send.data(), recv.data(), count, t);
+            const Status s = g.allReduceSum(send.data(), recv.data(), skew ? count - 16 / dtypeSize(t) : count, t);
             if (!s) return failed(s);
             const auto ref = referenceSum(count, t, it, a.world);
             if (std::memcmp(recv.data(), ref.data(), ref.size()) != 0) {
@@ -289,7 +290,7 @@ int main(int argc, char** argv) {
     app.add_option("--abort-at", a.abortAt);
     app.add_option("--stall-at", a.stallAt);
     app.add_option("--exit-at", a.exitAt);
-    app.add_option("--mismatch-at", a.mismatchAt, "gatherv: the last rank's counts differ at this iteration");
+    app.add_option("--mismatch-at", a.mismatchAt, "the last rank's counts differ at this iteration (gatherv), or its size is 16 bytes less (gather, sum)");
     app.add_option("--pause-at", a.pauseAt, "before this iteration print PAUSED and wait for --go-file");
     app.add_option("--go-file", a.goFile);
     app.add_option("--stop-file", a.stopFile, "every 16 calls the ranks agree whether it exists; stop ok if so");
