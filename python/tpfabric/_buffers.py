@@ -67,19 +67,28 @@ class HostBuffer(NamedTuple):
 def host_buffer(x: Any, what: str, *, writable: bool = False) -> HostBuffer:
     """Describe ``x`` (a numpy array or a CPU torch tensor), refusing what the library cannot take.
 
-    Raises TypeError for other objects and ValueError for non-contiguous,
+    Raises TypeError for other objects and for arrays holding Python objects
+    (``dtype.hasobject``), and ValueError for non-contiguous,
     read-only (when ``writable``) or non-CPU buffers. Alignment is left to the
     library, which raises :class:`tpfabric.Misaligned`.
     """
     iface = getattr(x, "__array_interface__", None)
     if iface is not None:  # numpy (or anything exposing the array interface)
+        dtype = x.dtype
+        # Object arrays hold PyObject pointers into this process: copied to another rank they
+        # are addresses of nothing there (the reader crashes), summed they are nonsense.
+        if getattr(dtype, "hasobject", False):
+            raise TypeError(
+                f"{what}: a {dtype} array holds Python objects (pointers valid only in this process); "
+                "the collectives take arrays of plain numbers or bytes (float, int, uint, bool, fixed-size "
+                "records without objects): serialise objects to a uint8 array first"
+            )
         flags = getattr(x, "flags", None)
         if flags is not None and not flags["C_CONTIGUOUS"]:
             raise ValueError(f"{what}: the array is not C-contiguous (np.ascontiguousarray, or tpfabric.aligned)")
         ptr, readonly = iface["data"]
         if writable and readonly:
             raise ValueError(f"{what}: the array is read-only")
-        dtype = x.dtype
         return HostBuffer(int(ptr or 0), int(x.nbytes), int(x.size), int(dtype.itemsize), str(dtype.name))
     if hasattr(x, "data_ptr") and hasattr(x, "is_contiguous") and type(x).__module__.startswith("torch"):
         if x.device.type != "cpu":

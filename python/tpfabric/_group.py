@@ -8,6 +8,8 @@ and a stream (the ``*_raw`` methods), as :mod:`tpfabric.torch` uses them.
 from __future__ import annotations
 
 import ctypes
+import operator
+import os
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -20,6 +22,34 @@ _TIMEOUT, _PEER_LOST = 3, 4
 
 AllGatherFn = Callable[[bytes], bytes]
 """A Python bootstrap: takes this rank's record, returns every rank's in rank order (world * len(record) bytes)."""
+
+_U32, _U64 = 32, 64
+
+
+def unsigned(value: Any, what: str, bits: int = _U32) -> int:
+    """``value`` as an int that fits the C ABI's unsigned ``bits``-bit argument; ValueError naming ``what`` otherwise.
+
+    ctypes would wrap -1 to 4294967295 (``rank 4294967295``, a timeout of 49
+    days) and 2**32 to 0 without a word.
+    """
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}={value!r}: expected an integer, got {type(value).__name__}") from None
+    if v < 0:
+        raise ValueError(f"{what}={v}: must not be negative")
+    if v >> bits:
+        raise ValueError(f"{what}={v}: above {(1 << bits) - 1}, the largest the C ABI's {bits}-bit argument takes")
+    return v
+
+
+def forked_error(pid: int, what: str = "group") -> Closed:
+    """What a forked child gets for using its parent's group: it shares the parent's sockets and rings."""
+    return Closed(
+        f"Closed: this {what} was opened by process {pid}; a forked child cannot use it: open a new {what} in the child",
+        25,
+        "Closed",
+    )
 
 
 def raise_status(code: int, context: str = "") -> None:
@@ -48,15 +78,19 @@ class TcpBootstrap:
     def __init__(self, rank: int, world: int, host_port: str, timeout_ms: int = 0) -> None:
         handle = ctypes.c_void_p()
         self._handle: Optional[int] = None
+        self._pid = os.getpid()
+        rank, world = unsigned(rank, "rank"), unsigned(world, "world")
+        timeout_ms = unsigned(timeout_ms, "timeout_ms")
         raise_status(_L.tpf_tcp_bootstrap_create(rank, world, host_port.encode(), timeout_ms, ctypes.byref(handle)))
         self._handle = handle.value
         self.rank, self.world = rank, world
 
     def close(self) -> None:
-        """Free the bootstrap (its sockets). Idempotent."""
+        """Free the bootstrap (its sockets). Idempotent. In a forked child: forgets the parent's, frees nothing."""
         if self._handle:
-            _L.tpf_tcp_bootstrap_destroy(self._handle)
-            self._handle = None
+            h, self._handle = self._handle, None
+            if os.getpid() == self._pid:
+                _L.tpf_tcp_bootstrap_destroy(h)
 
     def __enter__(self) -> "TcpBootstrap":
         return self
@@ -68,9 +102,14 @@ class TcpBootstrap:
         self.close()
 
 
+class _NotBytes(TypeError):
+    """The Python bootstrap returned something that is not bytes: the caller's mistake, a TypeError after the open."""
+
+
 class _Trampoline:
     """A Python all-gather as a ``tpf_allgather_fn``. An exception inside it becomes a failing
-    status (the open then fails, and raises with the exception as its cause), never a crash."""
+    status (the open then fails, and raises with the exception as its cause), never a crash;
+    KeyboardInterrupt and SystemExit are raised as themselves after it, a return that is not bytes as a TypeError."""
 
     def __init__(self, raw: Callable[[int, int, int], None]) -> None:
         self.raw = raw
@@ -93,7 +132,14 @@ def bytes_allgather(fn: AllGatherFn, world: int) -> Callable[[int, int, int], No
     """A raw (pointer) all-gather over a Python one of bytes."""
 
     def raw(mine: int, out: int, nbytes: int) -> None:
-        got = fn(ctypes.string_at(mine, nbytes) if nbytes else b"")
+        returned = fn(ctypes.string_at(mine, nbytes) if nbytes else b"")
+        try:  # bytes-like only: ctypes would copy a str's characters as raw memory
+            got = bytes(memoryview(returned))
+        except TypeError:
+            raise _NotBytes(
+                f"bootstrap: the callable returned {type(returned).__name__}; it must return bytes "
+                f"(every rank's record in rank order, world * len(mine) bytes: b''.join(records))"
+            ) from None
         if len(got) != world * nbytes:
             raise ValueError(f"the bootstrap returned {len(got)} bytes, expected world * {nbytes} = {world * nbytes}")
         if nbytes:
@@ -124,7 +170,8 @@ class Group:
         bootstrap: how the ranks exchange their open records: a
             :class:`TcpBootstrap`, a ``"host:port"`` string (a TcpBootstrap
             made and freed here), or a Python callable ``f(mine: bytes) ->
-            bytes`` returning every rank's record in rank order.
+            bytes`` returning every rank's record in rank order (bytes-like;
+            anything else is a TypeError).
         buffers: ``"host"`` (numpy arrays, CPU tensors) or ``"device"`` (CUDA
             pointers on a stream: the ``*_raw`` methods; needs a CUDA build).
         socket_path: the daemon's socket (default ``$TPF_SOCKET``, else
@@ -137,7 +184,9 @@ class Group:
         tpfabric.Error: the open failed; the subclass names why (``Unavailable``
             with the reason, ``ConfigError``, ``Timeout``, ...), the same on every rank.
 
-    A group is used by one thread at a time. Use it as a context manager, or call :meth:`close`.
+    A group is used by one thread at a time, of the process that opened it: in a fork()ed
+    child every call raises :class:`tpfabric.Closed`, and close() leaves the parent's group
+    alone. Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(
@@ -157,6 +206,10 @@ class Group:
         max_blocks: int = 0,
     ) -> None:
         self._h: Optional[int] = None
+        self._pid = os.getpid()  # a forked child shares this group's sockets and rings: it must not use or close them
+        rank, world, max_bytes = unsigned(rank, "rank"), unsigned(world, "world"), unsigned(max_bytes, "max_bytes", _U64)
+        timeout_ms, open_timeout_ms = unsigned(timeout_ms, "timeout_ms"), unsigned(open_timeout_ms, "open_timeout_ms")
+        spin_us, max_blocks = unsigned(spin_us, "spin_us"), unsigned(max_blocks, "max_blocks")
         opts = _lib.OpenOptions()
         _L.tpf_open_options_init(ctypes.byref(opts))
         opts.buffers = _choice(_BUFFERS, buffers, "buffers")
@@ -189,13 +242,19 @@ class Group:
             code = _L.tpf_group_open(rank, world, max_bytes, fn, ctx, ctypes.byref(opts), ctypes.byref(handle))
             if code != _lib.OK:
                 may_fall_back = bool(_L.tpf_last_open_may_fall_back())  # this thread's, before any other call
+                cause = trampoline.error if trampoline is not None else None
+                # Ctrl-C or sys.exit() inside the bootstrap, or a wrong return type: not a peer's failure.
+                if cause is not None and not isinstance(cause, Exception):
+                    raise cause
+                if isinstance(cause, _NotBytes):
+                    raise TypeError(str(cause)) from None
                 try:
                     raise_status(code)
                 except Error as e:
                     if isinstance(e, Unavailable):
                         e.may_fall_back = may_fall_back
-                    if trampoline is not None and trampoline.error is not None:
-                        raise e from trampoline.error
+                    if cause is not None:
+                        raise e from cause
                     raise
         finally:
             if owned is not None:
@@ -213,6 +272,8 @@ class Group:
     def _handle(self) -> int:
         if self._h is None:
             raise Closed("Closed: the group was closed", 25, "Closed")
+        if os.getpid() != self._pid:
+            raise forked_error(self._pid)
         return self._h
 
     @property
@@ -222,11 +283,14 @@ class Group:
 
     def fits(self, nbytes: int) -> bool:
         """``nbytes <= agreed_cap``: the same answer on every rank."""
-        return nbytes <= self.agreed_cap
+        n = operator.index(nbytes)
+        if n < 0:  # not "fits": a negative size is a mistake, as it is for every call that takes one
+            raise ValueError(f"nbytes={n}: must not be negative")
+        return n <= self.agreed_cap
 
     def route(self, peer: int) -> str:
         """How this rank reaches ``peer``: ``"self"``, ``"shm"``, ``"verbs"``, ``"ipc"`` (``"none"`` out of range)."""
-        return _L.tpf_route(self._handle(), peer).decode()
+        return _L.tpf_route(self._handle(), unsigned(peer, "peer")).decode()
 
     def check(self) -> None:
         """Raise the group's recorded failure, if any (device groups: after synchronising the stream)."""
@@ -237,10 +301,15 @@ class Group:
         raise_status(_L.tpf_abort(self._handle()))
 
     def close(self) -> None:
-        """Leave the group and free it. Idempotent. Device groups: every call must have finished (synchronise first)."""
+        """Leave the group and free it. Idempotent. Device groups: every call must have finished (synchronise first).
+
+        In a forked child, forgets the parent's group without telling the
+        library: leaving would end the parent's membership too.
+        """
         if self._h is not None:
             h, self._h = self._h, None
-            _L.tpf_group_close(h)
+            if os.getpid() == self._pid:
+                _L.tpf_group_close(h)
 
     def __enter__(self) -> "Group":
         return self
@@ -250,6 +319,9 @@ class Group:
 
     def __del__(self) -> None:
         if getattr(self, "_h", None) is None:
+            return
+        if os.getpid() != self._pid:  # a forked child's copy: the parent's group, not ours to close
+            self._h = None
             return
         if self.buffers == "device":  # its calls may still run on a stream we cannot synchronise here
             warnings.warn("tpfabric.Group (device) collected without close(); leaked", ResourceWarning, stacklevel=1)
@@ -313,6 +385,7 @@ class Group:
     # -- raw pointers (device groups on a stream; host groups with stream None) -----------------------------
     def all_gather_raw(self, send: int, recv: int, nbytes: int, stream: Optional[int] = None) -> None:
         """``tpf_all_gather`` (host group, ``stream`` None) or ``tpf_all_gather_async`` on ``stream`` (a cudaStream_t as an int)."""
+        nbytes = unsigned(nbytes, "nbytes", _U64)
         if self.buffers == "device":
             raise_status(_L.tpf_all_gather_async(self._handle(), send, recv, nbytes, stream))
         else:
@@ -320,7 +393,7 @@ class Group:
 
     def all_reduce_sum_raw(self, send: int, recv: int, count: int, dtype: DTypeLike, stream: Optional[int] = None) -> None:
         """``tpf_all_reduce_sum`` / ``tpf_all_reduce_sum_async`` as :meth:`all_gather_raw`."""
-        d = int(as_dtype(dtype))
+        d, count = int(as_dtype(dtype)), unsigned(count, "count", _U64)
         if self.buffers == "device":
             raise_status(_L.tpf_all_reduce_sum_async(self._handle(), send, recv, count, d, stream))
         else:
@@ -345,9 +418,10 @@ class _RawAllGather:
 
 
 def _counts(counts: Sequence[int], itemsize: int) -> "ctypes.Array[ctypes.c_size_t]":
-    if any(c < 0 for c in counts):
+    if any(operator.index(c) < 0 for c in counts):
         raise ValueError(f"counts {list(counts)}: negative")
-    return (ctypes.c_size_t * len(counts))(*[int(c) * itemsize for c in counts])
+    in_bytes = [unsigned(c * itemsize, f"counts[{r}] in bytes", _U64) for r, c in enumerate(counts)]
+    return (ctypes.c_size_t * len(counts))(*in_bytes)
 
 
 def library_version() -> str:
@@ -356,7 +430,7 @@ def library_version() -> str:
 
 
 def library_path() -> str:
-    """The library file (or soname) that was loaded."""
+    """The library file that was loaded: ``$TPF_LIBRARY`` as given, else the path the dynamic loader opened."""
     return _lib.path
 
 

@@ -7,7 +7,8 @@ Where the library is looked for, first match wins:
    relation between the two directories is recorded at install time, so a
    ``--destdir`` tree or a moved prefix still finds its own library).
 3. The dynamic loader's search for ``libtpfabric.so.0`` (``LD_LIBRARY_PATH``,
-   ``ld.so.cache``, the system directories).
+   ``ld.so.cache``, the system directories); ``path`` is then the file it
+   opened, as ``dladdr`` reports it.
 
 Failing all, ImportError names every place tried and why each failed.
 At load, the layout of ``tpf_open_options`` and the status names are
@@ -103,6 +104,32 @@ def _installed_candidates() -> List[str]:
     return list(dict.fromkeys(found))
 
 
+class _DlInfo(ctypes.Structure):
+    """glibc's and musl's ``Dl_info`` (``<dlfcn.h>``)."""
+
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _loaded_from(found: ctypes.CDLL) -> Optional[str]:
+    """The file the dynamic loader opened for ``found`` (``dladdr`` of one of its functions), absolute; None if unknown.
+
+    The loader's search (LD_LIBRARY_PATH, ld.so.cache) is not Python's to
+    repeat: ask it where the code it mapped came from.
+    """
+    for libc in (None, "libdl.so.2"):  # dladdr is in libc since glibc 2.34, in libdl before
+        try:
+            dladdr = ctypes.CDLL(libc).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.restype, dladdr.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        info = _DlInfo()
+        if dladdr(ctypes.cast(found.tpf_version, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+            return os.path.abspath(os.fsdecode(info.dli_fname))
+        return None
+    return None
+
+
 def _load() -> Tuple[ctypes.CDLL, str]:
     tried: List[str] = []
     override = os.environ.get("TPF_LIBRARY", "")
@@ -123,9 +150,11 @@ def _load() -> Tuple[ctypes.CDLL, str]:
         except OSError as e:
             tried.append(f"{path} ({e})")
     try:
-        return ctypes.CDLL(SONAME), SONAME
+        found = ctypes.CDLL(SONAME)
     except OSError as e:
         tried.append(f"{SONAME} through the dynamic loader ({e})")
+    else:
+        return found, _loaded_from(found) or SONAME
     raise ImportError(
         "tpfabric: libtpfabric.so.0 not found. Tried: "
         + "; ".join(tried)

@@ -30,13 +30,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._group import Group, _RawAllGather, raise_status
+from ._group import Group, _RawAllGather, forked_error, raise_status
 from .errors import Closed, Unavailable
 
 __all__ = ["Communicator"]
@@ -120,6 +121,7 @@ class Communicator:
         self.rank: int = dist.get_rank(self.group)
         self.world: int = dist.get_world_size(self.group)
         self.backend: str = str(dist.get_backend(self.group)).lower()
+        self._pid = os.getpid()  # a forked child shares the group's sockets and rings: see _live()
         self.device: torch.device = self._device_of(device)
         self._cuda = self.device.type == "cuda"
         # CUDA tensors go to NCCL where the group has it ("nccl", "cpu:gloo,cuda:nccl"), the rest to gloo.
@@ -168,17 +170,30 @@ class Communicator:
             if "nccl" in self.backend and torch.cuda.is_available():
                 return torch.device("cuda", torch.cuda.current_device())
             return torch.device("cpu")
-        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if isinstance(device, int) and device < 0:
+            raise ValueError(f"device={device}: a CUDA device index must not be negative")
+        try:
+            d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device={device!r}: not a torch device ({e}); 'cuda', 'cuda:N', N or 'cpu'") from None
+        if d.type not in ("cuda", "cpu"):
+            raise ValueError(f"device={device!r}: cuda or cpu")
+        # Before torch.cuda asks for it: a CPU-only torch answers with a bare AssertionError.
+        if d.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r}: this torch has no usable CUDA (torch.cuda.is_available() is False; "
+                f"built with CUDA {torch.version.cuda or 'none'}); leave device=None or pass 'cpu' for a host group"
+            )
         if d.type == "cuda" and d.index is None:
             d = torch.device("cuda", torch.cuda.current_device())
-        if d.type not in ("cuda", "cpu"):
-            raise ValueError(f"device {d}: cuda or cpu")
         return d
 
     # -- what the group is -----------------------------------------------------------------------------
     @property
     def path(self) -> str:
-        """``"fabric"`` when tpfabric takes the calls that fit, ``"torch.distributed"`` when the group fell back."""
+        """``"fabric"`` (tpfabric takes the calls that fit), ``"torch.distributed"`` (fell back at open) or ``"closed"``."""
+        if self._closed:
+            return "closed"
         return "fabric" if self._g is not None else "torch.distributed"
 
     @property
@@ -188,7 +203,7 @@ class Communicator:
 
     @property
     def disabled(self) -> bool:
-        """True when every call goes to torch.distributed (fell back at open, or closed)."""
+        """True when no call goes to the fabric: every call to torch.distributed (fell back at open), or closed."""
         return self._g is None
 
     def should_use(self, tensor: torch.Tensor, op: str = "all_reduce") -> bool:
@@ -197,7 +212,7 @@ class Communicator:
         The communicator decides by itself; this is for engines that want to
         know (as vLLM's ``should_custom_ar``), never needed for correctness.
         """
-        if self._h is None or op not in self._refused:
+        if self._h is None or op not in self._refused or os.getpid() != self._pid:
             return False
         if op == "all_reduce" and tensor.dtype not in _SUM_DTYPES:
             return False
@@ -218,6 +233,9 @@ class Communicator:
     def _live(self) -> None:
         if self._closed:
             raise Closed("Closed: the communicator was closed", 25, "Closed")
+        # Either path: the fabric group and the torch.distributed group are both the parent's.
+        if os.getpid() != self._pid:
+            raise forked_error(self._pid, "communicator")
 
     def _settle(self, code: int, nbytes: int, op: str) -> bool:
         """True when the library took the call; False when it refused it at once (torch.distributed then); raises otherwise."""
@@ -240,8 +258,13 @@ class Communicator:
         """
         self._live()
         dst = tensor if out is None else out
-        if out is not None and (out.dtype != tensor.dtype or out.numel() != tensor.numel()):
-            raise ValueError(f"out ({out.numel()} x {out.dtype}) must match tensor ({tensor.numel()} x {tensor.dtype})")
+        # Shape too, not only the count: torch.distributed's path copies tensor into out, which fails for
+        # most other shapes; the fabric's would take them, and a call would work or fail by its size.
+        if out is not None and (out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device):
+            raise ValueError(
+                f"out is {tuple(out.shape)} {out.dtype} on {out.device}, tensor {tuple(tensor.shape)} {tensor.dtype} "
+                f"on {tensor.device}: all_reduce's out must match tensor (torch.empty_like(tensor))"
+            )
         if tensor.numel() == 0:
             return dst
         h = self._h
@@ -281,6 +304,8 @@ class Communicator:
             raise ValueError(
                 f"out ({out.numel()} x {out.dtype}) must hold world * inp ({self.world} x {inp.numel()} x {inp.dtype})"
             )
+        if out.device != inp.device:  # the fabric never takes it, and torch.distributed fails by backend
+            raise ValueError(f"out is on {out.device}, inp on {inp.device}: all_gather_into_tensor takes one device")
         h = self._h
         nbytes = inp.numel() * inp.element_size()
         if nbytes == 0:
@@ -327,14 +352,17 @@ class Communicator:
             self._g.abort()
 
     def close(self) -> None:
-        """Leave the group (synchronising this device first). Idempotent; later calls raise ``tpfabric.Closed``."""
+        """Leave the group (synchronising this device first). Idempotent; later calls raise ``tpfabric.Closed``.
+
+        In a forked child, forgets the parent's group without leaving it.
+        """
         if self._closed:
             return
         self._closed = True
         if self._g is not None:
-            if self._cuda:
+            if self._cuda and os.getpid() == self._pid:
                 torch.cuda.synchronize(self.device)
-            self._g.close()
+            self._g.close()  # in a forked child: drops the handle, the parent's membership stays
             self._g, self._h = None, None
 
     def __enter__(self) -> "Communicator":
@@ -344,7 +372,5 @@ class Communicator:
         self.close()
 
     def __repr__(self) -> str:
-        return (
-            f"<tpfabric.torch.Communicator rank {self.rank} of {self.world} on {self.device} "
-            f"path={self.path} cap={self.agreed_cap}{' closed' if self._closed else ''}>"
-        )
+        state = "closed" if self._closed else f"path={self.path} cap={self.agreed_cap}"
+        return f"<tpfabric.torch.Communicator rank {self.rank} of {self.world} on {self.device} {state}>"

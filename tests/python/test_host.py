@@ -5,7 +5,8 @@ identical on every rank, all-gather-v, and failures as named exceptions: a
 killed peer (PeerLost), abort (Aborted), misaligned buffers (Misaligned), a
 size above the cap (CapMismatch), TPF_DISABLE=1 on one rank (Unavailable on
 every rank, no daemon contacted), no daemon (Unavailable), a bad TPF_*
-variable (ConfigError on every rank), and a Python bootstrap over files.
+variable (ConfigError on every rank), a Python bootstrap over files, and a
+fork()ed child that must leave its parent's group alone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import List, Tuple
+import traceback
+from typing import Callable, List, Tuple
 
 import numpy as np
 import pytest
@@ -144,6 +146,31 @@ def rank_refusals(rank: int, world: int, sock: str, port: int) -> None:
         assert (out == 0xA5).all()
 
 
+def rank_size_mismatch(rank: int, world: int, sock: str, port: int, op: str) -> None:
+    import tpfabric
+
+    with tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock) as g:
+        n = 256 if rank == world - 1 else 512  # the last rank passes half the elements
+        inp = tpfabric.empty(n, "float32")
+        inp[:] = 1.0
+        out = tpfabric.empty(world * 512, "float32")
+        out[:] = 7.0
+        with pytest.raises(tpfabric.GroupMismatch, match="same op, dtype and size") as e:
+            if op == "gather":
+                g.all_gather(out[: world * n], inp)
+            else:
+                g.all_reduce_sum(out[:n], inp)
+        assert " of 1024 bytes" in str(e.value) and " of 2048 bytes" in str(e.value), str(e.value)
+        assert (out == 7.0).all()  # nothing written
+        with pytest.raises(tpfabric.GroupMismatch):
+            g.check()  # the group is broken: reopen
+
+
+@pytest.mark.parametrize("op", ["gather", "sum"])
+def test_size_mismatch_between_ranks(daemon: Daemon, op: str) -> None:
+    run_ranks(rank_size_mismatch, 3, daemon.socket, free_port(), op)
+
+
 def test_refusals(daemon: Daemon) -> None:
     run_ranks(rank_refusals, 2, daemon.socket, free_port())
 
@@ -259,7 +286,10 @@ class FileStore:
 def rank_python_bootstrap(rank: int, world: int, sock: str, directory: str) -> None:
     import tpfabric
 
-    with tpfabric.Group(rank, world, 8192, FileStore(rank, world, directory), socket_path=sock) as g:
+    store = FileStore(rank, world, directory)
+    # Any bytes-like return will do, one kind a rank: bytes, bytearray, memoryview, a numpy array.
+    as_returned = [bytes, bytearray, memoryview, lambda b: np.frombuffer(b, np.uint8)][rank % 4]
+    with tpfabric.Group(rank, world, 8192, lambda mine: as_returned(store(mine)), socket_path=sock) as g:
         inp = tpfabric.empty(8192, "uint8")
         inp[:] = refs.pattern(rank, 3, 8192)
         out = tpfabric.empty(8192 * world, "uint8")
@@ -268,4 +298,70 @@ def rank_python_bootstrap(rank: int, world: int, sock: str, directory: str) -> N
 
 
 def test_python_bootstrap(daemon: Daemon, tmp_path: "os.PathLike[str]") -> None:
-    run_ranks(rank_python_bootstrap, 3, daemon.socket, str(tmp_path))
+    run_ranks(rank_python_bootstrap, 4, daemon.socket, str(tmp_path))
+
+
+def _in_child(body: "Callable[[], None]") -> int:
+    """Run ``body`` in a fork()ed child; its exit status (0: body returned, 1: it raised, printed)."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            body()
+            status = 0
+        except BaseException:  # noqa: BLE001 - reported through the status; the parent's stack must not unwind here
+            traceback.print_exc()
+        finally:
+            os._exit(status)  # no atexit, no finalisers of the parent's objects: only what body did
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def rank_fork(rank: int, world: int, sock: str, port: int) -> int:
+    import gc
+
+    import tpfabric
+
+    g = tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock, timeout_ms=5000)
+    rows = [refs.values_f32(q, 1, 256) for q in range(world)]
+    x, out = tpfabric.aligned(rows[rank]), tpfabric.empty(256, "float32")
+
+    def sum_ok() -> None:
+        out.fill(0)
+        g.all_reduce_sum(out, x)
+        assert np.array_equal(out.view(np.uint32), refs.sum_f32(rows).view(np.uint32))
+
+    sum_ok()
+    forked = 0
+    if rank == 0:
+        parent = os.getpid()
+        want = rf"^Closed: this group was opened by process {parent}; a forked child cannot use it: open a new group"
+
+        def use_then_close() -> None:
+            # Raised at once: a call from the child would consume the parent's collective.
+            with pytest.raises(tpfabric.Closed, match=want):
+                g.all_reduce_sum(out, x)
+            for call in (g.check, lambda: g.route(1), lambda: g.all_gather(tpfabric.empty((world, 256), "float32"), x)):
+                with pytest.raises(tpfabric.Closed, match=want):
+                    call()
+            g.close()  # must not leave the parent's group
+            assert g.closed
+            g.close()
+
+        def collected() -> None:
+            nonlocal g
+            del g  # __del__ in the child: must not close the parent's group either
+            gc.collect()
+
+        for body in (use_then_close, collected):
+            assert _in_child(body) == 0, "the forked child failed (its traceback is above)"
+            forked += 1
+    # The parent's group, and its peer's, are untouched: no PeerLost, no DaemonLost, sums still right.
+    for _ in range(5):
+        sum_ok()
+    g.check()
+    g.close()
+    return forked
+
+
+def test_forked_child_leaves_the_parents_group_alone(daemon: Daemon) -> None:
+    assert run_ranks(rank_fork, 2, daemon.socket, free_port()) == [2, 0]

@@ -1,4 +1,6 @@
-"""The package alone, in one process: finding the library, the ABI checks, errors, buffers, world-1 groups.
+"""The package alone, in one process: finding the library, the ABI checks, errors, buffers, world-1 groups,
+and what the package refuses before the library is called (negative integers, object arrays, a bootstrap
+that is interrupted or returns no bytes).
 
 No daemon: a world-1 group is a plain copy, and a bootstrap that fails
 fails the open before any daemon is asked.
@@ -33,12 +35,14 @@ def test_library_from_tpf_library() -> None:
 
 def test_library_through_the_dynamic_loader() -> None:
     with tempfile.TemporaryDirectory() as d:
-        os.symlink(os.environ["TPF_LIBRARY"], os.path.join(d, "libtpfabric.so.0"))
+        link = os.path.join(d, "libtpfabric.so.0")
+        os.symlink(os.environ["TPF_LIBRARY"], link)
         env = {k: v for k, v in os.environ.items() if k != "TPF_LIBRARY"}
         env["LD_LIBRARY_PATH"] = d
         r = _import_in_child(env)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == "libtpfabric.so.0"
+        assert r.returncode == 0, r.stderr
+        # The file the loader opened, not the name it was asked for.
+        assert r.stdout.splitlines()[0] == link
 
 
 def test_library_missing_names_what_it_tried() -> None:
@@ -51,8 +55,9 @@ def test_library_missing_names_what_it_tried() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TPF_LIBRARY"}
     env["LD_LIBRARY_PATH"] = "/nonexistent"
     r = _import_in_child(env)
-    if r.returncode == 0:  # an installed libtpfabric.so.0 on this machine: found as it should be
-        assert r.stdout.splitlines()[0] == "libtpfabric.so.0"
+    if r.returncode == 0:  # an installed libtpfabric.so.0 on this machine: found as it should be, and named
+        found = r.stdout.splitlines()[0]
+        assert os.path.isabs(found) and os.path.basename(found).startswith("libtpfabric.so.0"), found
     else:
         assert "libtpfabric.so.0 not found. Tried: libtpfabric.so.0 through the dynamic loader" in r.stderr
         assert "set TPF_LIBRARY=/path/to/libtpfabric.so.0" in r.stderr
@@ -161,6 +166,80 @@ def test_open_refusals() -> None:
         tpfabric.Group(0, 2, 4096, 42)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("arg", ["rank", "world", "max_bytes", "timeout_ms", "open_timeout_ms", "spin_us", "max_blocks"])
+def test_negative_and_oversized_integers_are_refused(arg: str) -> None:
+    """ctypes wraps -1 into 4294967295 and 2**32 into 0: every unsigned argument is checked before the library sees it."""
+    called = []
+
+    def boot(mine: bytes) -> bytes:
+        called.append(mine)
+        return mine
+
+    def open_with(value: object) -> None:
+        positional = {"rank": 0, "world": 2, "max_bytes": 4096}  # world 2: a bad value let through calls boot
+        if arg in positional:
+            p = dict(positional, **{arg: value})
+            tpfabric.Group(p["rank"], p["world"], p["max_bytes"], boot)  # type: ignore[arg-type]
+        else:
+            tpfabric.Group(0, 2, 4096, boot, **{arg: value})  # type: ignore[arg-type]
+
+    too_big = 1 << (64 if arg == "max_bytes" else 32)
+    with pytest.raises(ValueError, match=rf"^{arg}=-1: must not be negative$"):
+        open_with(-1)
+    with pytest.raises(ValueError, match=rf"^{arg}={too_big}: above {too_big - 1}"):
+        open_with(too_big)
+    with pytest.raises(TypeError, match=rf"^{arg}=1.5: expected an integer"):
+        open_with(1.5)
+    assert not called, "the open began despite a bad argument"
+
+
+def test_negative_integers_on_a_group_and_a_bootstrap() -> None:
+    with _world1() as g:
+        with pytest.raises(ValueError, match=r"^nbytes=-1: must not be negative"):
+            g.fits(-1)
+        with pytest.raises(ValueError, match=r"^peer=-1: must not be negative"):
+            g.route(-1)
+        assert g.route(0) == "self" and g.route(1) == "none"
+        assert g.fits(0) and not g.fits(1 << 70)  # Python ints: no wrap
+        buf = tpfabric.zeros(16, "float32")
+        with pytest.raises(ValueError, match=r"^nbytes=-1: must not be negative"):
+            g.all_gather_raw(buf.ctypes.data, buf.ctypes.data, -1)
+        with pytest.raises(ValueError, match=r"^count=-4: must not be negative"):
+            g.all_reduce_sum_raw(buf.ctypes.data, buf.ctypes.data, -4, "float32")
+        with pytest.raises(ValueError, match="negative"):
+            g.all_gather_v_raw(buf.ctypes.data, buf.ctypes.data, [-16])
+        g.all_reduce_sum_raw(buf.ctypes.data, buf.ctypes.data, 16, "float32")  # still usable
+    for kw in ({"rank": -1}, {"world": -2}, {"timeout_ms": -1}):
+        args = dict({"rank": 0, "world": 2, "timeout_ms": 0}, **kw)
+        name, value = next(iter(kw.items()))
+        with pytest.raises(ValueError, match=rf"^{name}={value}: must not be negative"):
+            tpfabric.TcpBootstrap(args["rank"], args["world"], "127.0.0.1:1", args["timeout_ms"])
+
+
+def test_object_arrays_are_refused() -> None:
+    """Object arrays hold this process's PyObject pointers: gathered to another rank they crash its reader."""
+    with _world1() as g:
+        inp = np.empty(4, dtype=object)
+        inp[:] = ["a", 1, [2], None]
+        out = np.empty(4, dtype=object)
+        with pytest.raises(TypeError, match=r"^inp: a object array holds Python objects"):
+            g.all_gather(out, inp)
+        with pytest.raises(TypeError, match=r"^out: a object array holds Python objects"):
+            g.all_gather(out, tpfabric.zeros(4, "float64"))
+        rec = np.zeros(2, dtype=[("x", "f8"), ("obj", "O")])  # a structured dtype with an object field
+        with pytest.raises(TypeError, match="holds Python objects"):
+            g.all_gather(rec.copy(), rec)
+        with pytest.raises(TypeError, match="holds Python objects"):
+            g.all_gather_v(out, inp, [4])
+        with pytest.raises(TypeError, match="holds Python objects"):
+            g.all_reduce_sum(out, inp)
+        plain = np.zeros(2, dtype=[("x", "f8"), ("n", "i8")])  # records without objects: bytes, gathered as such
+        plain["n"] = [7, 9]
+        got = np.zeros(2, dtype=plain.dtype)
+        g.all_gather(got, plain)
+        assert np.array_equal(got, plain)
+
+
 class _Boom(RuntimeError):
     pass
 
@@ -189,6 +268,27 @@ def test_bootstrap_exceptions_fail_the_open_not_the_process() -> None:
 
     with pytest.raises(tpfabric.Aborted, match="callback returned 6"):
         tpfabric.Group(0, 2, 4096, aborted)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)])
+def test_bootstrap_interrupt_is_raised_as_itself(exc: BaseException) -> None:
+    """Ctrl-C or sys.exit() inside the bootstrap must stop the program as it would anywhere else, not read as PeerLost."""
+    calls = []
+
+    def interrupted(mine: bytes) -> bytes:
+        calls.append(len(mine))
+        raise exc
+
+    with pytest.raises(type(exc)) as e:
+        tpfabric.Group(0, 2, 4096, interrupted)
+    assert e.value is exc and len(calls) == 1
+    assert e.value.__cause__ is None and e.value.__context__ is None  # unchanged: no tpfabric error chained
+
+
+@pytest.mark.parametrize("returned", ["text", 42, None, ["a", "b"]])
+def test_bootstrap_that_does_not_return_bytes(returned: object) -> None:
+    with pytest.raises(TypeError, match=rf"^bootstrap: the callable returned {type(returned).__name__}; it must return bytes"):
+        tpfabric.Group(0, 2, 4096, lambda mine: returned)  # world 1 exchanges nothing: 2, failing at the first record
 
 
 def test_tcp_bootstrap_bad_address() -> None:

@@ -6,12 +6,15 @@ and every call after a fallback, go to torch.distributed. Which way each call
 went is counted by wrapping torch.distributed's collectives in the rank, so
 a call that silently took the other path fails the test. Sums that go
 through the fabric are checked bit for bit against refs.py; those through
-gloo use integer-valued data, exact in any order of addition.
+gloo use integer-valued data, exact in any order of addition. The
+Communicator's refusals (an out of another shape, CUDA on a torch without it,
+a fork()ed child) are the same whichever path a call would take.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Dict, List
 
 import numpy as np
@@ -271,3 +274,120 @@ def rank_comm_no_fallback(rank: int, world: int, sock: str, port: int) -> None:
 
 def test_communicator_fallback_error(daemon: Daemon) -> None:
     run_ranks(rank_comm_no_fallback, 2, os.path.join(daemon.dir, "nothing-here.sock"), free_port(), timeout=120)
+
+
+def rank_comm_misuse(rank: int, world: int, sock: str, port: int) -> Dict[str, Any]:
+    import gc
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    import tpfabric
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    # CUDA asked of a torch without it: a ValueError naming the argument, before any collective (not
+    # torch's bare AssertionError). Simulated where this torch has CUDA: the check is the package's.
+    if torch.cuda.is_available():
+        torch.cuda.is_available = lambda: False
+    for device in ("cuda", 0, "cuda:0", torch.device("cuda", 1)):
+        with pytest.raises(ValueError, match="^" + re.escape(f"device={device!r}: this torch has no usable CUDA")):
+            Communicator(device=device, socket_path=sock)
+    with pytest.raises(ValueError, match=r"^device=-1: a CUDA device index must not be negative"):
+        Communicator(device=-1, socket_path=sock)
+    with pytest.raises(ValueError, match=r"^device='gpu': not a torch device"):
+        Communicator(device="gpu", socket_path=sock)
+    with pytest.raises(ValueError, match=r"^max_bytes=-1: must not be negative"):
+        Communicator(max_bytes=-1, socket_path=sock)
+    with pytest.raises(ValueError, match=r"^timeout_ms=-1: must not be negative"):
+        Communicator(timeout_ms=-1, socket_path=sock)
+
+    count = _Counted()
+    comm = Communicator(max_bytes=4096, socket_path=sock)  # the default: the CPU over gloo, unchanged
+    assert (comm.path, comm.device) == ("fabric", torch.device("cpu"))
+    opened_with = count.total()
+
+    # all_reduce's out must be tensor's shape on every path: below the cap (the fabric's), above it and
+    # for int32 (torch.distributed's), so that no call works or fails by its size or dtype.
+    for dtype, n in [(torch.float32, 64), (torch.float32, 4096), (torch.int32, 64), (torch.bfloat16, 64)]:
+        x = _ints(rank, n, dtype).view(n // 4, 4)
+        for out in (torch.empty(n, dtype=dtype), torch.empty(4, n // 4, dtype=dtype)):
+            want = f"out is {tuple(out.shape)} {dtype} on cpu, tensor ({n // 4}, 4) {dtype} on cpu: all_reduce's out must"
+            with pytest.raises(ValueError, match="^" + re.escape(want)):
+                comm.all_reduce(x, out=out)
+        with pytest.raises(ValueError, match="must match tensor"):
+            comm.all_reduce(x, out=torch.empty(n // 4, 4, dtype=torch.float64))
+        with pytest.raises(ValueError, match=r"on meta, tensor .* on cpu"):
+            comm.all_reduce(x, out=torch.empty(n // 4, 4, dtype=dtype, device="meta"))
+        out = torch.empty(n // 4, 4, dtype=dtype)  # the same shape works on either path
+        assert comm.all_reduce(x, out=out) is out
+        assert torch.equal(out, _int_sum(world, n, dtype).view(n // 4, 4))
+    assert comm.calls == {"fabric": 2, "torch.distributed": 2}, comm.calls
+    # all_gather_into_tensor: any shape of out on both paths; one device
+    for n in (64, 2048):
+        inp = _ints(rank, n, torch.float32)
+        out = torch.empty(n, world)  # world * n elements, an unusual shape: fine below and above the cap
+        comm.all_gather_into_tensor(out, inp)
+        assert torch.equal(out.view(world, n), torch.stack([_ints(q, n, torch.float32) for q in range(world)]))
+        with pytest.raises(ValueError, match=r"^out is on meta, inp on cpu"):
+            comm.all_gather_into_tensor(torch.empty(world * n, device="meta"), inp)
+    assert comm.calls == {"fabric": 3, "torch.distributed": 3}, comm.calls
+
+    # A fork()ed child: every call raises at once, close() and collection leave the parent's group alone.
+    forked = 0
+    if rank == 0:
+        parent, x = os.getpid(), _ints(rank, 64, torch.float32)
+        want = rf"^Closed: this communicator was opened by process {parent}; a forked child cannot use it"
+
+        def child(body: Any) -> int:
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    body()
+                    status = 0
+                except BaseException:  # noqa: BLE001 - reported through the status
+                    traceback.print_exc()
+                finally:
+                    os._exit(status)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+        def use_then_close() -> None:
+            before = count.total()
+            for call in (lambda: comm.all_reduce(x), lambda: comm.all_gather_into_tensor(torch.empty(world * 64), x),
+                         comm.check, comm.abort):
+                with pytest.raises(tpfabric.Closed, match=want):
+                    call()
+            assert not comm.should_use(x)
+            assert count.total() == before, "the child called torch.distributed"
+            comm.close()
+            assert comm.path == "closed"
+
+        def collected() -> None:
+            nonlocal comm
+            del comm
+            gc.collect()
+
+        for body in (use_then_close, collected):
+            assert child(body) == 0, "the forked child failed (its traceback is above)"
+            forked += 1
+    for call in range(4):  # the parent's group, and its peer's, go on
+        x = _ints(rank, 64, torch.float32)
+        comm.all_reduce(x)
+        assert torch.equal(x, _int_sum(world, 64, torch.float32))
+    assert comm.calls["fabric"] == 7
+    comm.check()
+
+    # Closed: path and repr say so, not "torch.distributed"
+    comm.close()
+    assert comm.path == "closed" and comm.disabled and comm.agreed_cap == 0
+    assert repr(comm).endswith(" closed>") and "path=" not in repr(comm), repr(comm)
+    dist.destroy_process_group()
+    return {"opened_with": opened_with, "forked": forked}
+
+
+def test_communicator_misuse(daemon: Daemon) -> None:
+    results = run_ranks(rank_comm_misuse, 2, daemon.socket, free_port(), timeout=120)
+    assert [r["forked"] for r in results] == [2, 0]
+    assert results[0]["opened_with"] == results[1]["opened_with"] > 0
