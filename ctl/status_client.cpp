@@ -1,5 +1,6 @@
 #include "ctl/status_client.hpp"
 
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <cerrno>
@@ -70,6 +71,18 @@ Error unreachable(const std::string& path, const Error& e) {
     if (why.rfind("socket path too long", 0) == 0)
         return fail(e.code, "cannot reach tpfabricd at " + path + ": path longer than a Unix socket address allows (" +
                                 std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes; pass a shorter --socket)");
+    // Something at the path that is not a socket (connect says "Connection
+    // refused" for a file or directory), or a path through a file: say so.
+    struct stat st {};
+    const int statErr = ::stat(path.c_str(), &st) == 0 ? 0 : errno;
+    const std::string check = "check --socket / TPF_SOCKET: the daemon's daemon.socket";
+    if (statErr == 0 && !S_ISSOCK(st.st_mode)) {
+        const char* what = S_ISREG(st.st_mode) ? "a regular file" : S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe";
+        return fail(e.code, "cannot reach tpfabricd: " + path + " is " + what + ", not a socket (" + check + ")");
+    }
+    if (statErr == ENOTDIR)
+        return fail(e.code, "cannot reach tpfabricd at " + path + ": " + why + " (a directory of that path is a file; " +
+                                check + ")");
     std::string hint = "is the daemon running? systemctl status tpfabricd; or pass --socket or set TPF_SOCKET";
     if (endsWith(why, std::strerror(EACCES)) || endsWith(why, std::strerror(EPERM)))
         hint = "the socket is mode 0660, group tpfabric: add your user to group tpfabric and log in again, or use sudo";

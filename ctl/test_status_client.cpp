@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -135,6 +136,54 @@ TEST_CASE("status: no daemon at the path") {
     CHECK(line == "cannot reach tpfabricd at " + path +
                       ": connect: No such file or directory (is the daemon running? systemctl status tpfabricd; "
                       "or pass --socket or set TPF_SOCKET)");
+}
+
+TEST_CASE("status: a path that is not a socket is named for what it is") {
+    char tmpl[] = "/tmp/tpf-ctl-test-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl));
+    const std::string dir = tmpl;
+    const std::string file = dir + "/tpfabricd.sock";
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f);
+    std::fputs("not a socket\n", f);
+    std::fclose(f);
+    const std::string check = " (check --socket / TPF_SOCKET: the daemon's daemon.socket)";
+
+    SECTION("a regular file") {
+        auto doc = ctl::fetchStatus(file, 500);
+        REQUIRE_FALSE(doc);
+        CHECK(doc.code() == Errc::DaemonUnreachable);
+        CHECK(doc.error().detail == "cannot reach tpfabricd: " + file + " is a regular file, not a socket" + check);
+    }
+    SECTION("a directory") {
+        auto doc = ctl::fetchStatus(dir, 500);
+        REQUIRE_FALSE(doc);
+        CHECK(doc.error().detail == "cannot reach tpfabricd: " + dir + " is a directory, not a socket" + check);
+    }
+    SECTION("a path through a file") {
+        auto doc = ctl::fetchStatus(file + "/d.sock", 500);
+        REQUIRE_FALSE(doc);
+        CHECK(doc.error().detail == "cannot reach tpfabricd at " + file +
+                                        "/d.sock: connect: Not a directory (a directory of that path is a file; "
+                                        "check --socket / TPF_SOCKET: the daemon's daemon.socket)");
+    }
+    SECTION("a socket nobody listens on is still called stale") {
+        const std::string sock = dir + "/stale.sock";
+        {
+            UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+            sockaddr_un addr{};
+            addr.sun_family = AF_UNIX;
+            std::strcpy(addr.sun_path, sock.c_str());
+            REQUIRE(::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+        } // closed without listening: the file stays, connect is refused
+        auto doc = ctl::fetchStatus(sock, 500);
+        REQUIRE_FALSE(doc);
+        INFO(doc.error().detail);
+        CHECK(has(doc.error().detail, ": connect: Connection refused (nothing listens on that path, a stale socket?"));
+        ::unlink(sock.c_str());
+    }
+    ::unlink(file.c_str());
+    ::rmdir(dir.c_str());
 }
 
 TEST_CASE("status: a socket path too long for a Unix address") {

@@ -35,7 +35,7 @@ constexpr const char* kExample = R"json({
   ],
   "groups": [
     {"id": "32 hex digits", "world": 4, "state": "pending|negotiating|open|broken",
-     "agreed_cap": 524288, "slot_bytes": 524288, "stripes": 1,
+     "agreed_cap": 524288, "slot_bytes": 528384, "stripes": 1,
      "ranks": [{"rank": 0, "local": true, "pid": 4321, "uid": 1000, "route": "shm", "host_direct": true},
                {"rank": 1, "local": true, "pid": 4322, "uid": 1000, "route": "shm", "host_direct": false}],
      "calls": 2000, "bytes": 8192000, "errors": 0,
@@ -109,7 +109,7 @@ TEST_CASE("the example document of docs/status.md prints every section") {
 
     // Groups: full id, numbers in human units, then the ranks.
     CHECK(has(out, "\nGroups: 1\n  32 hex digits\n"));
-    CHECK(has(out, "    world 4, state pending|negotiating|open|broken, agreed cap 512KiB (slot 512KiB), stripes 1\n"));
+    CHECK(has(out, "    world 4, state pending|negotiating|open|broken, agreed cap 512KiB (slot 516KiB), stripes 1\n"));
     CHECK(has(out, "    calls 2000, bytes 7.8MiB, errors 0, latency p50 12.0 µs, p99 40.0 µs\n"));
     CHECK(has(out, "    last error -\n"));
     const std::string rankHead = lineWith(out, "RANK  LOCAL");
@@ -278,12 +278,12 @@ TEST_CASE("units: uptime, link speed, approximate bytes") {
 TEST_CASE("Device groups: buffers, the proxy's polling, each rank's peer routes and device region") {
     const std::string out = render(json::parse(R"({"status_version": 2, "groups": [
         {"id": "g", "world": 3, "state": "open", "buffers": "device", "proxy_polls": true,
-         "agreed_cap": 4096, "slot_bytes": 4096, "stripes": 1,
+         "agreed_cap": 4096, "slot_bytes": 8192, "stripes": 1,
          "ranks": [{"rank": 0, "local": true, "pid": 11, "uid": 0, "route": "ipc", "routes": ["self", "ipc", "proxy"], "device_bytes": 2097152},
                    {"rank": 1, "local": true, "pid": 12, "uid": 0, "route": "ipc", "routes": null, "device_bytes": null},
                    {"rank": 2, "local": false, "pid": null, "uid": null, "route": "proxy", "routes": null, "device_bytes": null}]},
         {"id": "h", "world": 2, "state": "open", "buffers": "host", "proxy_polls": false,
-         "agreed_cap": 4096, "slot_bytes": 4096, "stripes": 1,
+         "agreed_cap": 4096, "slot_bytes": 8192, "stripes": 1,
          "ranks": [{"rank": 0, "local": true, "pid": 21, "uid": 0, "route": "shm", "routes": null, "device_bytes": null}]}],
         "regions": {"count": 3, "host_bytes": 1, "device_bytes": 2097152}})"));
     INFO(out);

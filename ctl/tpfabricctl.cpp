@@ -144,14 +144,39 @@ int main(int argc, char** argv) {
                     "Exit status: 0 printed; 1 the daemon could not be reached, refused, or answered garbage or too "
                     "late, or is too old for metrics (one line on stderr says what and what to do); 2 bad usage.");
 
+    std::string helpTopic;
+    auto* help = app.add_subcommand("help", "print this help, or a command's (tpfabricctl help status)");
+    help->add_option("command", helpTopic, "layout, status or metrics")
+        ->check(CLI::IsMember({"layout", "status", "metrics"}));
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         // --help and --version exit 0; every usage error exits 2, named, as the layout checks do.
         if (e.get_exit_code() == 0) return app.exit(e);
-        std::fprintf(stderr, "tpfabricctl: %s\n", e.what());
+        std::string line = e.what();
+        if (app.get_subcommands().empty()) {
+            // CLI11 says only "A subcommand is required", even when a word was given.
+            std::string commands;
+            for (const CLI::App* c : app.get_subcommands([](const CLI::App*) { return true; }))
+                commands += (commands.empty() ? "" : ", ") + c->get_name();
+            const auto rest = app.remaining();
+            if (!rest.empty() && !rest.front().empty() && rest.front()[0] != '-')
+                line = "unknown command '" + rest.front() + "'; the commands are " + commands;
+            else if (!rest.empty())
+                line = "unknown option " + rest.front() + " before a command; the commands are " + commands;
+            else
+                line = "a command is required: " + commands;
+        }
+        std::fprintf(stderr, "tpfabricctl: %s\n", line.c_str());
         std::fprintf(stderr, "Run 'tpfabricctl --help' for the commands and options.\n");
         return 2;
+    }
+    if (*help) {
+        // Not app.help(): with `help` selected it would print help's own.
+        std::cout << (helpTopic.empty() ? app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal)
+                                        : app.get_subcommand(helpTopic)->help(app.get_name()));
+        return 0;
     }
     if (*layout) return runLayout(world, maxBytes, stripes, json);
     if (*status) return runStatus(socketPath, timeoutMs, statusJson);
