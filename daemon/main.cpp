@@ -70,7 +70,23 @@ void setupLogging(const std::string& level, bool foreground) {
     spdlog::set_level(spdlog::level::from_str(level));
 }
 
+// SIGHUP, SIGUSR1, SIGUSR2: logged, never acted on (tpfabricd --help, operations.md).
+void ignoreSignals(boost::asio::signal_set& set) {
+    set.async_wait([&set](const boost::system::error_code& ec, int sig) {
+        if (ec) return;
+        if (sig == SIGHUP)
+            spdlog::warn("SIGHUP ignored: the configuration is read at start only; `systemctl restart tpfabricd` "
+                         "applies a new one");
+        else
+            spdlog::warn("{} ignored: tpfabricd stops on SIGTERM or SIGINT and acts on no other signal",
+                         sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
+        ignoreSignals(set);
+    });
+}
+
 int run(DaemonConfig cfg, bool foreground) {
+    // A client that hangs up mid-reply must not end the daemon.
+    ::signal(SIGPIPE, SIG_IGN);
     setupLogging(cfg.logLevel, foreground);
     if (sodium_init() < 0) {
         spdlog::critical("libsodium failed to initialise");
@@ -89,6 +105,10 @@ int run(DaemonConfig cfg, bool foreground) {
                  cfg.source, hcas.size());
 
     boost::asio::io_context io;
+    // Their default action would end the daemon, and with it every group on the
+    // node: an operator's `kill -HUP` after editing the config must not.
+    boost::asio::signal_set ignored(io, SIGHUP, SIGUSR1, SIGUSR2);
+    ignoreSignals(ignored);
     GroupTable* groupsPtr = nullptr;
     Proxy proxy(ProxyOptions{.spinUs = cfg.proxySpinUs,
                              .heartbeatMs = cfg.heartbeatMs,
@@ -153,7 +173,7 @@ int run(DaemonConfig cfg, bool foreground) {
     serverPtr = &server;
     if (auto s = proxy.start(); !s) {
         spdlog::critical("proxy: {}", s.error().describe());
-        return 1;
+        return s.code() == Errc::ConfigError ? 2 : 1;
     }
     if (auto s = server.listen(socketPath); !s) {
         spdlog::critical("{}", s.error().describe());
@@ -169,7 +189,6 @@ int run(DaemonConfig cfg, bool foreground) {
         proxy.stop();
         io.stop();
     });
-    ::signal(SIGPIPE, SIG_IGN);
     spdlog::info("listening on {}", socketPath);
     notify("READY=1");
     io.run();
@@ -186,13 +205,31 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", TPF_VERSION);
     std::string configPath, checkPath, socket, logLevel;
     bool foreground = false;
-    app.add_option("--config", configPath, "TOML config file (see tpfabricd.conf.example); default: built-in defaults only");
-    app.add_option("--check-config", checkPath, "validate FILE (every key, type and range) and exit: 0 valid, 2 not")
+    // An empty path would silently mean "no file"; leaving the flag out says that.
+    const auto namesAFile = [](std::string unlessNone) {
+        return CLI::Validator(
+            [unlessNone](std::string& path) {
+                return path.empty() ? "an empty path names no file; give the TOML file's path" + unlessNone : std::string();
+            },
+            "");
+    };
+    app.add_option("--config", configPath, "TOML config file (see tpfabricd.conf.example); default: built-in defaults only")
+        ->check(namesAFile(" (leave --config out to run on the built-in defaults)"))
         ->option_text("FILE");
-    app.add_option("--socket", socket, "control socket path (overrides daemon.socket)");
+    app.add_option("--check-config", checkPath,
+                   "validate FILE (every key, type and range; proxy.cpu against this process's CPUs; peer.key_file "
+                   "read) with any --socket and --log-level given, and exit: 0 valid, 2 not")
+        ->check(namesAFile(""))
+        ->option_text("FILE");
+    auto* socketFlag = app.add_option("--socket", socket, "control socket path, absolute (overrides daemon.socket)")
+                           ->option_text("PATH");
     app.add_flag("--foreground", foreground, "log to the terminal with timestamps (the daemon never forks)");
-    app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical, off (overrides daemon.log_level)");
-    app.footer("Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure (another "
+    auto* logLevelFlag =
+        app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical, off (overrides daemon.log_level)")
+            ->option_text("LEVEL");
+    app.footer("Signals: SIGTERM and SIGINT stop the daemon (every group on this node ends); SIGHUP, SIGUSR1 and SIGUSR2 "
+               "are logged and ignored (the configuration is read at start only: restart to apply a new one).\n"
+               "Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure (another "
                "tpfabricd serves the socket, proxy thread); 2 bad usage or configuration, a socket path too long, in a "
                "missing directory or naming something that is not a socket (systemd does not restart: "
                "RestartPreventExitStatus=2).");
@@ -206,30 +243,26 @@ int main(int argc, char** argv) {
         return 2;
     }
 
-    if (!checkPath.empty()) {
-        try {
-            (void)loadConfig(checkPath);
-        } catch (const ConfigError& e) {
-            std::fprintf(stderr, "tpfabricd: %s\n", e.what());
-            return 2;
-        }
-        std::printf("tpfabricd: %s: configuration is valid\n", checkPath.c_str());
-        return 0;
-    }
-
+    // The flags go through the config file's own rules (config.cpp), so that
+    // they accept exactly what daemon.socket and daemon.log_level accept.
+    const bool checkOnly = !checkPath.empty();
     DaemonConfig cfg;
+    std::vector<std::string> warnings;
     try {
-        cfg = configPath.empty() ? defaultConfig() : loadConfig(configPath);
-        if (!socket.empty()) cfg.socketPath = socket;
-        if (!logLevel.empty()) {
-            auto lv = spdlog::level::from_str(logLevel);
-            if (lv == spdlog::level::off && logLevel != "off")
-                throw ConfigError("--log-level: '" + logLevel + "' is not allowed; one of trace, debug, info, warn, error, critical, off");
-            cfg.logLevel = logLevel;
-        }
+        if (checkOnly) cfg = loadConfig(checkPath);
+        else cfg = configPath.empty() ? defaultConfig() : loadConfig(configPath);
+        if (*socketFlag) applyFlag(cfg, "daemon.socket", "--socket", socket);
+        if (*logLevelFlag) applyFlag(cfg, "daemon.log_level", "--log-level", logLevel);
+        warnings = checkOnHost(cfg);
     } catch (const ConfigError& e) {
         std::fprintf(stderr, "tpfabricd: %s\n", e.what());
         return 2;
     }
+    if (checkOnly) {
+        for (const auto& w : warnings) std::fprintf(stderr, "tpfabricd: warning: %s\n", w.c_str());
+        std::printf("tpfabricd: %s: configuration is valid\n", checkPath.c_str());
+        return 0;
+    }
+    // At start the warnings are logged where they apply (PeerService: the key's mode).
     return run(std::move(cfg), foreground);
 }

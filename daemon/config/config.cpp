@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,10 +62,12 @@ struct Value {
     std::string key;
     const toml::node& node;
 
-    std::string where() const {
+    /// "FILE:LINE", "FILE", or "" for a value from a flag (file "").
+    std::string origin() const {
         const auto line = node.source().begin.line;
-        return line ? file + ":" + std::to_string(line) + ": " : file + ": ";
+        return line ? file + ":" + std::to_string(line) : file;
     }
+    std::string where() const { return file.empty() ? "" : origin() + ": "; }
     [[noreturn]] void fail(const std::string& what) const { throw ConfigError(where() + key + ": " + what); }
     [[noreturn]] void refuse(const std::string& allowed) const { fail(shown(node) + " is not allowed; " + allowed); }
 };
@@ -229,32 +233,42 @@ std::string keyList(std::span<const KeySpec> keys) {
     return out;
 }
 
-std::string readFile(const std::string& path) {
-    const auto cannot = [&](const char* what) {
-        return ConfigError("cannot read config file " + quote(path) + ": " + what);
-    };
+/// The whole of a regular file (and its permission bits, into `mode` if given);
+/// false and the reason in `why` when it cannot be read.
+bool readRegularFile(const std::string& path, std::string& out, std::string& why, std::uint32_t* mode = nullptr) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw cannot(std::strerror(errno));
+    if (fd < 0) {
+        why = std::strerror(errno);
+        return false;
+    }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         const int err = errno;
         ::close(fd);
-        throw cannot(S_ISDIR(st.st_mode) ? "is a directory" : st.st_mode ? "not a regular file" : std::strerror(err));
+        why = S_ISDIR(st.st_mode) ? "is a directory" : st.st_mode ? "not a regular file" : std::strerror(err);
+        return false;
     }
-    std::string text;
+    if (mode) *mode = std::uint32_t(st.st_mode & 07777);
+    out.clear();
     char buf[16384];
     for (;;) {
         const ssize_t n = ::read(fd, buf, sizeof buf);
         if (n == 0) break;
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
-            const int err = errno;
+            why = std::strerror(errno);
             ::close(fd);
-            throw cannot(std::strerror(err));
+            return false;
         }
-        text.append(buf, std::size_t(n));
+        out.append(buf, std::size_t(n));
     }
     ::close(fd);
+    return true;
+}
+
+std::string readFile(const std::string& path) {
+    std::string text, why;
+    if (!readRegularFile(path, text, why)) throw ConfigError("cannot read config file " + quote(path) + ": " + why);
     return text;
 }
 
@@ -278,6 +292,29 @@ toml::table parseToml(const std::string& path, const std::string& text) {
     if (!r) syntaxError(path, r.error().source(), r.error().description());
     return std::move(r).table();
 #endif
+}
+
+/// The spec of "section.key", or nullptr.
+const KeySpec* findKey(std::string_view dotted) {
+    const auto dot = dotted.find('.');
+    if (dot == std::string_view::npos) return nullptr;
+    for (const auto& s : kSections)
+        if (s.name == dotted.substr(0, dot))
+            for (const auto& k : s.keys)
+                if (k.name == dotted.substr(dot + 1)) return &k;
+    return nullptr;
+}
+
+std::string octal(std::uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%o", unsigned(v));
+    return buf;
+}
+
+/// "FILE:LINE: " where cfg's `key` was set, for a check made after loading.
+std::string setAt(const DaemonConfig& cfg, const std::string& key) {
+    const auto it = cfg.origin.find(key);
+    return (it != cfg.origin.end() ? it->second : cfg.source) + ": ";
 }
 
 } // namespace
@@ -304,10 +341,87 @@ DaemonConfig loadConfig(const std::string& path) {
             const Value v{path, std::string(section->name) + "." + keyName(key.str()), value};
             if (!spec) v.fail("unknown key; [" + std::string(section->name) + "] has " + keyList(section->keys));
             spec->apply(v, cfg);
+            cfg.origin[v.key] = v.origin();
         }
     }
     cfg.source = path;
     return cfg;
+}
+
+void applyFlag(DaemonConfig& cfg, std::string_view key, std::string_view flag, const std::string& value) {
+    const KeySpec* spec = findKey(key);
+    if (!spec) throw std::logic_error("applyFlag: no config key " + std::string(key));
+    // The flag's text as the string the file would hold: the same rule, one definition.
+    const toml::value<std::string> node(value);
+    const std::string noFile;
+    spec->apply(Value{noFile, std::string(flag), node}, cfg);
+    cfg.origin[std::string(key)] = std::string(flag);
+}
+
+std::vector<int> allowedCpus() {
+    // proxy.cpu goes to 4095; a kernel built for more CPUs wants a larger mask.
+    for (int n = 4096; n <= (1 << 20); n *= 2) {
+        cpu_set_t* set = CPU_ALLOC(n);
+        if (!set) return {};
+        const std::size_t size = CPU_ALLOC_SIZE(n);
+        CPU_ZERO_S(size, set);
+        if (::sched_getaffinity(0, size, set) != 0) {
+            CPU_FREE(set);
+            if (errno == EINVAL) continue;
+            return {};
+        }
+        std::vector<int> cpus;
+        for (int c = 0; c < n; ++c)
+            if (CPU_ISSET_S(c, size, set)) cpus.push_back(c);
+        CPU_FREE(set);
+        return cpus;
+    }
+    return {};
+}
+
+std::string cpuList(const std::vector<int>& cpus) {
+    std::string out;
+    for (std::size_t i = 0; i < cpus.size();) {
+        std::size_t j = i;
+        while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+        out += (out.empty() ? "" : ",") + std::to_string(cpus[i]);
+        if (j > i) out += "-" + std::to_string(cpus[j]);
+        i = j + 1;
+    }
+    return out;
+}
+
+std::optional<PeerKey> readPeerKey(const DaemonConfig& cfg) {
+    if (cfg.peerKeyFile.empty()) return std::nullopt;
+    const std::string head = setAt(cfg, "peer.key_file") + "peer.key_file: ";
+    std::string text, why;
+    std::uint32_t mode = 0;
+    if (!readRegularFile(cfg.peerKeyFile, text, why, &mode)) {
+        // tpfabricd runs as root; a check by another user may not see a 0600 key.
+        const bool notRoot = ::geteuid() != 0 && why == std::strerror(EACCES);
+        throw ConfigError(head + "cannot read " + quote(cfg.peerKeyFile) + ": " + why +
+                          (notRoot ? " (tpfabricd reads it as root: check as root)" : ""));
+    }
+    if (text.size() < 32)
+        throw ConfigError(head + quote(cfg.peerKeyFile) + " holds " + std::to_string(text.size()) +
+                          " bytes; a cluster key needs at least 32 (head -c 32 /dev/urandom > FILE; chmod 0600 FILE)");
+    return PeerKey{std::vector<std::uint8_t>(text.begin(), text.end()), mode};
+}
+
+std::vector<std::string> checkOnHost(const DaemonConfig& cfg) {
+    std::vector<std::string> warnings;
+    if (cfg.proxyCpu >= 0) {
+        const std::vector<int> cpus = allowedCpus();
+        // Unreadable affinity: nothing to compare with; the proxy's own pinning still refuses a bad CPU.
+        if (!cpus.empty() && std::find(cpus.begin(), cpus.end(), cfg.proxyCpu) == cpus.end())
+            throw ConfigError(setAt(cfg, "proxy.cpu") + "proxy.cpu: " + std::to_string(cfg.proxyCpu) +
+                              " is not one of the CPUs this daemon may run on (" + cpuList(cpus) +
+                              "); set one of them, or -1 (do not pin)");
+    }
+    if (auto key = readPeerKey(cfg); key && (key->mode & 077))
+        warnings.push_back(setAt(cfg, "peer.key_file") + "peer.key_file: " + quote(cfg.peerKeyFile) +
+                           " is readable by group or others (mode " + octal(key->mode & 0777) + "); chmod 0600 it");
+    return warnings;
 }
 
 std::string resolveSocketPath(const DaemonConfig& cfg) {

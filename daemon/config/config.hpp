@@ -3,15 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tpf::daemon {
 
-/// Thrown by loadConfig for a bad file, key or value. what() is one line that
-/// names the key (as "section.key") and what is allowed; main exits 2 on it.
+/// Thrown by loadConfig, applyFlag, checkOnHost and readPeerKey for a bad file,
+/// key, flag or value. what() is one line that names the file and line (or the
+/// flag), the key (as "section.key") and what is allowed; main exits 2 on it.
 struct ConfigError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
@@ -50,6 +53,10 @@ struct DaemonConfig {
 
     /// Where the values came from, for status: "built-in defaults" or the file path.
     std::string source = "built-in defaults";
+    /// Where each key not left at its default was set ("section.key" ->
+    /// "FILE:LINE" or the flag, "--socket"), for the messages of checks made
+    /// after loading (checkOnHost, readPeerKey).
+    std::map<std::string, std::string> origin;
 };
 
 /// Reads a TOML file over the defaults. Unknown sections or keys, wrong
@@ -58,6 +65,40 @@ DaemonConfig loadConfig(const std::string& path);
 
 /// Defaults only (no file).
 DaemonConfig defaultConfig();
+
+/// A command-line flag that overrides one key ("daemon.socket",
+/// "daemon.log_level"): `value` is checked by the key's own rule, as if the file
+/// set it to that string, and a refusal names the flag ("--socket: ...").
+/// Throws ConfigError; a key that does not exist is a programming error
+/// (std::logic_error). Only keys whose file values are strings fit: the rule
+/// sees a TOML string.
+void applyFlag(DaemonConfig& cfg, std::string_view key, std::string_view flag, const std::string& value);
+
+/// The cluster key of peer.key_file as read from disk.
+struct PeerKey {
+    std::vector<std::uint8_t> bytes; ///< the whole file, at least 32 bytes
+    std::uint32_t mode = 0;          ///< its permission bits (st_mode & 07777): group or other bits deserve a warning
+};
+
+/// Reads peer.key_file: nullopt when none is configured. Throws ConfigError,
+/// naming the config file and line, when it cannot be read, is not a regular
+/// file or holds fewer than 32 bytes. The one reader of the key: PeerService
+/// at start and checkOnHost (so --check-config) both call it.
+std::optional<PeerKey> readPeerKey(const DaemonConfig& cfg);
+
+/// The checks a file cannot settle alone, made against this host and process:
+/// proxy.cpu is one of the CPUs this process may run on (sched_getaffinity),
+/// and peer.key_file reads as a key (readPeerKey). Throws ConfigError naming
+/// the config file and key. Returns warnings, one line each, for what works
+/// but should be fixed (a key file readable by others).
+std::vector<std::string> checkOnHost(const DaemonConfig& cfg);
+
+/// The CPUs this process may run on, ascending (sched_getaffinity); empty if
+/// that cannot be read.
+std::vector<int> allowedCpus();
+
+/// CPU numbers as ranges, "0-3,8,10-11".
+std::string cpuList(const std::vector<int>& cpus);
 
 /// The socket path after applying the RUNTIME_DIRECTORY rule to cfg.socketPath.
 std::string resolveSocketPath(const DaemonConfig& cfg);

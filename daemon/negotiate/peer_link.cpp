@@ -4,15 +4,12 @@
 #include <arpa/inet.h>
 #include <sodium.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 namespace tpf::daemon {
 
@@ -254,21 +251,16 @@ PeerService::PeerService(boost::asio::io_context& io, const DaemonConfig& cfg, c
     : io_(io), cfg_(cfg), self_(self), handler_(handler), acceptor_(io) {}
 
 Status PeerService::start() {
-    if (!cfg_.peerKeyFile.empty()) {
-        struct stat st{};
-        if (::stat(cfg_.peerKeyFile.c_str(), &st) != 0)
-            return Error{Errc::ConfigError, "peer.key_file: cannot read " + cfg_.peerKeyFile + ": " + std::strerror(errno)};
-        std::ifstream in(cfg_.peerKeyFile, std::ios::binary);
-        std::vector<std::uint8_t> key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        if (!in.good() && !in.eof())
-            return Error{Errc::ConfigError, "peer.key_file: cannot read " + cfg_.peerKeyFile};
-        if (key.size() < 32)
-            return Error{Errc::ConfigError, "peer.key_file: " + cfg_.peerKeyFile + " holds " + std::to_string(key.size()) +
-                                                " bytes; a cluster key needs at least 32 (e.g. head -c 32 /dev/urandom)"};
-        if (st.st_mode & 077)
-            spdlog::warn("peer.key_file {} is readable by group or others (mode {:o}); chmod 0600 it", cfg_.peerKeyFile,
-                         st.st_mode & 0777);
-        key_ = std::move(key);
+    try {
+        // The one reader of the key, the same that --check-config runs (config.hpp).
+        if (auto key = readPeerKey(cfg_)) {
+            if (key->mode & 077)
+                spdlog::warn("peer.key_file {} is readable by group or others (mode {:o}); chmod 0600 it", cfg_.peerKeyFile,
+                             key->mode & 0777);
+            key_ = std::move(key->bytes);
+        }
+    } catch (const ConfigError& e) {
+        return Error{Errc::ConfigError, e.what()};
     }
     if (cfg_.peerListen.empty()) return okStatus();
     boost::system::error_code ec;

@@ -28,11 +28,18 @@ Status Proxy::start() {
     running_ = true;
     thread_ = std::thread([this] { run(); });
     if (cpu_ >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu_, &set);
-        if (int e = pthread_setaffinity_np(thread_.native_handle(), sizeof set, &set); e != 0)
-            return {Errc::SystemError, "pinning the proxy to CPU " + std::to_string(cpu_) + ": " + std::strerror(e)};
+        // A mask sized for cpu_: proxy.cpu may exceed cpu_set_t's 1024 CPUs.
+        cpu_set_t* set = CPU_ALLOC(cpu_ + 1);
+        if (!set) return {Errc::SystemError, "pinning the proxy: CPU_ALLOC failed"};
+        const std::size_t size = CPU_ALLOC_SIZE(cpu_ + 1);
+        CPU_ZERO_S(size, set);
+        CPU_SET_S(cpu_, size, set);
+        const int e = pthread_setaffinity_np(thread_.native_handle(), size, set);
+        CPU_FREE(set);
+        // checkOnHost (config) refuses a CPU outside our affinity first; this is the backstop.
+        if (e != 0)
+            return {Errc::ConfigError, "proxy.cpu: cannot pin the proxy thread to CPU " + std::to_string(cpu_) + ": " +
+                                           std::strerror(e) + " (set proxy.cpu to a CPU this daemon may run on, or -1)"};
     }
     return okStatus();
 }

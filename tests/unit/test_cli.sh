@@ -3,9 +3,13 @@
 # the program (the unit's RestartPreventExitStatus=2 relies on it), --help and
 # --version exit 0, and `tpfabricd --check-config FILE` validates a file:
 # 0 for a good one (the shipped example among them), 2 naming the key for a
-# bad one, 2 for a missing one. tpfabricctl's daemon options (--socket,
-# --timeout-ms) go before or after the command; tpfabricd's socket path is
-# checked before anything starts. Nothing here starts a daemon.
+# bad one, 2 for a missing one, 2 for what the file cannot settle alone
+# (proxy.cpu outside this process's CPUs, an unreadable or short
+# peer.key_file), and the daemon refuses those at start with the same line.
+# tpfabricd's flags follow the rules of the keys they override. tpfabricctl
+# names an unknown command and a --socket that is no socket; its daemon options
+# (--socket, --timeout-ms) go before or after the command; tpfabricd's socket
+# path is checked before anything starts. Nothing here keeps a daemon running.
 # Usage: test_cli.sh TPFABRICD TPFABRICCTL   (TPF_SOURCE_ROOT: the source tree)
 set -u
 d=$1 ctl=$2
@@ -49,7 +53,58 @@ expect 2 "daemon.max_byte.*unknown key" "$d" --check-config "$tmp/typo.conf"
 expect 2 "cannot read config file" "$d" --check-config "$tmp/missing.conf"
 expect 2 "cannot read config file" "$d" --config "$tmp/missing.conf"
 
+# Flags accept what the keys they override accept, no more; --config "" is no file.
+# (`timeout`, a socket in $tmp: a daemon that starts anyway fails the check, 124, not the run.)
+expect 2 "^tpfabricd: --log-level: .warning. is not allowed" timeout 10 "$d" --socket "$tmp/f.sock" --log-level warning
+expect 2 "^tpfabricd: --log-level: .err. is not allowed" timeout 10 "$d" --socket "$tmp/f.sock" --log-level err
+expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed; .* an absolute path" timeout 10 "$d" --socket rel.sock
+expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed" "$d" --check-config "$tmp/good.conf" --socket rel.sock
+expect 2 "^tpfabricd: --config: an empty path names no file" timeout 10 "$d" --config "" --socket "$tmp/f.sock"
+expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-config ""
+
+# What the file alone cannot settle: the check and the start refuse it alike, naming file, line and key.
+# (4095: the highest proxy.cpu allowed; this process may run on it only on a machine of 4096 CPUs.)
+printf '[proxy]\ncpu = 4095\n' >"$tmp/cpu.conf"
+cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+expect 2 "^tpfabricd: .*cpu\.conf:2: proxy\.cpu: 4095 is not one of the CPUs this daemon may run on \($cpus\)" \
+    "$d" --check-config "$tmp/cpu.conf"
+expect 2 "^tpfabricd: .*cpu\.conf:2: proxy\.cpu: 4095 is not one of the CPUs" \
+    timeout 10 "$d" --foreground --config "$tmp/cpu.conf" --socket "$tmp/cpu.sock"
+printf '[proxy]\ncpu = %s\n' "${cpus%%[-,]*}" >"$tmp/cpu-ok.conf"
+expect 0 "configuration is valid" "$d" --check-config "$tmp/cpu-ok.conf"
+printf '[peer]\nkey_file = "%s"\n' "$tmp/none.key" >"$tmp/nokey.conf"
+expect 2 "^tpfabricd: .*nokey\.conf:2: peer\.key_file: cannot read .*none\.key.: No such file" \
+    "$d" --check-config "$tmp/nokey.conf"
+expect 2 "^tpfabricd: .*nokey\.conf:2: peer\.key_file: cannot read" \
+    timeout 10 "$d" --foreground --config "$tmp/nokey.conf" --socket "$tmp/key.sock"
+head -c 16 /dev/urandom >"$tmp/short.key"
+chmod 0600 "$tmp/short.key"
+printf '[peer]\nkey_file = "%s"\n' "$tmp/short.key" >"$tmp/shortkey.conf"
+expect 2 "^tpfabricd: .*shortkey\.conf:2: peer\.key_file: .*short\.key. holds 16 bytes; a cluster key needs at least 32" \
+    "$d" --check-config "$tmp/shortkey.conf"
+expect 2 "^tpfabricd: .*shortkey\.conf:2: peer\.key_file: .* holds 16 bytes" \
+    timeout 10 "$d" --foreground --config "$tmp/shortkey.conf" --socket "$tmp/key.sock"
+head -c 32 /dev/urandom >"$tmp/good.key"
+chmod 0644 "$tmp/good.key"
+printf '[peer]\nkey_file = "%s"\n' "$tmp/good.key" >"$tmp/goodkey.conf"
+expect 0 "warning: .*goodkey\.conf:2: peer\.key_file: .* readable by group or others \(mode 644\); chmod 0600" \
+    "$d" --check-config "$tmp/goodkey.conf"
+for s in cpu.sock key.sock; do
+    if [ -e "$tmp/$s" ]; then
+        echo "FAIL: a refused start left $tmp/$s behind"
+        fails=$((fails + 1))
+    fi
+done
+
 expect 0 "Usage:" "$ctl" --help
+expect 0 "Subcommands:" "$ctl" help
+expect 0 "Usage: .*tpfabricctl status" "$ctl" help status
+expect 2 "^tpfabricctl: unknown command 'bogus'; the commands are layout, status, metrics, help" "$ctl" bogus
+expect 2 "^tpfabricctl: a command is required: layout, status, metrics, help" "$ctl"
+printf 'not a socket\n' >"$tmp/plain"
+expect 1 "^tpfabricctl: cannot reach tpfabricd: .*plain is a regular file, not a socket \(check --socket / TPF_SOCKET" \
+    "$ctl" --socket "$tmp/plain" status
+expect 1 "^tpfabricctl: cannot reach tpfabricd: .* is a directory, not a socket" env TPF_SOCKET="$tmp" "$ctl" metrics
 expect 2 "^tpfabricctl: " "$ctl" --no-such-flag
 expect 2 "^tpfabricctl: " "$ctl"
 expect 2 "^tpfabricctl: " "$ctl" status --json --bogus

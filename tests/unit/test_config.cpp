@@ -1,13 +1,18 @@
 // tpfabricd configuration (daemon/config.hpp): defaults, every key, every refusal,
 // the shipped example, and the socket path rule.
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "daemon/config/config.hpp"
@@ -64,11 +69,12 @@ struct EnvVar {
     }
 };
 
-/// Every field but source. The structured binding stops compiling when a field is
-/// added to DaemonConfig, so a new key cannot be left out of this comparison.
+/// Every field but source and origin (where values came from, not values). The
+/// structured binding stops compiling when a field is added to DaemonConfig, so
+/// a new key cannot be left out of this comparison.
 void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19,
-                                  f20, f21, f22, f23, f24] = a;
+                                  f20, f21, f22, f23, f24, f25] = a;
     CHECK(a.socketPath == b.socketPath);
     CHECK(a.socketGroup == b.socketGroup);
     CHECK(a.logLevel == b.logLevel);
@@ -455,4 +461,165 @@ TEST_CASE("socket path: the configured one, else RUNTIME_DIRECTORY, else /run/tp
         CHECK(resolveSocketPath(c) == "/tmp/mine.sock");
     }
     CHECK(resolveSocketPath(load("[daemon]\nsocket = \"/srv/t.sock\"\n")) == "/srv/t.sock");
+}
+
+// ---- flags: the config's own rules -------------------------------------------
+
+TEST_CASE("flags pass the rules of the keys they override, and are named in refusals") {
+    DaemonConfig c = defaultConfig();
+    applyFlag(c, "daemon.socket", "--socket", "/tmp/tpf-flag.sock");
+    CHECK(c.socketPath == "/tmp/tpf-flag.sock");
+    CHECK(c.origin.at("daemon.socket") == "--socket");
+    applyFlag(c, "daemon.socket", "--socket", ""); // "": the RUNTIME_DIRECTORY rule, as in the file
+    CHECK(c.socketPath.empty());
+    for (const char* level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+        applyFlag(c, "daemon.log_level", "--log-level", level);
+        CHECK(c.logLevel == level);
+    }
+
+    const auto refusal = [](const char* key, const char* flag, const std::string& value) -> std::string {
+        DaemonConfig d = defaultConfig();
+        try {
+            applyFlag(d, key, flag, value);
+        } catch (const ConfigError& e) {
+            CHECK(d.origin.count(key) == 0);
+            return e.what();
+        }
+        return "";
+    };
+    // spdlog alone would take "warning" and "err"; the file does not, nor do the flags.
+    for (const char* bad : {"warning", "err", "INFO", "loud", ""}) {
+        INFO("--log-level " << bad);
+        const std::string msg = refusal("daemon.log_level", "--log-level", bad);
+        CHECK(msg.rfind("--log-level: \"" + std::string(bad) + "\" is not allowed; one of trace, debug, info, warn, error, "
+                        "critical, off", 0) == 0);
+    }
+    CHECK(refusal("daemon.socket", "--socket", "rel.sock") ==
+          "--socket: \"rel.sock\" is not allowed; \"\" ($RUNTIME_DIRECTORY/tpfabricd.sock, else "
+          "/run/tpfabric/tpfabricd.sock) or an absolute path of at most 107 bytes");
+    CHECK(refusal("daemon.socket", "--socket", "/tmp/" + std::string(120, 'x')).find("at most 107 bytes") !=
+          std::string::npos);
+    CHECK(refusal("daemon.socket", "--socket", "/tmp/a\nb").find("--socket: \"/tmp/a\\nb\" is not allowed") !=
+          std::string::npos);
+    CHECK_THROWS_AS(applyFlag(c, "daemon.no_such_key", "--x", "1"), std::logic_error);
+}
+
+TEST_CASE("a loaded file records where each key was set") {
+    TempDir dir;
+    const std::string path = dir.write("t.conf", "[daemon]\nmax_groups = 7\n\n[proxy]\ncpu = 0\n");
+    const DaemonConfig c = loadConfig(path);
+    CHECK(c.origin.at("daemon.max_groups") == path + ":2");
+    CHECK(c.origin.at("proxy.cpu") == path + ":5");
+    CHECK(c.origin.count("daemon.socket") == 0);
+    CHECK(defaultConfig().origin.empty());
+}
+
+// ---- checks against this host -------------------------------------------------
+
+namespace {
+
+/// The CPUs this process may run on, read here with the fixed-size mask (the
+/// test's own reference, not allowedCpus()).
+std::vector<int> affinity() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    return cpus;
+}
+
+std::string hostRefusal(const DaemonConfig& c) {
+    try {
+        (void)checkOnHost(c);
+    } catch (const ConfigError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+} // namespace
+
+TEST_CASE("CPU lists are printed as ranges") {
+    CHECK(cpuList({}).empty());
+    CHECK(cpuList({0}) == "0");
+    CHECK(cpuList({0, 1}) == "0-1");
+    CHECK(cpuList({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11");
+    CHECK(cpuList({5, 7, 9}) == "5,7,9");
+    CHECK(allowedCpus() == affinity());
+}
+
+TEST_CASE("proxy.cpu must be one of the CPUs this process may run on") {
+    const std::vector<int> cpus = affinity();
+    REQUIRE(!cpus.empty());
+    TempDir dir;
+    // Every allowed CPU, and -1, pass.
+    for (int cpu : {-1, cpus.front(), cpus.back()}) {
+        INFO("cpu = " << cpu);
+        CHECK(hostRefusal(loadConfig(dir.write("ok.conf", "[proxy]\ncpu = " + std::to_string(cpu) + "\n"))).empty());
+    }
+    // The first CPU number outside the mask (a gap, or the one past the last).
+    int outside = 0;
+    while (std::find(cpus.begin(), cpus.end(), outside) != cpus.end()) ++outside;
+    REQUIRE(outside <= 4095);
+    const std::string path = dir.write("bad.conf", "# pinned\n[proxy]\ncpu = " + std::to_string(outside) + "\n");
+    const DaemonConfig c = loadConfig(path); // the file alone is fine
+    std::string list;
+    for (std::size_t i = 0; i < cpus.size(); ++i) { // the expected list, built here
+        std::size_t j = i;
+        while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+        list += (list.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+        i = j;
+    }
+    CHECK(hostRefusal(c) == path + ":3: proxy.cpu: " + std::to_string(outside) +
+                                " is not one of the CPUs this daemon may run on (" + list +
+                                "); set one of them, or -1 (do not pin)");
+}
+
+TEST_CASE("peer.key_file: read at check time with the same rules as at start") {
+    TempDir dir;
+    const auto withKey = [&](const std::string& keyPath) {
+        return loadConfig(dir.write("k.conf", "[peer]\nlisten = \"127.0.0.1\"\nkey_file = \"" + keyPath + "\"\n"));
+    };
+    const std::string conf = dir.path + "/k.conf";
+
+    CHECK_FALSE(readPeerKey(defaultConfig()).has_value());
+    CHECK(hostRefusal(defaultConfig()).empty());
+
+    SECTION("missing") {
+        const std::string key = dir.path + "/none.key";
+        const DaemonConfig c = withKey(key);
+        CHECK(hostRefusal(c) == conf + ":3: peer.key_file: cannot read \"" + key + "\": No such file or directory");
+        CHECK_THROWS_AS(readPeerKey(c), ConfigError);
+    }
+    SECTION("a directory") {
+        CHECK(hostRefusal(withKey(dir.path)) == conf + ":3: peer.key_file: cannot read \"" + dir.path + "\": is a directory");
+    }
+    SECTION("shorter than 32 bytes") {
+        const std::string key = dir.write("short.key", std::string(31, 'k'));
+        REQUIRE(::chmod(key.c_str(), 0600) == 0);
+        CHECK(hostRefusal(withKey(key)) == conf + ":3: peer.key_file: \"" + key +
+                                               "\" holds 31 bytes; a cluster key needs at least 32 (head -c 32 "
+                                               "/dev/urandom > FILE; chmod 0600 FILE)");
+        const std::string empty = dir.write("empty.key", "");
+        CHECK(hostRefusal(withKey(empty)).find("holds 0 bytes") != std::string::npos);
+    }
+    SECTION("32 bytes and more: the whole file is the key") {
+        std::string bytes(40, '\0');
+        for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 7 + 1);
+        const std::string key = dir.write("good.key", bytes);
+        REQUIRE(::chmod(key.c_str(), 0600) == 0);
+        const DaemonConfig c = withKey(key);
+        auto k = readPeerKey(c);
+        REQUIRE(k.has_value());
+        CHECK(k->bytes == std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
+        CHECK(k->mode == 0600);
+        CHECK(checkOnHost(c).empty());
+        // Readable by others: valid, with a warning naming the file, line and mode.
+        REQUIRE(::chmod(key.c_str(), 0644) == 0);
+        const auto warnings = checkOnHost(c);
+        REQUIRE(warnings.size() == 1);
+        CHECK(warnings[0] == conf + ":3: peer.key_file: \"" + key + "\" is readable by group or others (mode 644); chmod 0600 it");
+    }
 }
