@@ -42,7 +42,7 @@ constexpr const char* kExample = R"json({
      "latency_us": {"p50": 12.0, "p99": 40.0},
      "last_error": ""}
   ],
-  "regions": {"count": 4, "host_bytes": 4198400, "device_bytes": 0},
+  "regions": {"count": 2, "host_bytes": 8462336, "device_bytes": 0},
   "clients": 5
 })json";
 
