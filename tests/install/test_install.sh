@@ -100,6 +100,8 @@ check "tpfabricd.service installed" test -f "$unit"
 check "the unit starts $sbindir/tpfabricd with $sysconfdir/tpfabric/tpfabricd.conf" \
     grep -qxF "ExecStart=$sbindir/tpfabricd --config $sysconfdir/tpfabric/tpfabricd.conf" "$unit"
 check "the unit's documentation is installed" test -f "$dest$(sed -n 's|^Documentation=file:||p' "$unit")"
+docdir=$(dirname "$dest$(sed -n 's|^Documentation=file:||p' "$unit")")
+for d in integration operations configuration status python gpu verbs; do check "docs/$d.md installed" test -f "$docdir/$d.md"; done
 check "no @placeholder@ left in the unit" test "$(grep -c '@[a-z]*@' "$unit")" -eq 0
 check "sysusers.d/tpfabric.conf installed (group tpfabric)" grep -q '^g tpfabric' "$dest$sysusersdir/tpfabric.conf"
 check "tmpfiles.d/tpfabric.conf creates $sysconfdir/tpfabric" \
