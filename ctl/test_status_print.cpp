@@ -121,7 +121,7 @@ TEST_CASE("the example document of docs/status.md prints every section") {
     CHECK(has(lineWith(out, "4322"), "shm (proxy)"));
     CHECK(rankHead.find("PID") == rankRow.find("4321"));
 
-    CHECK(has(out, "\nRegions: 4 (host 4.0MiB, device 0B)\n"));
+    CHECK(has(out, "\nRegions: 2 (host 8.1MiB, device 0B)\n"));
     CHECK(has(out, "Clients: 5\n"));
 }
 
