@@ -70,12 +70,12 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
         return reinterpret_cast<std::uint64_t*>(regionOf(q) + layout.flagOffset(phase, q, k));
     }
 
-    /// Stage [RowHeader{0, bytes, magic} | `bytes` of `send`] into the own
-    /// slot of a new epoch, ring the doorbell, wait until every peer's row of
-    /// that epoch arrived and check every row's header against ours (another
-    /// size or call on some rank: GroupMismatch, the group broken). Returns
-    /// the epoch's phase in `phase`; rank q's row then starts at
-    /// rowOf(phase, q) + sizeof(RowHeader).
+    /// Stage [`bytes` of `send` | RowTrailer{epoch, bytes, magic} at
+    /// roundUp(bytes, 16)] into the own slot of a new epoch, ring the
+    /// doorbell, wait until every peer's row of that epoch arrived and check
+    /// every row's trailer against ours (another size or call on some rank:
+    /// GroupMismatch, the group broken). Returns the epoch's phase in `phase`;
+    /// rank q's row is at rowOf(phase, q).
     Status exchange(const void* send, std::size_t bytes, std::uint32_t magic, std::uint32_t& phase);
     /// exchange() without the staging: the caller wrote `bytes` into
     /// slot(phaseOf(epoch + 1), rank) itself.

@@ -187,13 +187,23 @@ struct RowHeader {
 static_assert(sizeof(RowHeader) == 16);
 static_assert(offsetof(RowHeader, rowBytes) == 8);
 inline constexpr std::uint32_t kRowHeaderMagic = 0x56475054; ///< "TPGV"
-/// A host group's allGather and allReduceSum rows travel behind a RowHeader
-/// too (countsHash 0, rowBytes the call's bytes), magic naming the call: so
-/// ranks that pass another size, op or dtype fail the call on every rank
-/// (GroupMismatch) instead of reading a row of another shape. Device groups'
-/// rows carry none (docs/integration.md).
-inline constexpr std::uint32_t kRowHeaderGather = 0x41475054;   ///< "TPGA": allGather
-inline constexpr std::uint32_t kRowHeaderSumBase = 0x30535054;  ///< "TPS0" + tpf_dtype: allReduceSum of that dtype
+/// A host group's allGather and allReduceSum row carries a RowTrailer right
+/// behind it, at roundUp(bytes, 16) of the slot (the row itself stays at
+/// offset 0, cache-line aligned for the peers' copies and sums), naming the
+/// call: the epoch, the bytes and the op (magic). A receiver reads it where a
+/// row of its own size ends, so ranks that pass another size, op or dtype
+/// fail the call on every rank (GroupMismatch) instead of reading a row of
+/// another shape: a row of another size has no trailer of this epoch there.
+/// Device groups' rows carry none (docs/integration.md).
+struct RowTrailer {
+    std::uint64_t epoch;    ///< the call's epoch (a stale trailer of e - 2 never passes)
+    std::uint32_t rowBytes; ///< the sender's bytes
+    std::uint32_t magic;    ///< kTrailerGather, or kTrailerSumBase + tpf_dtype
+};
+static_assert(sizeof(RowTrailer) == 16);
+static_assert(offsetof(RowTrailer, rowBytes) == 8 && offsetof(RowTrailer, magic) == 12);
+inline constexpr std::uint32_t kTrailerGather = 0x41475054;  ///< "TPGA": allGather
+inline constexpr std::uint32_t kTrailerSumBase = 0x30535054; ///< "TPS0" + tpf_dtype: allReduceSum of that dtype
 
 /// FNV-1a over world and every count (as u64, little-endian), identical on
 /// host and device: equal on two ranks iff (with overwhelming probability)
@@ -207,10 +217,11 @@ TPF_HD constexpr std::uint64_t countsHash(const std::uint64_t* counts, std::uint
     return h;
 }
 
-/// Slot size for an agreed cap: the cap plus room for a RowHeader and the
-/// 16-byte rounding of a staged shard (2 x 16 bytes), rounded up to a page.
-/// So a row of up to the cap behind its header, or a shard of up to the cap
-/// rounded up to 16 bytes, always fits the slot.
+/// Slot size for an agreed cap: the cap plus room for a RowHeader (or a
+/// RowTrailer) and the 16-byte rounding of a staged shard (2 x 16 bytes),
+/// rounded up to a page. So a row of up to the cap behind its header or
+/// before its trailer, or a shard of up to the cap rounded up to 16 bytes,
+/// always fits the slot.
 constexpr std::uint64_t slotBytesFor(std::uint64_t cap) { return roundUp(cap + 2 * sizeof(RowHeader), kSlotAlign); }
 
 /// The agreed cap: the exact minimum of every rank's usable maximum (never a

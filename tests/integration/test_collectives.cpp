@@ -113,7 +113,7 @@ TEST_CASE("all-gather-v with mismatched counts fails by name on every rank, noth
 }
 
 // The same for allGather and allReduceSum: the last rank passes 16 bytes
-// less at call 5. Every row travels behind a header naming its call, so
+// less at call 5. Every row carries a trailer naming its call, so
 // every rank fails call 5 by name, nothing written, whether the rows came
 // straight from the peers' regions or through the daemon's proxy.
 TEST_CASE("gather and sum with a size that differs between ranks fail by name on every rank, nothing written") {
@@ -133,7 +133,9 @@ TEST_CASE("gather and sum with a size that differs between ranks fail by name on
                         INFO("rank " << r << ": " << run.line(r));
                         CHECK(exitCode(run.ranks[r]) == 1);
                         CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
-                        CHECK(run.line(r).find(" of 32 bytes") != std::string::npos); // call 5: 48 bytes, 32 on the last rank
+                        // call 5: 48 bytes, 32 on the last rank; each names its own call and the other rank
+                        CHECK(run.line(r).find(r + 1 == world ? " of 32 bytes" : " of 48 bytes") != std::string::npos);
+                        CHECK(run.line(r).find(r + 1 == world ? "rank 0 passed another size" : "passed another size") != std::string::npos);
                         CHECK(run.line(r).find("(every rank of a call passes the same op, dtype and size)") != std::string::npos);
                     }
                 }
