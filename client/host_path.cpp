@@ -125,11 +125,11 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
     }
     for (;;) {
         std::atomic_ref(c.waiters).fetch_add(1, std::memory_order_seq_cst);
-        const std::uint32_t seq = std::atomic_ref(c.wakeSeq).load(std::memory_order_seq_cst);
+        const std::uint32_t seenSeq = std::atomic_ref(c.wakeSeq).load(std::memory_order_seq_cst);
         const bool done = arrived();
         const bool bad = !done && failed();
         const std::uint64_t now = monotonicNs();
-        if (!done && !bad && now < deadline) futexWait(&c.wakeSeq, seq, std::min(kSleepSliceNs, deadline - now));
+        if (!done && !bad && now < deadline) futexWait(&c.wakeSeq, seenSeq, std::min(kSleepSliceNs, deadline - now));
         std::atomic_ref(c.waiters).fetch_sub(1, std::memory_order_seq_cst);
         if (done || arrived()) return okStatus();
         if (bad || failed()) return reportFailure();
