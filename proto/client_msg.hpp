@@ -40,8 +40,12 @@ inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// and 5 in one group would each wait for rows the other never writes. One
 /// daemon speaks one version, so its groups never mix them. Both ends must
 /// speak 5.
-inline constexpr std::uint16_t kClientVersion = 5;
-inline constexpr std::uint16_t kClientMinVersion = 5;
+/// 6: a Host group's allGather and allReduceSum rows carry a RowTrailer
+/// (proto/layout.hpp), checked by every receiver: a rank of 5 writes none,
+/// so a rank of 6 would fail every call with it as GroupMismatch. Both ends
+/// must speak 6.
+inline constexpr std::uint16_t kClientVersion = 6;
+inline constexpr std::uint16_t kClientMinVersion = 6;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
 inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
 
