@@ -14,6 +14,7 @@ import queue
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -96,6 +97,15 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: Sequence[Any], e
         q.put((rank, True, fn(rank, world, *args)))
     except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
         q.put((rank, False, traceback.format_exc()))
+    # torch's gloo worker threads can abort the interpreter's teardown
+    # ("terminate called without an active exception", SIGABRT; pytorch
+    # issue 190489; seen once in four runs of test_torch_cpu.py with torch
+    # 1.13), after the rank's work is done and reported. A rank that imported
+    # torch.distributed leaves without that teardown, its report flushed first.
+    if "torch.distributed" in sys.modules:
+        q.close()
+        q.join_thread()
+        os._exit(0)
 
 
 def run_ranks(
