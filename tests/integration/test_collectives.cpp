@@ -3,6 +3,7 @@
 // byte and element count; all-gather-v with uneven rows, and mismatched counts.
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "harness.hpp"
@@ -91,6 +92,22 @@ TEST_CASE("all-gather-v: uneven rows, zeros among them, up to the cap, W = 2 .. 
     }
 }
 
+// Ranks run with --mismatch-at 5 (the last rank passes other counts or
+// sizes at call 5): every rank ends with call 5 failed by name, its output
+// untouched (tpf-testrank checks it), its line holding what `says(r)` lists.
+template <class Says>
+void requireMismatchAtCall5(RankRun& run, std::uint32_t world, Says says) {
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    REQUIRE(waitAll(all, 60000));
+    for (std::uint32_t r = 0; r < world; ++r) {
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(exitCode(run.ranks[r]) == 1);
+        CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
+        for (const std::string& text : says(r)) CHECK(run.line(r).find(text) != std::string::npos);
+    }
+}
+
 // The last rank's own counts differ at call 5: every rank's call 5 fails by
 // name (GroupMismatch) and writes nothing (tpf-testrank checks its output).
 TEST_CASE("all-gather-v with mismatched counts fails by name on every rank, nothing written") {
@@ -99,15 +116,7 @@ TEST_CASE("all-gather-v with mismatched counts fails by name on every rank, noth
             Daemon d;
             auto run = startRanks(d, world, {"--max-bytes", "4096", "--sizes", "4000", "--mode", "gatherv", "--iters", "20",
                                              "--mismatch-at", "5"});
-            std::vector<Child*> all;
-            for (auto& c : run.ranks) all.push_back(&c);
-            REQUIRE(waitAll(all, 60000));
-            for (std::uint32_t r = 0; r < world; ++r) {
-                INFO("rank " << r << ": " << run.line(r));
-                CHECK(exitCode(run.ranks[r]) == 1);
-                CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
-                CHECK(run.line(r).find("passed other counts") != std::string::npos);
-            }
+            requireMismatchAtCall5(run, world, [](std::uint32_t) { return std::vector<std::string>{"passed other counts"}; });
         }
     }
 }
@@ -126,18 +135,13 @@ TEST_CASE("gather and sum with a size that differs between ranks fail by name on
                                           {"--max-bytes", "4096", "--sizes", "4096,48", "--mode", mode, "--iters", "20",
                                            "--mismatch-at", "5"},
                                           {}, {{"TPF_HOST_DIRECT", direct}});
-                    std::vector<Child*> all;
-                    for (auto& c : run.ranks) all.push_back(&c);
-                    REQUIRE(waitAll(all, 60000));
-                    for (std::uint32_t r = 0; r < world; ++r) {
-                        INFO("rank " << r << ": " << run.line(r));
-                        CHECK(exitCode(run.ranks[r]) == 1);
-                        CHECK(run.line(r).find("error=GroupMismatch calls=5") != std::string::npos);
-                        // call 5: 48 bytes, 32 on the last rank; each names its own call and the other rank
-                        CHECK(run.line(r).find(r + 1 == world ? " of 32 bytes" : " of 48 bytes") != std::string::npos);
-                        CHECK(run.line(r).find(r + 1 == world ? "rank 0 passed another size" : "passed another size") != std::string::npos);
-                        CHECK(run.line(r).find("(every rank of a call passes the same op, dtype and size)") != std::string::npos);
-                    }
+                    // call 5: 48 bytes, 32 on the last rank; each names its own call and the other rank
+                    requireMismatchAtCall5(run, world, [world](std::uint32_t r) {
+                        const bool last = r + 1 == world;
+                        return std::vector<std::string>{last ? " of 32 bytes" : " of 48 bytes",
+                                                        last ? "rank 0 passed another size" : "passed another size",
+                                                        "(every rank of a call passes the same op, dtype and size)"};
+                    });
                 }
             }
 }

@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-import traceback
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import pytest
 
 import refs
-from tpf_testing import Daemon, free_port, run_ranks
+from tpf_testing import Daemon, free_port, in_child, run_ranks
 
 CAP = 65536
 
@@ -301,21 +300,6 @@ def test_python_bootstrap(daemon: Daemon, tmp_path: "os.PathLike[str]") -> None:
     run_ranks(rank_python_bootstrap, 4, daemon.socket, str(tmp_path))
 
 
-def _in_child(body: "Callable[[], None]") -> int:
-    """Run ``body`` in a fork()ed child; its exit status (0: body returned, 1: it raised, printed)."""
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            body()
-            status = 0
-        except BaseException:  # noqa: BLE001 - reported through the status; the parent's stack must not unwind here
-            traceback.print_exc()
-        finally:
-            os._exit(status)  # no atexit, no finalisers of the parent's objects: only what body did
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
 def rank_fork(rank: int, world: int, sock: str, port: int) -> int:
     import gc
 
@@ -353,7 +337,7 @@ def rank_fork(rank: int, world: int, sock: str, port: int) -> int:
             gc.collect()
 
         for body in (use_then_close, collected):
-            assert _in_child(body) == 0, "the forked child failed (its traceback is above)"
+            assert in_child(body) == 0, "the forked child failed (its traceback is above)"
             forked += 1
     # The parent's group, and its peer's, are untouched: no PeerLost, no DaemonLost, sums still right.
     for _ in range(5):

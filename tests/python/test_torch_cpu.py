@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import refs
-from tpf_testing import Daemon, free_port, run_ranks
+from tpf_testing import Daemon, free_port, in_child, run_ranks
 
 
 def _torch_of(a: np.ndarray, bf16: bool = False) -> Any:
@@ -278,7 +278,6 @@ def test_communicator_fallback_error(daemon: Daemon) -> None:
 
 def rank_comm_misuse(rank: int, world: int, sock: str, port: int) -> Dict[str, Any]:
     import gc
-    import traceback
 
     import torch
     import torch.distributed as dist
@@ -340,19 +339,6 @@ def rank_comm_misuse(rank: int, world: int, sock: str, port: int) -> Dict[str, A
         parent, x = os.getpid(), _ints(rank, 64, torch.float32)
         want = rf"^Closed: this communicator was opened by process {parent}; a forked child cannot use it"
 
-        def child(body: Any) -> int:
-            pid = os.fork()
-            if pid == 0:
-                status = 1
-                try:
-                    body()
-                    status = 0
-                except BaseException:  # noqa: BLE001 - reported through the status
-                    traceback.print_exc()
-                finally:
-                    os._exit(status)
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
         def use_then_close() -> None:
             before = count.total()
             for call in (lambda: comm.all_reduce(x), lambda: comm.all_gather_into_tensor(torch.empty(world * 64), x),
@@ -370,7 +356,7 @@ def rank_comm_misuse(rank: int, world: int, sock: str, port: int) -> Dict[str, A
             gc.collect()
 
         for body in (use_then_close, collected):
-            assert child(body) == 0, "the forked child failed (its traceback is above)"
+            assert in_child(body) == 0, "the forked child failed (its traceback is above)"
             forked += 1
     for call in range(4):  # the parent's group, and its peer's, go on
         x = _ints(rank, 64, torch.float32)

@@ -108,6 +108,21 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: Sequence[Any], e
         os._exit(0)
 
 
+def in_child(body: Callable[[], None]) -> int:
+    """Run ``body`` in a fork()ed child; its exit status (0: body returned, 1: it raised, printed)."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            body()
+            status = 0
+        except BaseException:  # noqa: BLE001 - reported through the status; the parent's stack must not unwind here
+            traceback.print_exc()
+        finally:
+            os._exit(status)  # no atexit, no finalisers of the parent's objects: only what body did
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world: int,

@@ -63,27 +63,30 @@ expect 2 "^tpfabricd: --config: an empty path names no file" timeout 10 "$d" --c
 expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-config ""
 
 # What the file alone cannot settle: the check and the start refuse it alike, naming file, line and key.
+# refused CONF SOCK CHECK_PATTERN START_PATTERN: --check-config CONF and a start on CONF (socket SOCK
+# in $tmp) both exit 2, each printing a line that matches its pattern.
+refused() {
+    expect 2 "$3" "$d" --check-config "$1"
+    expect 2 "$4" timeout 10 "$d" --foreground --config "$1" --socket "$tmp/$2"
+}
 # (4095: the highest proxy.cpu allowed; this process may run on it only on a machine of 4096 CPUs.)
 printf '[proxy]\ncpu = 4095\n' >"$tmp/cpu.conf"
 cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
-expect 2 "^tpfabricd: .*cpu\.conf:2: proxy\.cpu: 4095 is not one of the CPUs this daemon may run on \($cpus\)" \
-    "$d" --check-config "$tmp/cpu.conf"
-expect 2 "^tpfabricd: .*cpu\.conf:2: proxy\.cpu: 4095 is not one of the CPUs" \
-    timeout 10 "$d" --foreground --config "$tmp/cpu.conf" --socket "$tmp/cpu.sock"
+refused "$tmp/cpu.conf" cpu.sock \
+    "^tpfabricd: .*cpu\.conf:2: proxy\.cpu: 4095 is not one of the CPUs this daemon may run on \($cpus\)" \
+    "^tpfabricd: .*cpu\.conf:2: proxy\.cpu: 4095 is not one of the CPUs"
 printf '[proxy]\ncpu = %s\n' "${cpus%%[-,]*}" >"$tmp/cpu-ok.conf"
 expect 0 "configuration is valid" "$d" --check-config "$tmp/cpu-ok.conf"
 printf '[peer]\nkey_file = "%s"\n' "$tmp/none.key" >"$tmp/nokey.conf"
-expect 2 "^tpfabricd: .*nokey\.conf:2: peer\.key_file: cannot read .*none\.key.: No such file" \
-    "$d" --check-config "$tmp/nokey.conf"
-expect 2 "^tpfabricd: .*nokey\.conf:2: peer\.key_file: cannot read" \
-    timeout 10 "$d" --foreground --config "$tmp/nokey.conf" --socket "$tmp/key.sock"
+refused "$tmp/nokey.conf" key.sock \
+    "^tpfabricd: .*nokey\.conf:2: peer\.key_file: cannot read .*none\.key.: No such file" \
+    "^tpfabricd: .*nokey\.conf:2: peer\.key_file: cannot read"
 head -c 16 /dev/urandom >"$tmp/short.key"
 chmod 0600 "$tmp/short.key"
 printf '[peer]\nkey_file = "%s"\n' "$tmp/short.key" >"$tmp/shortkey.conf"
-expect 2 "^tpfabricd: .*shortkey\.conf:2: peer\.key_file: .*short\.key. holds 16 bytes; a cluster key needs at least 32" \
-    "$d" --check-config "$tmp/shortkey.conf"
-expect 2 "^tpfabricd: .*shortkey\.conf:2: peer\.key_file: .* holds 16 bytes" \
-    timeout 10 "$d" --foreground --config "$tmp/shortkey.conf" --socket "$tmp/key.sock"
+refused "$tmp/shortkey.conf" key.sock \
+    "^tpfabricd: .*shortkey\.conf:2: peer\.key_file: .*short\.key. holds 16 bytes; a cluster key needs at least 32" \
+    "^tpfabricd: .*shortkey\.conf:2: peer\.key_file: .* holds 16 bytes"
 head -c 32 /dev/urandom >"$tmp/good.key"
 chmod 0644 "$tmp/good.key"
 printf '[peer]\nkey_file = "%s"\n' "$tmp/good.key" >"$tmp/goodkey.conf"
