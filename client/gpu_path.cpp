@@ -32,7 +32,7 @@ ncclDataType_t ncclTypeOf(DType t) {
 
 Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstream_st* stream) {
     Impl& g = *impl_;
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (!g.gpu) return hostGroup();
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGather: send and recv must be 16-byte aligned"};
     GpuPath& p = *g.gpu;
@@ -66,7 +66,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstrea
 
 Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DType type, CUstream_st* stream) {
     Impl& g = *impl_;
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (!g.gpu) return hostGroup();
     const std::size_t bytes = count * dtypeSize(type);
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allReduceSum: send and recv must be 16-byte aligned"};
@@ -101,7 +101,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
 
 Status Group::allGatherV(const void* send, void* recv, std::span<const std::size_t> counts, CUstream_st* stream) {
     Impl& g = *impl_;
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (!g.gpu) return hostGroup();
     if (auto s = g.checkCounts(send, recv, counts); !s) return s;
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGatherV: send and recv must be 16-byte aligned"};
@@ -162,7 +162,7 @@ void gpuFlushStats(Group::Impl& g) {
 
 Status gpuCheck(Group::Impl& g) {
     gpuFlushStats(g); // every count up to here, for the daemon's status and metrics
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (!g.gpu || g.nccl || g.world == 1) return okStatus();
     // Only a failed call counts: the daemon also writes the control block when
     // a rank leaves after the last call, which must not fail the others.

@@ -124,7 +124,7 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Cl
         return Error{fd.error().code, fd.error().detail +
                                           " (is tpfabricd running? systemctl status tpfabricd; another socket: TPF_SOCKET or "
                                           "Options::socketPath; TPF_DISABLE=1 opens no fabric group)"};
-    g.socket = std::move(*fd);
+    g.socket.reset(std::move(*fd));
     auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, msLeft(deadline));
     if (!hello) return hello.error();
     if (auto h = decodeFixed<HelloReply>(hello->payload, "HelloReply"); !h) return h.error();
@@ -373,14 +373,20 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
 void Group::close() {
     if (!impl_ || impl_->closed) return;
     impl_->closed = true;
-    gpuFlushStats(*impl_); // the daemon folds the ring's counts when this rank leaves
-    impl_->gpu.reset(); // unregisters the mappings below; waits for nothing
-    if (impl_->socket) {
-        // Orderly leave; a dead daemon or a timeout changes nothing here.
-        if (sendMessage(impl_->socket.get(), encodeEmpty(kClose, impl_->seq++), {}, 1000))
-            (void)receiveMessage(impl_->socket.get(), kReplySpec, 1000);
-        impl_->socket.reset();
+    if (impl_->forked()) {
+        // A fork()ed child's copy: the device state, the ring's counts and the
+        // daemon's membership are the parent's. Only the child's own mappings
+        // and descriptors go (the socket is /dev/null here already).
+        (void)impl_->broken();
+        (void)impl_->gpu.release(); // CUDA cannot be called in a fork()ed child
+    } else {
+        gpuFlushStats(*impl_); // the daemon folds the ring's counts when this rank leaves
+        impl_->gpu.reset();    // unregisters the mappings below; waits for nothing
     }
+    // Orderly leave; a dead daemon or a timeout changes nothing here.
+    if (impl_->socket && !impl_->forked() && sendMessage(impl_->socket.get(), encodeEmpty(kClose, impl_->seq++), {}, 1000))
+        (void)receiveMessage(impl_->socket.get(), kReplySpec, 1000);
+    impl_->socket.reset();
     impl_->proxyEvent.reset(); // every fd goes now, not when the Group is destroyed
     impl_->ring = RingView();
     impl_->ringMap = Mapping();
@@ -394,6 +400,7 @@ bool lastOpenMayFallBack() { return openMayFallBack; }
 
 Status Group::abort() {
     Impl& g = *impl_;
+    if (g.forked()) return g.broken(), g.failure; // the parent's group: its peers are not this process's to abort
     if (g.closed) return Error{Errc::Closed, "abort on a closed group"};
     const Error aborted{Errc::Aborted, "rank " + std::to_string(g.rank) + " (this rank) aborted the group"};
     if (g.nccl) {
@@ -410,7 +417,7 @@ Status Group::abort() {
 }
 
 Status Group::check() const {
-    if (impl_->failure.code != Errc::Ok) return impl_->failure;
+    if (impl_->broken()) return impl_->failure;
     if (impl_->gpu) return gpuCheck(*impl_);
     return okStatus();
 }

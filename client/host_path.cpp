@@ -27,6 +27,12 @@ constexpr std::uint64_t kDaemonCheckNs = 1000 * 1000;
 
 } // namespace
 
+void Group::Impl::noteForked() {
+    failure = Error{Errc::Closed, "this group was opened by process " + std::to_string(openedBy) +
+                                      "; a fork()ed child (process " + std::to_string(::getpid()) +
+                                      ") cannot use it: open a new group in the child"};
+}
+
 Status Group::Impl::fail(Error e) {
     if (failure.code == Errc::Ok) failure = std::move(e);
     return failure;
@@ -234,7 +240,7 @@ Status Group::Impl::publish(std::uint64_t e, std::uint32_t phase) {
 
 Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
     Impl& g = *impl_;
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGather buffers must be 16-byte aligned"};
     if (!fits(bytes))
         return Error{Errc::CapMismatch, std::to_string(bytes) + " bytes above the agreed cap of " + std::to_string(g.agreedCap)};
@@ -260,7 +266,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
 
 Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DType type) {
     Impl& g = *impl_;
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allReduceSum buffers must be 16-byte aligned"};
     const std::size_t bytes = count * dtypeSize(type);
     if (!fits(bytes))
@@ -286,7 +292,7 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
 
 Status Group::allGatherV(const void* send, void* recv, std::span<const std::size_t> counts) {
     Impl& g = *impl_;
-    if (g.failure.code != Errc::Ok) return g.failure;
+    if (g.broken()) return g.failure;
     if (auto s = g.checkCounts(send, recv, counts); !s) return s;
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allGatherV buffers must be 16-byte aligned"};
     std::size_t largest = 0, offset[kMaxWorld] = {};

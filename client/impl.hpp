@@ -7,6 +7,7 @@
 #include <string>
 
 #include "client/env.hpp"
+#include "client/fork_guard.hpp"
 #include "client/testing.hpp"
 #include "common/fd.hpp"
 #include "common/shm.hpp"
@@ -32,7 +33,7 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::array<std::uint8_t, kMaxWorld> routes{};
 
     // Fabric path (world >= 2): the daemon connection and shared memory.
-    UniqueFd socket;
+    DaemonSocket socket; ///< replaced by /dev/null in a fork()ed child (client/fork_guard.hpp)
     UniqueFd proxyEvent;
     std::uint32_t handle = 0;
     Layout layout{};
@@ -50,6 +51,8 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
 
     Error failure;   ///< sticky; code Ok while healthy
     bool closed = false;
+    pid_t openedBy = ::getpid();                  ///< the process that opened the group
+    std::uint32_t openedAt = forkGeneration();    ///< forkGeneration() then: another one here is a fork()ed child
     bool nccl = false; ///< fell back: every call goes to NCCL (Device groups over an NcclBootstrap)
 
     // Declared last: destroyed first, before the mappings it registered.
@@ -90,6 +93,16 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// (ControlBlock::carriedThrough, written before the error).
     bool stillCarried(std::uint64_t epoch);
     Status fail(Error e);
+    /// In a fork()ed child: the group is the parent's (its regions, rings
+    /// and daemon connection), so nothing of it may be used or released here.
+    bool forked() const { return openedAt != forkGeneration(); }
+    /// The call may not go on: a sticky failure, or (first noted here) a
+    /// fork()ed child's copy of the group, Closed naming the parent.
+    bool broken() {
+        if (forked() && failure.code != Errc::Closed) noteForked();
+        return failure.code != Errc::Ok;
+    }
+    void noteForked();
     /// allGatherV's arguments, before anything is staged: world counts, send
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.
     Status checkCounts(const void* send, const void* recv, std::span<const std::size_t> counts) const {

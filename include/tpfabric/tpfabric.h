@@ -33,7 +33,9 @@ extern "C" {
 /** A status code: one of enum tpf_status_code (TPF_OK is 0). */
 typedef int32_t tpf_status;
 
-/** One rank's membership of a group. Opaque; from tpf_group_open, freed by tpf_group_close. */
+/** One rank's membership of a group. Opaque; from tpf_group_open, freed by tpf_group_close.
+ *  It belongs to the opening process: in a fork()ed child every call on it returns TPF_CLOSED
+ *  and tpf_group_close frees the child's copy only (docs/integration.md, "Processes and fork()"). */
 typedef struct tpf_group tpf_group;
 
 /** A TCP bootstrap (rank 0 listens, the others connect). Opaque. */

@@ -146,7 +146,10 @@ struct Options {
     bool skipProbe = false;
 };
 
-/// One rank's membership of a group.
+/// One rank's membership of a group. It belongs to the process that opened
+/// it: in a fork()ed child every call on the inherited copy returns Closed and
+/// close() releases the child's copies only (docs/integration.md, "Processes
+/// and fork()").
 class TPF_API Group {
 public:
     /// Open as `rank` of `world` (1..16) with shards of at most `maxBytes`.

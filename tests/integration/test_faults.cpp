@@ -45,6 +45,48 @@ TEST_CASE("a killed rank: every other rank ends with PeerLost, not at its timeou
     }
 }
 
+// A worker process an engine forks (a data loader, a tokenizer pool) inherits
+// the rank's group. Its calls must be refused (they would stage into the
+// parent's slots, its abort would break the parent's group), and its copy of
+// the daemon socket must not hide the parent's death: before fork_guard the
+// others waited out their timeout while the child lived, and a child that
+// closed its copy told the daemon the parent had left.
+TEST_CASE("a rank's fork()ed child: refused on the parent's group, and the parent's death still seen at once") {
+    const bool closes = GENERATE(false, true);
+    INFO("the child closes its copy: " << closes);
+    Daemon d;
+    const std::uint32_t world = 3, victim = 1, timeoutMs = 20000;
+    std::vector<std::string> forking{"--fork-at", "20", "--stall-at", "300"};
+    if (closes) forking.push_back("--fork-close");
+    auto run = startRanks(d, world, {"--iters", "100000", "--sizes", "64,4096", "--timeout-ms", std::to_string(timeoutMs)},
+                          {{victim, forking}});
+    REQUIRE(waitForOutput(run.ranks[victim], "FORKED", 120000));
+    // 280 calls of every rank after the child's: the parent's group is whole.
+    REQUIRE(waitForOutput(run.ranks[victim], "STALL", 120000));
+    const std::string& out = run.ranks[victim].output;
+    const std::string forked = out.substr(out.find("FORKED"), out.find('\n', out.find("FORKED")) - out.find("FORKED"));
+    INFO(forked);
+    CHECK(forked.find("call=Closed check=Closed abort=Closed") != std::string::npos);
+    CHECK(forked.find("a fork()ed child") != std::string::npos);
+    const pid_t child = pid_t(field(forked, "child"));
+    REQUIRE(child > 0);
+    REQUIRE(::kill(child, 0) == 0); // still there, holding what it inherited
+    const std::uint64_t killedAt = tpf::monotonicNs();
+    ::kill(run.ranks[victim].pid, SIGKILL);
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    const bool ended = waitAll(all, 60000);
+    ::kill(child, SIGKILL);
+    REQUIRE(ended);
+    INFO("daemon log:\n" << d.log());
+    for (std::uint32_t r = 0; r < world; ++r) {
+        if (r == victim) continue;
+        INFO("rank " << r << ": " << run.line(r));
+        CHECK(run.line(r).find("error=PeerLost calls=300 ") != std::string::npos);
+        CHECK(run.ranks[r].endedNs - killedAt <= timeoutMs / 2 * 1000000ull); // the death, not the timeout
+    }
+}
+
 TEST_CASE("abort from each rank ends every rank's waits with Aborted") {
     Daemon d;
     const std::uint32_t world = 4, timeoutMs = 10000;

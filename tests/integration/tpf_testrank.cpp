@@ -9,9 +9,13 @@
 // for: "OPEN rank=R cap=N open_ms=O" (the agreed cap), "PAUSED rank=R calls=N", "STALL rank=R calls=N",
 // "PROGRESS rank=R calls=N", "REOPEN rank=R ok|error=NAME ...",
 // "BOOTSTRAP rank=R" (--skip-open), "ABORT rank=R status=NAME ..." (what
-// abort() returned), "FDS rank=R before=N after=M" (--check-fds). A failed
+// abort() returned), "FDS rank=R before=N after=M" (--check-fds), "FORKED
+// rank=R child=PID call=NAME check=NAME abort=NAME detail=..." (--fork-at:
+// what the child's calls on the parent's group returned; the child then
+// closes its copy if --fork-close, and sleeps 60 s holding what it kept). A failed
 // open's elapsed_ms counts from the start of the program; open_ms (a failed
 // open's RESULT line, and OPEN) is the time spent inside Group::open alone.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <dirent.h>
@@ -50,6 +54,8 @@ struct Args {
     std::int64_t abortAt = -1;   // call abort() before this iteration
     std::int64_t stallAt = -1;   // stop posting (sleep) at this iteration
     std::int64_t exitAt = -1;    // _exit(0) without closing at this iteration
+    std::int64_t forkAt = -1;    // fork() before this iteration (the FORKED line); the parent goes on
+    bool forkClose = false;      // the forked child closes its copy of the group
     std::int64_t mismatchAt = -1; // at this iteration the last rank passes other counts (gatherv), 16 bytes less (gather, sum)
     std::int64_t pauseAt = -1;   // before this iteration wait until goFile exists
     std::string goFile;
@@ -138,6 +144,29 @@ Result<bool> agreeStop(const Args& a, Group& g) {
     return false;
 }
 
+// --fork-at: a child that tries the parent's group (a call, check, abort:
+// each must be refused, nothing of the parent's touched), closes its copy
+// (--fork-close) or not, and then lingers, as a worker process an engine
+// forks would. Stdout goes to
+// /dev/null after the FORKED line so that the test's pipe ends with the parent.
+void forkAChild(const Args& a, Group& g) {
+    const pid_t pid = ::fork();
+    if (pid != 0) return; // the parent (or a failed fork: no line, the test says so)
+    alignas(16) std::uint8_t send[16] = {}, recv[16 * 16]; // a world of at most 16
+    const Status call = g.allGather(send, recv, sizeof send);
+    const Status checked = g.check();
+    const Status aborted = g.abort();
+    if (a.forkClose) g.close();
+    line("FORKED rank=%u child=%d call=%s check=%s abort=%s detail=%s\n", a.rank, int(::getpid()),
+         std::string(errcName(call.code())).c_str(), std::string(errcName(checked.code())).c_str(),
+         std::string(errcName(aborted.code())).c_str(), call ? "" : call.error().detail.c_str());
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    std::_Exit(0);
+}
+
 // The calls of one open group; prints the RESULT line, returns the exit code.
 int runCalls(const Args& a, Group& g) {
     std::uint64_t maxSize = 0;
@@ -163,6 +192,7 @@ int runCalls(const Args& a, Group& g) {
     };
     for (std::uint64_t it = 0; it < a.iters; ++it) {
         if (std::int64_t(it) == a.exitAt) std::_Exit(0);
+        if (std::int64_t(it) == a.forkAt) forkAChild(a, g);
         if (std::int64_t(it) == a.abortAt) {
             start = monotonicNs();
             const auto says = [&](const char* what, const Status& s) {
@@ -290,6 +320,8 @@ int main(int argc, char** argv) {
     app.add_option("--abort-at", a.abortAt);
     app.add_option("--stall-at", a.stallAt);
     app.add_option("--exit-at", a.exitAt);
+    app.add_option("--fork-at", a.forkAt, "fork() a child that tries the group and sleeps 60 s (FORKED line)");
+    app.add_flag("--fork-close", a.forkClose, "the --fork-at child closes its copy of the group first");
     app.add_option("--mismatch-at", a.mismatchAt, "the last rank's counts differ at this iteration (gatherv), or its size is 16 bytes less (gather, sum)");
     app.add_option("--pause-at", a.pauseAt, "before this iteration print PAUSED and wait for --go-file");
     app.add_option("--go-file", a.goFile);
