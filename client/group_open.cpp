@@ -275,7 +275,8 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     OpenIntent intent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, 0, 0};
     if (!env) intent.envErrc = std::uint16_t(Errc::ConfigError);
     if (impl->env.disable) intent.flags |= kIntentDisabled;
-    if (fallbackOf(*impl) == Fallback::Error) intent.flags |= kIntentFallbackError;
+    if (fallbackOf(*impl) == Fallback::Error)
+        intent.flags |= kIntentFallbackError | (impl->options.fallback ? 0 : kIntentFallbackFromEnv);
     if (comm) intent.flags |= kIntentHasComm;
     if (device) intent.flags |= kIntentDevice;
     std::vector<OpenIntent> intents(world);
@@ -284,13 +285,14 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     // The group's fallback, decided alike on every rank: NCCL where every rank
     // has a communicator and none asked for errors instead (TPF_DISABLE: where
     // every rank has a communicator, whatever the policy).
-    bool allComm = device, anyFallbackError = false;
-    std::uint32_t disabledBy = kNoPeer;
+    bool allComm = device;
+    std::uint32_t disabledBy = kNoPeer, errorPolicyOf = kNoPeer; // the first rank of each
     for (std::uint32_t r = 0; r < world; ++r) {
         allComm = allComm && (intents[r].flags & kIntentHasComm);
-        anyFallbackError = anyFallbackError || (intents[r].flags & kIntentFallbackError);
+        if ((intents[r].flags & kIntentFallbackError) && errorPolicyOf == kNoPeer) errorPolicyOf = r;
         if ((intents[r].flags & kIntentDisabled) && disabledBy == kNoPeer) disabledBy = r;
     }
+    const bool anyFallbackError = errorPolicyOf != kNoPeer;
     const bool ncclFallback = disabledBy != kNoPeer ? allComm : allComm && !anyFallbackError;
     const auto fallBack = [&](const Error& why) -> Result<std::unique_ptr<Group>> {
         impl->gpu.reset();
@@ -312,9 +314,13 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
             return std::unique_ptr<Group>(new Group(std::move(impl)));
         }
         openMayFallBack = disabledBy != kNoPeer || !anyFallbackError;
-        const char* because = disabledBy == kNoPeer && anyFallbackError ? " (TPF_FALLBACK=error)"
-                              : device && !allComm ? " (no NCCL communicator to fall back to on every rank)"
-                                                   : "";
+        std::string because;
+        if (disabledBy == kNoPeer && anyFallbackError)
+            because = intents[errorPolicyOf].flags & kIntentFallbackFromEnv
+                          ? " (TPF_FALLBACK=error on rank " + std::to_string(errorPolicyOf) + ")"
+                          : " (fallback = error in rank " + std::to_string(errorPolicyOf) + "'s open options)";
+        else if (device && !allComm)
+            because = " (no NCCL communicator to fall back to on every rank)";
         // A full daemon where the group may not fall back: Busy itself, so that
         // the caller can tell "retry later" from a node without a fabric path.
         // Where it may, Unavailable: what lastOpenMayFallBack() and Python's

@@ -39,6 +39,9 @@ enum IntentFlags : std::uint16_t {
     kIntentFallbackError = 2, ///< this rank's fallback policy is error (TPF_FALLBACK=error or Options)
     kIntentHasComm = 4,       ///< this rank has an NCCL communicator to fall back to
     kIntentDevice = 8,        ///< Buffers::Device
+    /// With kIntentFallbackError: the policy came from TPF_FALLBACK=error, not
+    /// the open's options (what the refusal names). Older libraries leave it 0.
+    kIntentFallbackFromEnv = 16,
 };
 struct OpenIntent {
     std::uint32_t magic;    ///< kIntentMagic

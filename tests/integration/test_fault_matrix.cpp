@@ -256,7 +256,7 @@ TEST_CASE("the local daemon killed: every call ends DaemonLost, open is refused 
             CHECK(reopenedAt[i] != 0);
             CHECK(reopen.find(" error=Unavailable ") != std::string::npos);
             CHECK(reopen.find("DaemonUnreachable") != std::string::npos);
-            if (policyError) CHECK(reopen.find("(TPF_FALLBACK=error)") != std::string::npos);
+            if (policyError) CHECK(reopen.find("(TPF_FALLBACK=error on rank 0)") != std::string::npos);
         }
         // A daemon restarted on the same socket path serves both groups afresh.
         d.restart();

@@ -237,8 +237,8 @@ TEST_CASE("open: a full daemon is Busy by name where the group may not fall back
     tpf::UniqueFd holders[2] = {heldClient(d.socket()), heldClient(d.socket())};
     { // TPF_FALLBACK=error: Busy itself on both ranks. Before: Unavailable: Busy: ...
         auto r = start(d, {{0, 2, {}}, {1, 2, {}}}, {"--iters", "5"}, {{"TPF_FALLBACK", "error"}});
-        requireOpenFailed(r, 0, "Busy", {"daemon refused: tpfabricd serves 2 clients", "(TPF_FALLBACK=error)"}, true);
-        requireOpenFailed(r, 1, "Busy", {"rank 0 has no usable daemon (TPF_FALLBACK=error)"}, true);
+        requireOpenFailed(r, 0, "Busy", {"daemon refused: tpfabricd serves 2 clients", "(TPF_FALLBACK=error on rank 0)"}, true);
+        requireOpenFailed(r, 1, "Busy", {"rank 0 has no usable daemon (TPF_FALLBACK=error on rank 0)"}, true);
     }
     { // the default policy: Unavailable (the caller may take its own path), Busy in the detail
         auto r = start(d, {{0, 2, {}}, {1, 2, {}}}, {"--iters", "5"});

@@ -257,13 +257,14 @@ def rank_comm_no_fallback(rank: int, world: int, sock: str, port: int) -> None:
     from tpfabric.torch import Communicator
 
     _init_gloo(rank, world, port)
-    with pytest.raises(tpfabric.Unavailable, match=r"\(TPF_FALLBACK=error\)$") as refused:
+    # the option, not the variable, named as what refused the fallback
+    with pytest.raises(tpfabric.Unavailable, match=r"\(fallback = error in rank 0's open options\)$") as refused:
         Communicator(max_bytes=4096, socket_path=sock, fallback=False)
     assert refused.value.may_fall_back is False
     # TPF_FALLBACK=error on rank 1 alone: an error on every rank (fallback=None reads it, the library votes)
     if rank == 1:
         os.environ["TPF_FALLBACK"] = "error"
-    with pytest.raises(tpfabric.Unavailable, match=r"\(TPF_FALLBACK=error\)$") as refused:
+    with pytest.raises(tpfabric.Unavailable, match=r"\(TPF_FALLBACK=error on rank 1\)$") as refused:
         Communicator(max_bytes=4096, socket_path=sock)
     assert refused.value.may_fall_back is False
     # ... unless this open says fallback=True on every rank: the explicit option wins over the variable
