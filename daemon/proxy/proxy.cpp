@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -121,6 +122,7 @@ bool Proxy::resume(ProxyRank& pr) {
                 // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
                 for (std::uint32_t c = 0; c < kFlagCopies; ++c)
                     std::atomic_ref(flag[c * kFlagCopyStride / sizeof *flag]).store(d.epoch, std::memory_order_release);
+                if (s.bytes <= kDemoteMax && demotes_.size() < kDemotesHeld) demotes_.push_back({to, s.bytes, flag});
             } else {
                 carry_.copy(to, from, s.bytes, false);
                 std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);
@@ -318,6 +320,7 @@ std::uint64_t Proxy::busyNs() const {
 
 void Proxy::run() {
     markAwake(true, monotonicNs());
+    demotes_.reserve(kDemotesHeld);
     std::vector<ProxyRank> table;
     std::uint64_t version = 0;
     std::uint64_t lastWork = monotonicNs();
@@ -326,6 +329,7 @@ void Proxy::run() {
     while (running_.load(std::memory_order_relaxed)) {
         if (publishedVersion_.load(std::memory_order_acquire) != version) {
             pollOnce(table); // drain what the old set published before the switch
+            demotes_.clear(); // their regions may go with the old set
             std::vector<ProxyRank> next;
             {
                 std::lock_guard lock(mutex_);
@@ -342,6 +346,17 @@ void Proxy::run() {
             reportDrained(monotonicNs());
         }
         const std::size_t work = pollOnce(table);
+        if (!work && !demotes_.empty()) { // idle: one chunk of a row out of this core's caches (demotes_)
+            Demote& dm = demotes_.back();
+            const std::size_t n = std::min(dm.bytes, kDemoteChunk);
+            demoteLines(dm.row, n);
+            dm.row += n;
+            dm.bytes -= n;
+            if (dm.bytes == 0) {
+                demoteLines(dm.flag, kFlagLine);
+                demotes_.pop_back();
+            }
+        }
         const std::uint64_t now = monotonicNs();
         // The verbs wire: completions, retiring groups, waits on remote flags.
         bool verbsBusy = pollCqs();

@@ -196,6 +196,23 @@ private:
         std::uint64_t sinceNs;
         bool flushed = false;
     };
+    /// Rows the proxy copied for a GPU to read, with their flag lines, whose
+    /// lines it pushes out of its core's caches in idle passes (demoteLines):
+    /// a GPU's read of a line still in this core's cache waits on a snoop
+    /// (flags to output at 4 KiB 2.2 -> 1.8 us, docs/perf.md 2026-12-03).
+    /// One kDemoteChunk a pass, newest row first, its flag line after it, so
+    /// a doorbell that comes meanwhile waits on one chunk at most (a whole
+    /// 16 KiB row at once held the next hop 1.6 us). Dropped at a table
+    /// switch (their regions may go) and past kDemotesHeld (a hint, not owed).
+    struct Demote {
+        const std::uint8_t* row;
+        std::size_t bytes; ///< left to demote
+        const std::uint64_t* flag;
+    };
+    static constexpr std::size_t kDemoteMax = 16 * 1024; ///< rows above this are left alone (64 KiB rows measured slower)
+    static constexpr std::size_t kDemoteChunk = 1024;
+    static constexpr std::size_t kDemotesHeld = 64;
+    std::vector<Demote> demotes_; ///< proxy thread
     std::vector<Retiring> retiring_; ///< dropped groups whose QPs still have requests posted (proxy thread)
     struct Landing {
         std::shared_ptr<VerbsGroup> group;
