@@ -2,7 +2,8 @@
 // proxy and its helpers stores every byte of every part and none beyond,
 // streamed or not, at every alignment, for copies back to back whose parts
 // a slow helper might still hold; helpers asleep neither delay a copy nor
-// keep stop() from returning.
+// keep stop() from returning. And the demotion of the carried rows
+// (common/stream_copy.hpp demoteLines) changes no byte.
 #include <catch.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/stream_copy.hpp"
 #include "daemon/proxy/carry.hpp"
 
 using namespace tpf::daemon;
@@ -128,4 +130,22 @@ TEST_CASE("awake helpers take parts; asleep ones delay nothing and stop") {
         CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
         copyAndCheck(pool, 64 * 1024, 0, 0, false, rng); // after stop: the caller copies alone
     }
+}
+
+// The proxy's idle passes demote the rows it carried (common/stream_copy.hpp,
+// daemon/proxy/proxy.hpp Demote): a hint that must change no byte, from any
+// start and length, 1 KiB at a time as the proxy does it or whole. (On a CPU
+// without CLDEMOTE its encoding is a NOP; the GPU machine's CPUs have it.)
+TEST_CASE("demoteLines changes no byte, at every alignment and length") {
+    std::mt19937_64 rng(4);
+    std::vector<std::uint8_t> buf(16 * 1024 + 2 * kGuard);
+    fillRandom(buf.data(), buf.size(), rng);
+    const std::vector<std::uint8_t> want = buf;
+    for (std::size_t off : {std::size_t(0), std::size_t(1), std::size_t(63), std::size_t(64), std::size_t(100)})
+        for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(64), std::size_t(65), std::size_t(4096), std::size_t(16 * 1024)}) {
+            const std::uint8_t* row = buf.data() + kGuard + off;
+            for (std::size_t done = 0; done < n; done += 1024) tpf::demoteLines(row + done, std::min<std::size_t>(1024, n - done));
+            tpf::demoteLines(row, n);
+            REQUIRE(firstDiff(buf, want) == -1);
+        }
 }
