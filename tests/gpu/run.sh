@@ -13,7 +13,8 @@
 # libfmt.so.9; libprometheus-cpp-core.so.1.0 for tpfabricctl) under lib/ (docs/gpu.md). TPF_GPU_SKIP_SINGLE=1 skips the
 # single-process test, TPF_GPU_NO_BENCH=1 the benchmark; TPF_GPU_BENCH_ONLY=1
 # runs only the one-GPU benchmark (under MPS, with the daemon), TPF_GPU_BENCH_W
-# its ipc widths (default "2 4 8"). TPF_GPU_DAEMON_CONFIG: a config file for
+# its ipc widths (default "2 4 8"), TPF_GPU_BENCH_PROXY_W its proxy-route
+# widths (default "2"). TPF_GPU_DAEMON_CONFIG: a config file for
 # the MPS suite's daemon (e.g. [proxy] carry_threads = 0 to compare).
 # Logs: $TPF_GPU_LOG, else $OUT (the device tool's folder), else build-gpu-device/.
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
@@ -354,8 +355,10 @@ if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
   done
   ranks tpf-gpubench 2 proxy hop 0 --mode hop || { echo "bench hop failed"; rc=1; }
   grep -h '^ROW' "$logdir/tpf-gpubench-hop-proxy-w2.log"
-  ranks tpf-gpubench 2 proxy sizes 0 --mode sizes || { echo "bench proxy W=2 failed"; rc=1; }
-  grep -h '^ROW' "$logdir/tpf-gpubench-sizes-proxy-w2.log"
+  for w in ${TPF_GPU_BENCH_PROXY_W:-2}; do
+    ranks tpf-gpubench $w proxy sizes 0 --mode sizes || { echo "bench proxy W=$w failed"; rc=1; }
+    grep -h '^ROW' "$logdir/tpf-gpubench-sizes-proxy-w$w.log"
+  done
   # The proxy route taken apart (stage, daemon carry, read; docs/perf.md).
   ranks tpf-gpubench 2 proxy parts 0 --mode parts || { echo "bench proxy parts failed"; rc=1; }
   grep -h '^ROW' "$logdir/tpf-gpubench-parts-proxy-w2.log"
