@@ -58,9 +58,10 @@ inline void streamCopy(void* dst, const void* src, std::size_t n) {
 /// the shared last-level cache (x86 CLDEMOTE), so a GPU's PCIe read of them
 /// finds them there instead of waiting on a snoop of this core. A hint: it
 /// changes no data, and CPUs without CLDEMOTE run its encoding as a NOP;
-/// nothing on other CPUs. It costs the calling thread: issued right after a
-/// 4 KiB copy it delayed the next store by 0.3-1.3 us (docs/perf.md,
-/// 2026-12-02), so call it off the latency path (daemon/proxy: idle passes).
+/// nothing on other CPUs. It costs the calling thread: on the proxy's path
+/// of a 4 KiB row it delayed the flag (issued before it) or the next carry
+/// (after it) by 0.3-1.3 us (docs/perf.md, 2026-12-02), so call it off the
+/// latency path (daemon/proxy: idle passes).
 inline void demoteLines(const void* p, std::size_t n) {
 #if defined(__x86_64__)
     const auto begin = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t(63);

@@ -202,8 +202,10 @@ private:
     /// (flags to output at 4 KiB 2.2 -> 1.8 us, docs/perf.md 2026-12-03).
     /// One kDemoteChunk a pass, newest row first, its flag line after it, so
     /// a doorbell that comes meanwhile waits on one chunk at most (a whole
-    /// 16 KiB row at once held the next hop 1.6 us). Dropped at a table
-    /// switch (their regions may go) and past kDemotesHeld (a hint, not owed).
+    /// row a pass made the 16 B hop's p99 1 us longer). A hint, not owed:
+    /// all dropped at a table switch (their regions may go), and rows past
+    /// kDemotesHeld are not held (keeping the newest instead measured no
+    /// faster at W = 8, docs/perf.md 2026-12-03 06:24).
     struct Demote {
         const std::uint8_t* row;
         std::size_t bytes; ///< left to demote
