@@ -91,7 +91,7 @@ public:
 
 private:
     TcpBootstrap() = default;
-    Status acceptRanks(const std::string& hostPort, std::uint64_t deadlineNs);
+    TPF_HIDDEN Status acceptRanks(const std::string& hostPort, std::uint64_t deadlineNs);
     std::uint32_t rank_ = 0, world_ = 0;
     int timeoutMs_ = 30000;
     std::uint32_t seq_ = 0;
@@ -248,7 +248,7 @@ public:
     friend struct GroupAccess;
 
 private:
-    explicit Group(std::unique_ptr<Impl> impl);
+    TPF_HIDDEN explicit Group(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };
 

@@ -9,8 +9,9 @@
 #      from it (a second install keeps an edited one);
 #   3. every public header compiled alone from the installed include dir
 #      (C headers as C11 and C++20, .hpp as C++20; -Wall -Wextra -Werror);
-#   4. `nm -D` of the installed library: every exported symbol is public API,
-#      and every function of tpfabric.h is exported;
+#   4. `nm -D` of the installed library: every exported symbol is public API
+#      (no private member of an exported class), and every function of
+#      tpfabric.h is exported;
 #   5. examples/hello.c and hello.cpp built through pkg-config alone (sysroot
 #      into the destdir) and by CMake (find_package(tpfabric) from the destdir);
 #   6. each of the four programs run as a W = 3 host group against the
@@ -170,6 +171,10 @@ while read -r _ type name; do
     fail "exported but not public API: $name"
 done <"$tmp/nm.txt"
 [ "$internal" -eq 0 ] && ok "all $exported exported symbols are public API"
+# Private members of the exported classes stay hidden (TPF_HIDDEN).
+for f in 'tpf::TcpBootstrap::acceptRanks(' 'tpf::Group::Group(std::unique_ptr'; do
+    grep -qF " $f" "$tmp/nm.txt" && fail "exported but private: $f"
+done
 # The other way round: every function the C header declares is exported.
 declared=$(grep -o 'TPF_API[^;]*' "$inc/tpfabric/tpfabric.h" | grep -o '\btpf_[a-z0-9_]*[[:space:]]*(' | tr -d ' (' | sort -u)
 missing=0
