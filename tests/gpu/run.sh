@@ -141,15 +141,18 @@ start_daemon() {
 # processes against the daemon on $sock (rank r on GPU r % N); each judges
 # its own outcome (exit 0, 77 for a scenario it cannot run) and prints RESULT
 # lines. Returns 0 when every rank passed, 77 when every rank skipped, else 1.
-# $tag names the log.
+# $tag names the log. A scenario's rank gets 40 s; a benchmark rank 120 (the
+# proxy route's sizes table at W = 8 is eight ranks and one proxy thread
+# carrying 56 rows a call, each size a graph of 100 calls replayed).
 tag=
 ranks() {
   local prog=$1 w=$2 route=$3 scen=$4 tmo=$5; shift 5
-  local port pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log"
+  local port pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log" limit=40
+  [ "$prog" = tpf-gpubench ] && limit=120
   port=$(freeport)
   : >"$log"
   for ((r = 0; r < w; r++)); do
-    timeout 40 "$bin/$prog" --socket "$sock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" \
+    timeout $limit "$bin/$prog" --socket "$sock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" \
       "$@" >>"$log" 2>&1 &
     pids+=($!)
   done
