@@ -6,7 +6,10 @@
 // buffers rotated over 512 MiB, so each starts from memory, not from a
 // core's cache (as the proxy route's: a GPU wrote the source, a GPU reads
 // the destination). Cold copies are 200 µs apart, so the helpers sleep
-// (proxy.spin_us 0). Prints µs per copy, p50 / mean / p99 (docs/perf.md).
+// (proxy.spin_us 0). Then batches of rows, as one poll pass of the proxy
+// route at W ranks carries W x (W - 1) of them (a rank's row to each of
+// its W - 1 peers), alone and with 2 helpers awake. Prints µs per copy or
+// batch, p50 / mean / p99 (docs/perf.md).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -49,6 +52,37 @@ int main(int argc, char** argv) {
             for (double x : us) sum += x;
             std::printf("| %zu | %s | %.2f | %.2f | %.2f | %llu |\n", n, m.name, us[us.size() / 2], sum / double(us.size()),
                         us[us.size() * 99 / 100], (unsigned long long)carry.parts());
+        }
+    }
+    // Batches: W x (W - 1) rows of n bytes, each from its own source row.
+    std::printf("\n| rows x bytes | mode | p50 | mean | p99 | parts by helpers |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+    struct Batch {
+        std::uint32_t world;
+        std::size_t bytes;
+    };
+    for (const Batch b : {Batch{4, 4096}, Batch{8, 4096}, Batch{8, 16384}, Batch{16, 4096}, Batch{4, 16384}}) {
+        const std::size_t rows = std::size_t(b.world) * (b.world - 1), span = 2 * rows * b.bytes;
+        const std::size_t batches = kPool / span;
+        for (const Mode& m : {modes[0], modes[2]}) {
+            CarryPool carry(m.threads, m.spinUs);
+            if (!carry.start()) return 1;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::vector<double> us;
+            std::vector<CarryItem> items(rows);
+            for (int i = 0; i < copies; ++i) {
+                std::uint8_t* const base = pool.data() + (std::size_t(i) % batches) * span;
+                for (std::size_t r = 0; r < rows; ++r)
+                    items[r] = CarryItem{base + (rows + r) * b.bytes, base + r * b.bytes, b.bytes, false};
+                const auto t0 = std::chrono::steady_clock::now();
+                carry.copy(items);
+                us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+                carry.wakeIdle();
+            }
+            std::sort(us.begin(), us.end());
+            double sum = 0;
+            for (double x : us) sum += x;
+            std::printf("| %zu x %zu (W = %u) | %s | %.2f | %.2f | %.2f | %llu |\n", rows, b.bytes, b.world, m.name,
+                        us[us.size() / 2], sum / double(us.size()), us[us.size() * 99 / 100], (unsigned long long)carry.parts());
         }
     }
     return 0;

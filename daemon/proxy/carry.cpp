@@ -36,30 +36,28 @@ void CarryPool::stop() {
 }
 
 std::uint32_t CarryPool::work(std::uint32_t gen) {
-    std::uint8_t* const to = to_.load(std::memory_order_relaxed);
-    const std::uint8_t* const from = from_.load(std::memory_order_relaxed);
-    const std::size_t bytes = bytes_.load(std::memory_order_relaxed);
-    const std::size_t chunkBytes = chunkBytes_.load(std::memory_order_relaxed);
     const std::uint32_t chunks = chunks_.load(std::memory_order_relaxed);
-    const bool stream = stream_.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire); // see copy(): fields of a newer copy mean claim_ is closed
+    std::atomic_thread_fence(std::memory_order_acquire); // see open(): a newer round's count means claim_ is closed
     std::uint32_t copied = 0;
+    bool streamed = false;
     std::uint64_t c = claim_.load(std::memory_order_relaxed);
     for (;;) {
-        // A claim of an older copy (every chunk of it was claimed before the
-        // proxy moved on) or past the last chunk fails: the fields read above
-        // belong to gen whenever the exchange succeeds.
+        // A claim of an older round (every chunk of it was claimed before the
+        // proxy moved on) or past the last chunk fails: a chunk is read only
+        // once claimed, and then it is this round's.
         if (std::uint32_t(c >> 32) != gen || std::uint32_t(c) >= chunks) break;
         if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acquire, std::memory_order_relaxed)) continue;
-        const std::size_t off = std::size_t(std::uint32_t(c)) * chunkBytes;
-        const std::size_t n = std::min(chunkBytes, bytes - off);
-        if (stream) streamLines(to + off, from + off, n);
-        else std::memcpy(to + off, from + off, n);
+        const Chunk& k = chunk_[std::uint32_t(c)];
+        std::uint8_t* const to = k.to.load(std::memory_order_relaxed);
+        const std::uint8_t* const from = k.from.load(std::memory_order_relaxed);
+        const std::size_t n = k.bytes.load(std::memory_order_relaxed);
+        if (k.stream.load(std::memory_order_relaxed)) streamLines(to, from, n), streamed = true;
+        else std::memcpy(to, from, n);
         ++copied;
         c = claim_.load(std::memory_order_relaxed);
     }
     if (copied) {
-        if (stream) streamFence(); // this thread's non-temporal stores before done_
+        if (streamed) streamFence(); // this thread's non-temporal stores before done_
         done_.fetch_add(copied, std::memory_order_release);
     }
     return copied;
@@ -90,34 +88,55 @@ void CarryPool::helper() {
     }
 }
 
-void CarryPool::copy(void* to, const void* from, std::size_t n, bool stream) {
-    const std::size_t parts = std::min<std::size_t>(count_ + 1, n / kChunkMin);
-    if (count_ == 0 || n < kSplitMin || parts < 2) {
-        if (!stream) return void(std::memcpy(to, from, n));
-        streamLines(to, from, n);
-        streamFence();
-        return;
-    }
-    const std::size_t chunkBytes = (n / parts + 63) & ~std::size_t(63);
-    const auto chunks = std::uint32_t((n + chunkBytes - 1) / chunkBytes);
+std::uint32_t CarryPool::open() {
     const std::uint32_t gen = gen_.load(std::memory_order_relaxed) + 1;
-    // Closed first: a helper still holding the last copy's generation, which
-    // may read some of the fields below, can no longer claim a chunk (its
-    // acquire fence in work() pairs with this release fence).
+    // Closed first: a helper still in the last round, which may read the
+    // count written after this, can no longer claim a chunk (its acquire
+    // fence in work() pairs with this release fence).
     claim_.store(std::uint64_t(gen) << 32 | 0xffffffffu, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
-    to_.store(static_cast<std::uint8_t*>(to), std::memory_order_relaxed);
-    from_.store(static_cast<const std::uint8_t*>(from), std::memory_order_relaxed);
-    bytes_.store(n, std::memory_order_relaxed);
-    chunkBytes_.store(chunkBytes, std::memory_order_relaxed);
+    return gen;
+}
+
+void CarryPool::share(std::uint32_t gen, std::uint32_t chunks) {
     chunks_.store(chunks, std::memory_order_relaxed);
-    stream_.store(stream, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     claim_.store(std::uint64_t(gen) << 32, std::memory_order_relaxed);
-    gen_.store(gen, std::memory_order_seq_cst); // publishes the fields above
+    gen_.store(gen, std::memory_order_seq_cst); // publishes the chunks and the count
     if (sleepers_.load(std::memory_order_seq_cst)) wakeDue_ = true; // woken in wakeIdle(), after the flags
     work(gen);
     while (done_.load(std::memory_order_acquire) != chunks) cpuRelax();
+}
+
+void CarryPool::copy(std::span<const CarryItem> batch) {
+    std::size_t total = 0;
+    for (const CarryItem& c : batch) total += c.bytes;
+    if (!shares(total)) {
+        bool streamed = false;
+        for (const CarryItem& c : batch) {
+            if (c.stream) streamLines(c.to, c.from, c.bytes), streamed = true;
+            else std::memcpy(c.to, c.from, c.bytes);
+        }
+        if (streamed) streamFence();
+        return;
+    }
+    std::uint32_t gen = open(), n = 0;
+    for (const CarryItem& c : batch) {
+        // A copy below kSplitMin is one chunk; a larger one count_ + 1 parts
+        // of at least kChunkMin, whole lines but for the last.
+        const std::size_t parts =
+            c.bytes < kSplitMin ? 1 : std::max<std::size_t>(1, std::min<std::size_t>(count_ + 1, c.bytes / kChunkMin));
+        const std::size_t per = parts == 1 ? c.bytes : (c.bytes / parts + 63) & ~std::size_t(63);
+        for (std::size_t off = 0; off < c.bytes; off += per) {
+            if (n == kChunksMax) share(gen, n), gen = open(), n = 0;
+            Chunk& k = chunk_[n++];
+            k.to.store(static_cast<std::uint8_t*>(c.to) + off, std::memory_order_relaxed);
+            k.from.store(static_cast<const std::uint8_t*>(c.from) + off, std::memory_order_relaxed);
+            k.bytes.store(std::min(per, c.bytes - off), std::memory_order_relaxed);
+            k.stream.store(c.stream, std::memory_order_relaxed);
+        }
+    }
+    if (n) share(gen, n);
 }
 
 } // namespace tpf::daemon

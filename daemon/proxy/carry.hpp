@@ -1,24 +1,28 @@
-// Helper threads that copy parts of one large shard beside the proxy thread
-// (proxy.carry_threads). One proxy thread copying every local rank's shard
-// into every peer's region in turn was the one-host proxy route's cost at
-// 64 KiB and above; three cores copying parts of each shard took a GPU
-// call of 64 KiB from 22.3 to 16.8 us and of 512 KiB from 85.7 to 54.7
-// (docs/perf.md, 2026-12-02 10:50).
+// Helper threads that copy beside the proxy thread (proxy.carry_threads):
+// parts of a large row, or a doorbell's small rows at once. One proxy
+// thread copying every local rank's shard into every peer's region in turn
+// was the one-host proxy route's cost at 64 KiB and above; three cores
+// copying parts of each shard took a GPU call of 64 KiB from 22.3 to 16.8
+// us and of 512 KiB from 85.7 to 54.7 (docs/perf.md, 2026-12-02 10:50).
 //
-// The proxy posts a copy as chunks; the helpers that are awake and the proxy
-// itself claim chunks from one counter, and the proxy returns once every
-// chunk is stored. Helpers busy-poll for proxy.spin_us after their last
-// chunk, then sleep on a futex (std::atomic::wait), so an idle pool costs
-// no CPU. Helpers asleep when a copy comes are woken after it (wakeIdle(),
-// once the proxy released the copy's flags), awake then for the calls that
-// follow: waking them first delayed the copy itself at every size, since a
-// helper takes longer to run than the copy (bench/carry_bench.cpp,
-// docs/perf.md).
+// The proxy posts a batch of copies (the same-node rows of one doorbell, one
+// to each peer) as chunks: a row below kSplitMin is one chunk, a larger one
+// is split in parts; the helpers that are awake and the proxy itself claim
+// chunks from one counter, and the proxy returns once every chunk is stored.
+// A batch below kSplitMin in all is the proxy's alone. Helpers busy-poll for
+// proxy.spin_us after their last chunk, then sleep on a futex
+// (std::atomic::wait), so an idle pool costs no CPU. Helpers asleep when a
+// copy comes are woken after it (wakeIdle(), once the proxy released the
+// copy's flags), awake then for the calls that follow: waking them first
+// delayed the copy itself at every size, since a helper takes longer to run
+// than the copy (bench/carry_bench.cpp, docs/perf.md).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -26,11 +30,22 @@
 
 namespace tpf::daemon {
 
+/// One copy of a batch: `bytes` from `from` to `to`, not overlapping any
+/// other of the batch. stream: non-temporal stores (streamLines), for a GPU
+/// reader.
+struct CarryItem {
+    void* to = nullptr;
+    const void* from = nullptr;
+    std::size_t bytes = 0;
+    bool stream = false;
+};
+
 class CarryPool {
 public:
-    /// Copies below this many bytes are the proxy's alone. Measured on the
-    /// GPU machine (docs/perf.md, 2026-12-02 10:50): split from 16 KiB, the
-    /// proxy route gained nothing at 16 and 32 KiB and 0.76x at 64 KiB.
+    /// Copies below this many bytes are one chunk, and batches below it the
+    /// proxy's alone. Measured on the GPU machine (docs/perf.md, 2026-12-02
+    /// 10:50): split from 16 KiB, the proxy route gained nothing at 16 and
+    /// 32 KiB and 0.76x at 64 KiB.
     static constexpr std::size_t kSplitMin = 64 * 1024;
     /// No chunk is smaller than this (a multiple of 64: whole lines, and the
     /// 16-byte alignment streamLines needs is kept from chunk to chunk).
@@ -46,11 +61,18 @@ public:
     Status start();
     void stop();
 
-    /// Proxy thread only: copies n bytes from `from` to `to` (not
-    /// overlapping). stream: non-temporal stores (streamLines) for a GPU
-    /// reader, fenced before this returns. Every byte is stored, and visible
-    /// to a release store after the call, when it returns.
-    void copy(void* to, const void* from, std::size_t n, bool stream);
+    /// Proxy thread only: every copy of the batch. Every byte is stored (the
+    /// streamed ones fenced), and visible to a release store after the call,
+    /// when it returns.
+    void copy(std::span<const CarryItem> batch);
+    /// Whether a batch of this many bytes in all goes to the helpers too
+    /// (else the proxy copies it alone).
+    bool shares(std::size_t bytes) const { return count_ != 0 && bytes >= kSplitMin; }
+    /// A batch of one.
+    void copy(void* to, const void* from, std::size_t n, bool stream) {
+        const CarryItem one{to, from, n, stream};
+        copy(std::span(&one, 1));
+    }
     /// Proxy thread only, after the flags of its copies are released: wake
     /// the helpers that slept through a copy (cheap when none did).
     void wakeIdle() {
@@ -62,9 +84,27 @@ public:
     std::uint64_t parts() const { return parts_.load(std::memory_order_relaxed); }
 
 private:
+    /// Chunks a shared round holds; a batch of more is copied in rounds.
+    static constexpr std::size_t kChunksMax = 256;
+    /// One chunk of the round in progress, written by the proxy before it
+    /// publishes gen_ (atomics: a helper late from an older round may read
+    /// one while it is rewritten, and then fails its claim).
+    struct Chunk {
+        std::atomic<std::uint8_t*> to{nullptr};
+        std::atomic<const std::uint8_t*> from{nullptr};
+        std::atomic<std::size_t> bytes{0};
+        std::atomic<bool> stream{false};
+    };
+
     void helper();
     /// Claim and copy chunks of generation gen until none is left; returns how many this thread copied.
     std::uint32_t work(std::uint32_t gen);
+    /// The proxy, before it writes a round's chunks: closes claim_ to the
+    /// last round's helpers; returns the new round's generation.
+    std::uint32_t open();
+    /// The proxy: publishes the first `chunks` of chunk_ as round gen and
+    /// copies them with the helpers; returns once every one is stored.
+    void share(std::uint32_t gen, std::uint32_t chunks);
 
     const std::uint32_t count_;
     const std::uint64_t spinNs_;
@@ -72,14 +112,10 @@ private:
     std::vector<std::thread> threads_;
     std::atomic<bool> running_{false};
 
-    // The copy in progress. Fields are written by the proxy before it
-    // publishes gen_ (release) and not again until every chunk is done.
-    std::atomic<std::uint8_t*> to_{nullptr};
-    std::atomic<const std::uint8_t*> from_{nullptr};
-    std::atomic<std::size_t> bytes_{0};
-    std::atomic<std::size_t> chunkBytes_{0};
+    // The round in progress. Written by the proxy before it publishes gen_
+    // (release) and not again until every chunk is done.
+    std::array<Chunk, kChunksMax> chunk_;
     std::atomic<std::uint32_t> chunks_{0};
-    std::atomic<bool> stream_{false};
     alignas(64) std::atomic<std::uint32_t> gen_{0};   ///< copy generation; the helpers' futex word
     alignas(64) std::atomic<std::uint64_t> claim_{0}; ///< gen << 32 | next chunk to claim
     alignas(64) std::atomic<std::uint32_t> done_{0};  ///< chunks of the current copy stored

@@ -1,8 +1,9 @@
 // The proxy's carry threads (daemon/proxy/carry.cpp): a copy split among the
 // proxy and its helpers stores every byte of every part and none beyond,
 // streamed or not, at every alignment, for copies back to back whose parts
-// a slow helper might still hold; helpers asleep neither delay a copy nor
-// keep stop() from returning. And the demotion of the carried rows
+// a slow helper might still hold; so does a batch of many copies (a poll
+// pass's rows), small and large mixed, past the chunks one round holds;
+// helpers asleep neither delay a copy nor keep stop() from returning. And the demotion of the carried rows
 // (common/stream_copy.hpp demoteLines) changes no byte.
 #include <catch.hpp>
 
@@ -129,6 +130,48 @@ TEST_CASE("awake helpers take parts; asleep ones delay nothing and stop") {
         pool.stop();
         CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
         copyAndCheck(pool, 64 * 1024, 0, 0, false, rng); // after stop: the caller copies alone
+    }
+}
+
+// A poll pass's rows as one batch: many destinations in one buffer, each its
+// own source bytes, rows below kSplitMin (one chunk each) beside rows split
+// in parts, some streamed; batches of one row, of small rows only (below
+// kSplitMin in all: the proxy's alone), and of more chunks than one round
+// holds (W = 16's 240 rows).
+TEST_CASE("a batch of rows: every byte of every row, none beyond, at every helper count") {
+    std::mt19937_64 rng(19);
+    const std::vector<std::vector<std::size_t>> batches = {
+        {4096},
+        {4096, 4096, 4096},                                   // W = 4, 4 KiB: 12 KiB, the proxy's alone
+        std::vector<std::size_t>(56, 4096),                   // W = 8, 4 KiB: 224 KiB, shared
+        {CarryPool::kSplitMin, CarryPool::kSplitMin},          // W = 2, 64 KiB: both ranks' rows
+        {17, 0, 4096 + 16, CarryPool::kSplitMin + 48, 1, 200 * 1024, 63, 16 * 1024},
+        std::vector<std::size_t>(300, 1024 + 16),             // more chunks than a round holds
+        std::vector<std::size_t>(40, CarryPool::kSplitMin),   // split rows past a round's chunks
+    };
+    for (std::uint32_t helpers : {0u, 1u, 2u, 16u}) {
+        CarryPool pool(helpers, 1000);
+        REQUIRE(pool.start().ok());
+        for (const auto& sizes : batches)
+            for (bool stream : {false, true}) {
+                std::size_t total = 0;
+                for (std::size_t n : sizes) total += n + kGuard + 16;
+                std::vector<std::uint8_t> src(total), dst(total + kGuard, 0xa5), want(dst);
+                fillRandom(src.data(), src.size(), rng);
+                std::vector<CarryItem> batch;
+                std::size_t at = 0;
+                for (std::size_t i = 0; i < sizes.size(); ++i) {
+                    // Rows at 16-byte offsets (the slots'), every other one streamed when stream is set.
+                    batch.push_back(CarryItem{dst.data() + kGuard + at, src.data() + at, sizes[i], stream && i % 2 == 0});
+                    std::memcpy(want.data() + kGuard + at, src.data() + at, sizes[i]);
+                    at += (sizes[i] + kGuard + 15) & ~std::size_t(15);
+                    REQUIRE(at <= total);
+                }
+                pool.copy(batch);
+                INFO("helpers " << helpers << ", " << sizes.size() << " rows" << (stream ? ", some streamed" : ""));
+                REQUIRE(firstDiff(dst, want) == -1);
+            }
+        pool.stop();
     }
 }
 
