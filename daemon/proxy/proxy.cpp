@@ -89,9 +89,10 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
     resume(pr);
 }
 
-// Peers in peerAt order: shm peers get the copy and the flag at once; verbs
-// peers stripe by stripe while their queue pairs are under the cap. A stripe
-// at the cap leaves the rest for a later pass (the caller serves the other
+// Peers in peerAt order: shm peers' rows join the doorbell's batch (copied
+// and flagged in carryBatch(), at the end or before a wait); verbs peers
+// stripe by stripe while their queue pairs are under the cap. A stripe at
+// the cap leaves the rest for a later pass (the caller serves the other
 // rings meanwhile), so one stalled queue pair holds up only this ring.
 bool Proxy::resume(ProxyRank& pr) {
     ProxyGroup& g = *pr.group;
@@ -107,33 +108,73 @@ bool Proxy::resume(ProxyRank& pr) {
         if ((pr.ipcPeers | pr.directPeers) >> q & 1u) continue; // the rank (or its kernel) stored it there itself
         if (gone >> q & 1u) continue;
         if (g.routes[q] == kRouteVerbs) {
-            if (!resumeVerbs(pr, q, phase, cur)) return false;
+            if (!resumeVerbs(pr, q, phase, cur)) return carryBatch(), false;
             continue;
         }
         if (g.routes[q] != kRouteShm) continue;
         const HostRegion& dst = *g.regions[q];
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
-            std::uint8_t* const to = dst.slot(phase, pr.rank) + s.offset;
-            const std::uint8_t* const from = src.slot(phase, pr.rank) + s.offset;
-            std::uint64_t* const flag = dst.flag(phase, pr.rank, k);
-            if (pr.gpuDoorbells) { // a Device group: a GPU reads these rows over PCIe
-                carry_.copy(to, from, s.bytes, s.bytes >= kStreamCopyMin); // streamed lines fenced before the flag
-                // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
-                for (std::uint32_t c = 0; c < kFlagCopies; ++c)
-                    std::atomic_ref(flag[c * kFlagCopyStride / sizeof *flag]).store(d.epoch, std::memory_order_release);
-                if (s.bytes <= kDemoteMax && demotes_.size() < kDemotesHeld) demotes_.push_back({to, s.bytes, flag});
-            } else {
-                carry_.copy(to, from, s.bytes, false);
-                std::atomic_ref(*flag).store(d.epoch, std::memory_order_release);
-            }
+            // Copied in carryBatch(), the flag released after: a GPU reads
+            // these rows over PCIe (pr.gpuDoorbells), streamed lines there.
+            const bool gpu = pr.gpuDoorbells;
+            batch_.push_back(CarryItem{dst.slot(phase, pr.rank) + s.offset, src.slot(phase, pr.rank) + s.offset, s.bytes,
+                                       gpu && s.bytes >= kStreamCopyMin});
+            releases_.push_back(Release{dst.flag(phase, pr.rank, k), d.epoch, &dst, gpu});
         }
-        dst.wakeIfWaiting();
     }
-    carry_.wakeIdle(); // after the flags: a futex wake must not delay them
+    carryBatch();
     ring.delivering.reset();
     doorbells_.fetch_add(1, std::memory_order_relaxed);
     return true;
+}
+
+// The doorbell's same-node rows: each row of kSplitMin and more split among
+// the carry threads and flagged at once, so that its reader starts on it
+// while the next one is copied; the smaller rows as one batch (shared among
+// the carry threads when they come to kSplitMin together: a W = 8 call's
+// seven rows of 16 KiB, which one proxy thread copied one after the other),
+// flagged after it. Flagging each row only once a whole poll pass's rows
+// were copied measured slower wherever the GPUs' PCIe reads of the rows had
+// overlapped the copies (W = 4, 64 KiB and up: 2x; docs/perf.md 2026-12-03).
+void Proxy::carryBatch() {
+    const HostRegion* woken = nullptr;
+    const auto release = [&](std::size_t i) {
+        const Release& r = releases_[i];
+        if (r.gpu) {
+            // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
+            for (std::uint32_t c = 0; c < kFlagCopies; ++c)
+                std::atomic_ref(r.flag[c * kFlagCopyStride / sizeof *r.flag]).store(r.epoch, std::memory_order_release);
+            const CarryItem& row = batch_[i];
+            if (row.bytes <= kDemoteMax && demotes_.size() < kDemotesHeld)
+                demotes_.push_back({static_cast<const std::uint8_t*>(row.to), row.bytes, r.flag});
+        } else {
+            std::atomic_ref(*r.flag).store(r.epoch, std::memory_order_release);
+        }
+        if (r.dst != woken) r.dst->wakeIfWaiting(), woken = r.dst;
+    };
+    std::size_t small = 0; // first row of the run of small rows not yet copied
+    const auto carrySmall = [&](std::size_t end) {
+        std::size_t bytes = 0;
+        for (std::size_t i = small; i < end; ++i) bytes += batch_[i].bytes;
+        if (!carry_.shares(bytes)) { // the proxy's alone: each row flagged at once
+            for (std::size_t i = small; i < end; ++i) carry_.copy(std::span(batch_).subspan(i, 1)), release(i);
+            return;
+        }
+        carry_.copy(std::span(batch_).subspan(small, end - small)); // streamed lines fenced before the flags
+        for (std::size_t i = small; i < end; ++i) release(i);
+    };
+    for (std::size_t i = 0; i < batch_.size(); ++i) {
+        if (batch_[i].bytes < CarryPool::kSplitMin) continue;
+        carrySmall(i);
+        carry_.copy(std::span(batch_).subspan(i, 1));
+        release(i);
+        small = i + 1;
+    }
+    carrySmall(batch_.size());
+    batch_.clear();
+    releases_.clear();
+    carry_.wakeIdle(); // after the flags: a futex wake must not delay them
 }
 
 // Each stripe: if its QP is at the in-flight cap (or its CQ half full), stop
@@ -321,6 +362,8 @@ std::uint64_t Proxy::busyNs() const {
 void Proxy::run() {
     markAwake(true, monotonicNs());
     demotes_.reserve(kDemotesHeld);
+    batch_.reserve(kBatchReserve);
+    releases_.reserve(kBatchReserve);
     std::vector<ProxyRank> table;
     std::uint64_t version = 0;
     std::uint64_t lastWork = monotonicNs();
@@ -329,7 +372,6 @@ void Proxy::run() {
     while (running_.load(std::memory_order_relaxed)) {
         if (publishedVersion_.load(std::memory_order_acquire) != version) {
             pollOnce(table); // drain what the old set published before the switch
-            demotes_.clear(); // their regions may go with the old set
             std::vector<ProxyRank> next;
             {
                 std::lock_guard lock(mutex_);
@@ -337,6 +379,7 @@ void Proxy::run() {
                 version = pendingVersion_;
             }
             finishLeaving(table, next);
+            demotes_.clear(); // their regions may go with the old set
             land(table, next, monotonicNs());
             retire(table, next);
             table = std::move(next);

@@ -7,8 +7,9 @@
 // serves a ring that GPU kernels may ring (a kernel cannot write the
 // eventfd): a Device group member with a proxy-route peer, or one that has
 // not reported its routes yet (DeviceAttach). Members whose every peer is ipc
-// cost nothing while idle. Copies of 64 KiB and more between two regions of
-// this node go in parts to the carry threads as well (carry.hpp).
+// cost nothing while idle. A doorbell's rows between regions of this node
+// are copied by the carry threads as well (carry.hpp): each row of 64 KiB
+// and more in parts, the smaller ones together when they come to 64 KiB.
 #pragma once
 
 #include <array>
@@ -98,8 +99,9 @@ struct ProxyOptions {
     /// about one poll pass a period, and a doorbell waits up to that much
     /// longer).
     std::uint32_t gpuPollUs = 0;
-    /// Helper threads copying parts of shards of CarryPool::kSplitMin bytes
-    /// and more that the proxy carries between same-node regions (carry.hpp).
+    /// Helper threads copying beside the proxy the rows it carries between
+    /// same-node regions: parts of rows of CarryPool::kSplitMin bytes and
+    /// more, a doorbell's smaller rows together from kSplitMin (carry.hpp).
     std::uint32_t carryThreads = 0;
 };
 
@@ -147,7 +149,12 @@ private:
     void deliver(ProxyRank& pr, const Doorbell& d);
     /// Carry out the ring's doorbell in progress as far as the in-flight caps
     /// allow; true once it is done (or dropped: group broken, link failed).
+    /// Same-node rows join the doorbell's batch (carryBatch).
     bool resume(ProxyRank& pr);
+    /// Copy the batch's rows (with the carry threads), release their flags
+    /// and wake their waits: at the end of a doorbell, and before a wait for
+    /// a queue pair's cap.
+    void carryBatch();
     /// Post the stripes of one verbs peer from cur.stripe on; false when a
     /// queue pair is at its cap (cur.stripe says where to go on).
     bool resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur);
@@ -215,6 +222,16 @@ private:
     static constexpr std::size_t kDemoteChunk = 1024;
     static constexpr std::size_t kDemotesHeld = 64;
     std::vector<Demote> demotes_; ///< proxy thread
+    /// A row of batch_ carried: the flag released once it is copied.
+    struct Release {
+        std::uint64_t* flag; ///< copy 0 (a GPU's: every kFlagCopies copy)
+        std::uint64_t epoch;
+        const HostRegion* dst;
+        bool gpu; ///< a GPU reads the row (pr.gpuDoorbells)
+    };
+    static constexpr std::size_t kBatchReserve = 256;
+    std::vector<CarryItem> batch_;   ///< same-node rows of the doorbell in progress (proxy thread)
+    std::vector<Release> releases_;  ///< one per row of batch_
     std::vector<Retiring> retiring_; ///< dropped groups whose QPs still have requests posted (proxy thread)
     struct Landing {
         std::shared_ptr<VerbsGroup> group;

@@ -69,15 +69,18 @@ TEST_CASE("one-node host groups: byte-exact over either path; host-direct rings 
     }
 }
 
-// Shards of 64 KiB and more that the proxy carries are copied in parts by
-// its carry threads (daemon/proxy/carry.hpp, proxy.carry_threads = 2 by
-// default): every byte still lands, sums still rank-order exact.
-TEST_CASE("the proxy path with large shards: parts copied by the carry threads land byte-exact") {
+// The rows the proxy carries are copied by its carry threads as well
+// (daemon/proxy/carry.hpp, proxy.carry_threads = 2 by default): shards of
+// 64 KiB and more in parts, a doorbell's smaller rows together once they
+// come to 64 KiB (W = 8: seven rows of 12000 or 16384 bytes), every byte
+// still lands, sums still rank-order exact.
+TEST_CASE("the proxy path: rows copied by the carry threads, in parts and together, land byte-exact") {
     Daemon d;
-    for (std::uint32_t world : {2u, 4u}) {
+    for (std::uint32_t world : {2u, 4u, 8u}) {
         INFO("world " << world);
-        auto run = startRanks(d, world, {"--iters", "100", "--sizes", "16384,65536,300000,100000", "--max-bytes", "300000", "--mode", "mixed"}, {},
-                              {{"TPF_HOST_DIRECT", "0"}});
+        auto run = startRanks(d, world, {"--iters", "100", "--sizes", "16384,65536,300000,100000,12000,4096", "--max-bytes", "300000",
+                                         "--mode", "mixed"},
+                              {}, {{"TPF_HOST_DIRECT", "0"}});
         REQUIRE(waitAll(pointers(run), 300000));
         for (std::uint32_t r = 0; r < world; ++r) CHECK(run.line(r) == "RESULT rank=" + std::to_string(r) + " ok calls=100");
     }
