@@ -6,10 +6,11 @@
 // buffers rotated over 512 MiB, so each starts from memory, not from a
 // core's cache (as the proxy route's: a GPU wrote the source, a GPU reads
 // the destination). Cold copies are 200 µs apart, so the helpers sleep
-// (proxy.spin_us 0). Then batches of rows, as one poll pass of the proxy
-// route at W ranks carries W x (W - 1) of them (a rank's row to each of
-// its W - 1 peers), alone and with 2 helpers awake. Prints µs per copy or
-// batch, p50 / mean / p99 (docs/perf.md).
+// (proxy.spin_us 0). Then batches of rows (CarryPool::copy of CarryItems):
+// the W x (W - 1) rows of a whole call of the proxy route at W ranks (each
+// rank's row to each of its W - 1 peers; the daemon batches one doorbell's
+// W - 1), alone and with 2 helpers awake. Prints µs per copy or batch,
+// p50 / mean / p99 (docs/perf.md).
 #include <algorithm>
 #include <atomic>
 #include <chrono>

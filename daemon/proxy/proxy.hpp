@@ -229,7 +229,7 @@ private:
         const HostRegion* dst;
         bool gpu; ///< a GPU reads the row (pr.gpuDoorbells)
     };
-    static constexpr std::size_t kBatchReserve = 256;
+    static constexpr std::size_t kBatchReserve = (kMaxWorld - 1) * kMaxStripes; ///< a doorbell's rows, at most
     std::vector<CarryItem> batch_;   ///< same-node rows of the doorbell in progress (proxy thread)
     std::vector<Release> releases_;  ///< one per row of batch_
     std::vector<Retiring> retiring_; ///< dropped groups whose QPs still have requests posted (proxy thread)
