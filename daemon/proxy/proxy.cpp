@@ -108,7 +108,7 @@ bool Proxy::resume(ProxyRank& pr) {
         if ((pr.ipcPeers | pr.directPeers) >> q & 1u) continue; // the rank (or its kernel) stored it there itself
         if (gone >> q & 1u) continue;
         if (g.routes[q] == kRouteVerbs) {
-            if (!resumeVerbs(pr, q, phase, cur)) return carryBatch(), false;
+            if (!resumeVerbs(pr, q, phase, cur)) return carryBatch(d.epoch, pr.gpuDoorbells), false;
             continue;
         }
         if (g.routes[q] != kRouteShm) continue;
@@ -117,13 +117,12 @@ bool Proxy::resume(ProxyRank& pr) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
             // Copied in carryBatch(), the flag released after: a GPU reads
             // these rows over PCIe (pr.gpuDoorbells), streamed lines there.
-            const bool gpu = pr.gpuDoorbells;
             batch_.push_back(CarryItem{dst.slot(phase, pr.rank) + s.offset, src.slot(phase, pr.rank) + s.offset, s.bytes,
-                                       gpu && s.bytes >= kStreamCopyMin});
-            releases_.push_back(Release{dst.flag(phase, pr.rank, k), d.epoch, &dst, gpu});
+                                       pr.gpuDoorbells && s.bytes >= kStreamCopyMin});
+            releases_.push_back(Release{dst.flag(phase, pr.rank, k), &dst});
         }
     }
-    carryBatch();
+    carryBatch(d.epoch, pr.gpuDoorbells);
     ring.delivering.reset();
     doorbells_.fetch_add(1, std::memory_order_relaxed);
     return true;
@@ -131,47 +130,42 @@ bool Proxy::resume(ProxyRank& pr) {
 
 // The doorbell's same-node rows: each row of kSplitMin and more split among
 // the carry threads and flagged at once, so that its reader starts on it
-// while the next one is copied; the smaller rows as one batch (shared among
-// the carry threads when they come to kSplitMin together: a W = 8 call's
-// seven rows of 16 KiB, which one proxy thread copied one after the other),
-// flagged after it. Flagging each row only once a whole poll pass's rows
+// while the next one is copied; the smaller rows as one batch when they
+// come to kSplitMin together (shared among the carry threads: a W = 8
+// call's seven rows of 16 KiB, which one proxy thread copied one after the
+// other), flagged after it, else each copied and flagged at once. Flagging each row only once a whole poll pass's rows
 // were copied measured slower wherever the GPUs' PCIe reads of the rows had
 // overlapped the copies (W = 4, 64 KiB and up: 2x; docs/perf.md 2026-12-03).
-void Proxy::carryBatch() {
+void Proxy::carryBatch(std::uint64_t epoch, bool gpu) {
     const HostRegion* woken = nullptr;
     const auto release = [&](std::size_t i) {
         const Release& r = releases_[i];
-        if (r.gpu) {
+        if (gpu) {
             // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
             for (std::uint32_t c = 0; c < kFlagCopies; ++c)
-                std::atomic_ref(r.flag[c * kFlagCopyStride / sizeof *r.flag]).store(r.epoch, std::memory_order_release);
+                std::atomic_ref(r.flag[c * kFlagCopyStride / sizeof *r.flag]).store(epoch, std::memory_order_release);
             const CarryItem& row = batch_[i];
             if (row.bytes <= kDemoteMax && demotes_.size() < kDemotesHeld)
                 demotes_.push_back({static_cast<const std::uint8_t*>(row.to), row.bytes, r.flag});
         } else {
-            std::atomic_ref(*r.flag).store(r.epoch, std::memory_order_release);
+            std::atomic_ref(*r.flag).store(epoch, std::memory_order_release);
         }
         if (r.dst != woken) r.dst->wakeIfWaiting(), woken = r.dst;
     };
-    std::size_t small = 0; // first row of the run of small rows not yet copied
-    const auto carrySmall = [&](std::size_t end) {
-        std::size_t bytes = 0;
-        for (std::size_t i = small; i < end; ++i) bytes += batch_[i].bytes;
-        if (!carry_.shares(bytes)) { // the proxy's alone: each row flagged at once
-            for (std::size_t i = small; i < end; ++i) carry_.copy(std::span(batch_).subspan(i, 1)), release(i);
-            return;
+    // Runs: a row of kSplitMin and more alone, else consecutive smaller rows.
+    const std::span<const CarryItem> rows(batch_);
+    for (std::size_t begin = 0, end; begin < rows.size(); begin = end) {
+        std::size_t bytes = rows[begin].bytes;
+        end = begin + 1;
+        if (bytes < CarryPool::kSplitMin)
+            for (; end < rows.size() && rows[end].bytes < CarryPool::kSplitMin; ++end) bytes += rows[end].bytes;
+        if (carry_.shares(bytes)) { // with the helpers, then every flag (streamed lines fenced before them)
+            carry_.copy(rows.subspan(begin, end - begin));
+            for (std::size_t i = begin; i < end; ++i) release(i);
+        } else { // the proxy's alone: each row flagged at once
+            for (std::size_t i = begin; i < end; ++i) carry_.copy(rows.subspan(i, 1)), release(i);
         }
-        carry_.copy(std::span(batch_).subspan(small, end - small)); // streamed lines fenced before the flags
-        for (std::size_t i = small; i < end; ++i) release(i);
-    };
-    for (std::size_t i = 0; i < batch_.size(); ++i) {
-        if (batch_[i].bytes < CarryPool::kSplitMin) continue;
-        carrySmall(i);
-        carry_.copy(std::span(batch_).subspan(i, 1));
-        release(i);
-        small = i + 1;
     }
-    carrySmall(batch_.size());
     batch_.clear();
     releases_.clear();
     carry_.wakeIdle(); // after the flags: a futex wake must not delay them

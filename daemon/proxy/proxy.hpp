@@ -152,9 +152,10 @@ private:
     /// Same-node rows join the doorbell's batch (carryBatch).
     bool resume(ProxyRank& pr);
     /// Copy the batch's rows (with the carry threads), release their flags
-    /// and wake their waits: at the end of a doorbell, and before a wait for
-    /// a queue pair's cap.
-    void carryBatch();
+    /// (the doorbell's epoch; gpu: every kFlagCopies copy, the rows kept to
+    /// demote) and wake their waits: at the end of a doorbell, and before a
+    /// wait for a queue pair's cap.
+    void carryBatch(std::uint64_t epoch, bool gpu);
     /// Post the stripes of one verbs peer from cur.stripe on; false when a
     /// queue pair is at its cap (cur.stripe says where to go on).
     bool resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur);
@@ -225,9 +226,7 @@ private:
     /// A row of batch_ carried: the flag released once it is copied.
     struct Release {
         std::uint64_t* flag; ///< copy 0 (a GPU's: every kFlagCopies copy)
-        std::uint64_t epoch;
         const HostRegion* dst;
-        bool gpu; ///< a GPU reads the row (pr.gpuDoorbells)
     };
     static constexpr std::size_t kBatchReserve = (kMaxWorld - 1) * kMaxStripes; ///< a doorbell's rows, at most
     std::vector<CarryItem> batch_;   ///< same-node rows of the doorbell in progress (proxy thread)
