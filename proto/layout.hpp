@@ -50,7 +50,8 @@ inline constexpr std::uint32_t kFlagCopies = 4;     ///< copies of a flag's epoc
 inline constexpr std::uint64_t kFlagCopyStride = 32; ///< bytes between copies: one 32-byte sector each
 static_assert(kFlagCopies * kFlagCopyStride <= kFlagLine);
 inline constexpr std::uint64_t kStripeAlign = 4096; ///< every stripe but the last starts and ends on this
-inline constexpr std::uint64_t kMaxSlotBytes = 1ull << 30; ///< sanity bound on one slot (1 GiB)
+inline constexpr std::uint64_t kMaxCapBytes = 1ull << 30;  ///< a group's cap (max_bytes a rank), at most 1 GiB
+inline constexpr std::uint64_t kMaxSlotBytes = kMaxCapBytes + kSlotAlign; ///< one slot, at most: slotBytesFor(kMaxCapBytes)
 inline constexpr std::uint64_t kBufferAlign = 16;   ///< user buffers and sizes: 16-byte aligned
 
 TPF_HD constexpr std::uint64_t roundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -105,14 +106,15 @@ struct Layout {
     std::uint64_t slotBytes = 0;
 
     /// Validating constructor: world 1..16, slotBytes a positive multiple of
-    /// 4096 up to 1 GiB, stripes 1..8; anything else is OutOfRange / Misaligned.
+    /// 4096 up to kMaxSlotBytes, stripes 1..8; anything else is OutOfRange / Misaligned.
     static Result<Layout> of(std::uint32_t world, std::uint64_t slotBytes, std::uint32_t stripes) {
         if (world < 1 || world > kMaxWorld)
             return {Errc::OutOfRange, "world " + std::to_string(world) + " outside 1..16"};
         if (stripes < 1 || stripes > kMaxStripes)
             return {Errc::OutOfRange, "stripes " + std::to_string(stripes) + " outside 1..8"};
         if (slotBytes == 0 || slotBytes > kMaxSlotBytes)
-            return {Errc::OutOfRange, "slot of " + std::to_string(slotBytes) + " bytes outside 4096..1 GiB"};
+            return {Errc::OutOfRange, "slot of " + std::to_string(slotBytes) + " bytes outside 4096.." +
+                                          std::to_string(kMaxSlotBytes) + " (the slot of a 1 GiB cap)"};
         if (slotBytes % kSlotAlign != 0)
             return {Errc::Misaligned, "slot of " + std::to_string(slotBytes) + " bytes is not a multiple of 4096"};
         Layout l;
@@ -223,6 +225,7 @@ TPF_HD constexpr std::uint64_t countsHash(const std::uint64_t* counts, std::uint
 /// before its trailer, or a shard of up to the cap rounded up to 16 bytes,
 /// always fits the slot.
 constexpr std::uint64_t slotBytesFor(std::uint64_t cap) { return roundUp(cap + 2 * sizeof(RowHeader), kSlotAlign); }
+static_assert(slotBytesFor(kMaxCapBytes) == kMaxSlotBytes);
 
 /// The agreed cap: the exact minimum of every rank's usable maximum (never a
 /// rounded slot size). Empty input gives 0.

@@ -246,8 +246,8 @@ inline Result<PeerGroup> decodePeerGroup(ByteView payload) {
     for (std::uint32_t i = f.world; i < kMaxWorld; ++i)
         if (f.caps[i] != 0) return {Errc::BadMessage, "PeerGroup: cap given for rank " + std::to_string(i) + " past world"};
     for (std::uint32_t i = 0; i < f.world; ++i)
-        if (f.caps[i] > kMaxSlotBytes) return {Errc::OutOfRange, "PeerGroup: cap of rank " + std::to_string(i) + " above 1 GiB"};
-    if (f.daemonMax == 0 || f.daemonMax > kMaxSlotBytes)
+        if (f.caps[i] > kMaxCapBytes) return {Errc::OutOfRange, "PeerGroup: cap of rank " + std::to_string(i) + " above 1 GiB"};
+    if (f.daemonMax == 0 || f.daemonMax > kMaxCapBytes)
         return {Errc::OutOfRange, "PeerGroup: daemon max " + std::to_string(f.daemonMax) + " outside 1..1 GiB"};
     if (auto s = r.getAll(m.regions, f.regionCount); !s) return s.error();
     if (auto s = r.getAll(m.hcas, f.hcaCount); !s) return s.error();

@@ -64,7 +64,10 @@ TEST_CASE("layout: refuses what it cannot lay out, by name") {
     CHECK(Layout::of(2, 4097, 1).code() == Errc::Misaligned);
     CHECK(Layout::of(2, 4096, 0).code() == Errc::OutOfRange);
     CHECK(Layout::of(2, 4096, 9).code() == Errc::OutOfRange);
-    CHECK(Layout::of(2, (1ull << 30) + 4096, 1).code() == Errc::OutOfRange);
+    CHECK(Layout::of(2, (1ull << 30) + 8192, 1).code() == Errc::OutOfRange);
+    // The top cap (daemon.max_bytes = 1GiB) has a slot: the cap, a header's room, page-rounded.
+    CHECK(Layout::of(2, slotBytesFor(1ull << 30), 1).ok());
+    CHECK(Layout::of(16, slotBytesFor(kMaxCapBytes), 8).ok());
     CHECK(Layout::of(1, 4096, 1).ok()); // W = 1: the trivial copy still has a layout
 }
 
