@@ -17,27 +17,34 @@
 
 namespace tpf::gpucheck {
 
-inline Status fail(Errc code, const char* what, const char* call, const char* file, int line) {
-    std::string msg = std::string(call) + " at " + file + ":" + std::to_string(line) + ": " + what;
+/// "what (call at client/x.cpp:12)": the failure first, the site after it,
+/// the build directory's "../" off the file name.
+inline Status fail(Errc code, const std::string& what, const char* call, const char* file, int line) {
+    while (file[0] == '.' && file[1] == '.' && file[2] == '/') file += 3;
+    std::string msg = what + " (" + call + " at " + file + ":" + std::to_string(line) + ")";
     std::fprintf(stderr, "tpfabric: %s\n", msg.c_str());
     return Error{code, std::move(msg)};
 }
 
 inline Status check(cudaError_t e, const char* call, const char* file, int line) {
     if (e == cudaSuccess) return okStatus();
-    return fail(Errc::CudaError, cudaGetErrorName(e), call, file, line);
+    std::string what = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorDevicesUnavailable ||
+        e == cudaErrorStubLibrary)
+        what += "; this process has no usable GPU or CUDA driver: a group with device buffers needs one "
+                "(host buffers need none)";
+    return fail(Errc::CudaError, what, call, file, line);
 }
 
 inline Status check(CUresult e, const char* call, const char* file, int line) {
     if (e == CUDA_SUCCESS) return okStatus();
-    const std::string what = "CUresult " + std::to_string(int(e));
-    return fail(Errc::CudaError, what.c_str(), call, file, line);
+    return fail(Errc::CudaError, "CUresult " + std::to_string(int(e)), call, file, line);
 }
 
 #if TPF_HAVE_NCCL
 inline Status check(ncclResult_t e, const char* call, const char* file, int line) {
     if (e == ncclSuccess) return okStatus();
-    return fail(Errc::NcclError, ncclGetErrorString(e), call, file, line);
+    return fail(Errc::NcclError, std::string("NCCL: ") + ncclGetErrorString(e), call, file, line);
 }
 #endif
 

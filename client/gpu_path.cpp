@@ -15,7 +15,7 @@ namespace {
 
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kBufferAlign == 0; }
 
-Status hostGroup() { return Error{Errc::Unsupported, "stream calls need a group opened with Buffers::Device"}; }
+Status hostGroup() { return Error{Errc::Unsupported, "stream calls need a group opened with device buffers (Buffers::Device, TPF_BUFFERS_DEVICE, buffers=\"device\")"}; }
 
 #if TPF_HAVE_NCCL
 ncclDataType_t ncclTypeOf(DType t) {

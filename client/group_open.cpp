@@ -80,6 +80,8 @@ Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, co
             return Error{Errc::GroupMismatch, "bootstrap " + who + " opens as rank " + std::to_string(i.rank) +
                                                   " (every rank must pass its bootstrap rank; two ranks " +
                                                   std::to_string(i.rank) + "?)"};
+        if (i.maxBytes == 0) // that rank itself fails OutOfRange
+            return Error{Errc::GroupMismatch, who + " opens with max_bytes 0"};
         if ((i.flags & kIntentDevice) != (all[g.rank].flags & kIntentDevice))
             return Error{Errc::GroupMismatch, who + " opens with " + ((i.flags & kIntentDevice) ? "device" : "host") +
                                                   " buffers, rank " + std::to_string(g.rank) + " with " +
@@ -123,7 +125,7 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Cl
     if (!fd) // what to do, as tpfabricctl says it: the engine's log is where an operator reads this
         return Error{fd.error().code, fd.error().detail +
                                           " (is tpfabricd running? systemctl status tpfabricd; another socket: TPF_SOCKET or "
-                                          "Options::socketPath; TPF_DISABLE=1 opens no fabric group)"};
+                                          "the open's socket path option; TPF_DISABLE=1 opens no fabric group)"};
     g.socket.reset(std::move(*fd));
     auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, msLeft(deadline));
     if (!hello) return hello.error();
@@ -236,6 +238,8 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     if (world < 1 || world > kMaxWorld) argError = Error{Errc::OutOfRange, "world " + std::to_string(world) + " outside 1..16"};
     else if (rank >= world)
         argError = Error{Errc::OutOfRange, "rank " + std::to_string(rank) + " not below world " + std::to_string(world)};
+    else if (maxBytes == 0)
+        argError = Error{Errc::OutOfRange, "max_bytes is 0: pass the largest call's bytes a rank (a multiple of 16)"};
     else if (boot.rank() != rank || boot.world() != world)
         argError = Error{Errc::GroupMismatch, "rank " + std::to_string(rank) + " opens with world " + std::to_string(world) +
                                                   " over a bootstrap of world " + std::to_string(boot.world()) + " (as its rank " +
@@ -264,14 +268,9 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     impl->options.ncclComm = comm;
     auto env = readClientEnv(); // a bad variable is reported in round 0, so that every rank fails with it
     if (env) impl->env = *env;
-    if (world == 1) { // a plain copy, no daemon
-        if (!env) return env.error();
-        if (device)
-            if (auto s = gpuAttach(*impl, boot); !s) return s.error();
-        return std::unique_ptr<Group>(new Group(std::move(impl)));
-    }
-
-    // Round 0: intents. Nobody has contacted a daemon yet.
+    // Round 0: intents. Nobody has contacted a daemon yet. World 1 too: its
+    // bootstrap's one-record exchange checks the caller's bootstrap, and
+    // TPF_DISABLE turns it off as any group.
     OpenIntent intent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, 0, 0};
     if (!env) intent.envErrc = std::uint16_t(Errc::ConfigError);
     if (impl->env.disable) intent.flags |= kIntentDisabled;
@@ -333,6 +332,13 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     // rank, whatever the fallback policy, without a daemon or a probe.
     if (disabledBy != kNoPeer)
         return fallBack(Error{Errc::Unavailable, "TPF_DISABLE=1 on rank " + std::to_string(disabledBy)});
+
+    // World 1: a plain copy on this rank's own buffers, no daemon to meet.
+    if (world == 1) {
+        if (device)
+            if (auto s = gpuAttach(*impl, boot); !s) return fallBack(s.error());
+        return std::unique_ptr<Group>(new Group(std::move(impl)));
+    }
 
     // Round 1: cards. Everyone learns rank 0's group id and whether every rank has a daemon.
     OpenCard mine{};

@@ -119,7 +119,10 @@ TPF_API void tpf_open_options_init(tpf_open_options* options);
  *  ("rank 2 opens with world 4, rank 0 with world 3"; a rank twice; host and
  *  device buffers), TPF_TIMEOUT or TPF_PEER_LOST naming a rank that never
  *  called it or is gone (where the bootstrap names it: a callback bootstrap
- *  reports its own errors). */
+ *  reports its own errors). max_bytes 0 is TPF_OUT_OF_RANGE. World 1 is a
+ *  plain copy of the rank's own buffers: no daemon is asked (tpf_agreed_cap
+ *  is max_bytes), `allgather` is called once with the rank's one record, and
+ *  TPF_DISABLE turns it off as any group. */
 TPF_API tpf_status tpf_group_open(uint32_t rank, uint32_t world, uint64_t max_bytes, tpf_allgather_fn allgather,
                                   void* ctx, const tpf_open_options* options, tpf_group** group);
 

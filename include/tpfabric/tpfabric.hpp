@@ -169,6 +169,10 @@ public:
     /// (Fallback::Error on any rank); where it may, NCCL takes the group
     /// (device groups with a communicator) or the open returns Unavailable
     /// with "Busy: daemon refused: ..." in its detail (lastOpenMayFallBack()).
+    /// maxBytes 0 is OutOfRange. World 1 is a plain copy of the rank's own
+    /// buffers: no daemon is asked (agreedCap() is maxBytes), the bootstrap
+    /// exchanges the rank's one record, and TPF_DISABLE turns it off as any
+    /// group.
     static Result<std::unique_ptr<Group>> open(Bootstrap& bootstrap, std::uint32_t rank, std::uint32_t world,
                                                std::uint64_t maxBytes, const Options& options = {});
     ~Group();

@@ -574,19 +574,37 @@ static void single_process_checks(void) {
     CHECK_STATUS(tpf_group_open(0, 2, 4096, store_allgather, NULL, &bad, &g), TPF_INVALID_ARGUMENT);
     CHECK(strstr(tpf_last_error(), "gpu_route") != NULL, "last error %s", tpf_last_error());
 
-    /* World 1: a plain copy, no daemon, no bootstrap traffic. */
+    /* World 1: a plain copy, no daemon (none is asked: the socket below
+       does not exist), one bootstrap exchange of its own record. */
     struct file_store store;
     memset(&store, 0, sizeof store);
+    snprintf(store.dir, sizeof store.dir, "%s", top);
     store.world = 1;
     store.fail_at = -1;
-    CHECK_STATUS(tpf_group_open(0, 1, 4096, store_allgather, &store, NULL, &g), TPF_OK);
+    tpf_open_options nowhere = o;
+    nowhere.socket_path = "/nonexistent/tpfabricd.sock";
+    CHECK_STATUS(tpf_group_open(0, 1, 4096, store_allgather, &store, &nowhere, &g), TPF_OK);
+    CHECK(store.seq == 1, "world 1 used the bootstrap %u times, not once", store.seq);
     if (g) {
         _Alignas(16) uint8_t a[64], b[64];
         for (int i = 0; i < 64; ++i) a[i] = (uint8_t)i;
         CHECK_STATUS(tpf_all_gather(g, a, b, 64), TPF_OK);
         CHECK(memcmp(a, b, 64) == 0, "world-1 gather");
+        CHECK(tpf_agreed_cap(g) == 4096, "world-1 cap %llu", (unsigned long long)tpf_agreed_cap(g));
         tpf_group_close(g);
     }
+    /* World 1 fails as any group: a cap of 0, its bootstrap's failure, TPF_DISABLE. */
+    CHECK_STATUS(tpf_group_open(0, 1, 0, store_allgather, &store, &nowhere, &g), TPF_OUT_OF_RANGE);
+    CHECK(strstr(tpf_last_error(), "max_bytes is 0") != NULL, "last error %s", tpf_last_error());
+    store.fail_at = (int)store.seq;
+    CHECK_STATUS(tpf_group_open(0, 1, 4096, store_allgather, &store, &nowhere, &g), TPF_TIMEOUT);
+    CHECK(g == NULL, "a failed world-1 open left a group");
+    store.fail_at = -1;
+    setenv("TPF_DISABLE", "1", 1);
+    CHECK_STATUS(tpf_group_open(0, 1, 4096, store_allgather, &store, &nowhere, &g), TPF_UNAVAILABLE);
+    CHECK(strstr(tpf_last_error(), "TPF_DISABLE=1 on rank 0") != NULL, "last error %s", tpf_last_error());
+    CHECK(tpf_last_open_may_fall_back() == 1, "TPF_DISABLE at world 1 allows a fallback");
+    unsetenv("TPF_DISABLE");
 
     /* No daemon behind the socket: a host group has nothing to fall back to. */
     CHECK(tpf_tcp_bootstrap_create(0, 2, NULL, 0, NULL) == TPF_INVALID_ARGUMENT, "tcp bootstrap NULL out");
