@@ -121,7 +121,16 @@ int main(int argc, char** argv) {
                                    " if set, else " + tpf::ctl::kDefaultSocketPath + ")";
     const std::string timeoutHelp = "how long to wait for the daemon's answers, 1..600000";
     const auto addDaemonOptions = [&](CLI::App& to) {
-        to.add_option("--socket", socketPath, socketHelp)->group("Daemon options (before or after the command)");
+        to.add_option("--socket", socketPath, socketHelp)
+            ->check(CLI::Validator(
+                [](std::string& path) {
+                    return path.empty() ? std::string("an empty path names no socket; give the daemon's socket path, or "
+                                                      "leave --socket out for $") +
+                                              tpf::ctl::kSocketEnv + " (else " + tpf::ctl::kDefaultSocketPath + ")"
+                                        : std::string();
+                },
+                ""))
+            ->group("Daemon options (before or after the command)");
         to.add_option("--timeout-ms", timeoutMs, timeoutHelp)
             ->check(CLI::Range(1, 600000))
             ->capture_default_str()

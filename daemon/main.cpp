@@ -3,15 +3,20 @@
 #include <sodium.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include "common/shm.hpp"
 #include "daemon/config/config.hpp"
@@ -84,25 +89,43 @@ void ignoreSignals(boost::asio::signal_set& set) {
     });
 }
 
+// A start-up failure, as one line that reaches the operator whatever
+// daemon.log_level says (`off` included): through the logger when it logs
+// critical lines, else straight to stderr (which systemd sends to the journal
+// too). `hint` says what to do where the error's own text does not. Returns
+// the exit status: 2 for a ConfigError (the unit does not restart on it), else 1.
+int startFailed(const Error& e, const std::string& hint = {}) {
+    const std::string line = e.describe() + (hint.empty() ? "" : " (" + hint + ")");
+    if (spdlog::default_logger_raw()->should_log(spdlog::level::critical))
+        spdlog::critical("{}", line);
+    else
+        std::fprintf(stderr, "tpfabricd: %s\n", line.c_str());
+    return e.code == Errc::ConfigError ? 2 : 1;
+}
+
+bool endsWith(const std::string& s, std::string_view tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 int run(DaemonConfig cfg, bool foreground) {
     // A client that hangs up mid-reply must not end the daemon.
     ::signal(SIGPIPE, SIG_IGN);
     setupLogging(cfg.logLevel, foreground);
-    if (sodium_init() < 0) {
-        spdlog::critical("libsodium failed to initialise");
-        return 1;
-    }
+    if (sodium_init() < 0)
+        return startFailed({Errc::SystemError, "libsodium failed to initialise (sodium_init)"},
+                           "check the libsodium installation: tpfabricd cannot start without it");
     const std::string socketPath = resolveSocketPath(cfg);
-    if (auto s = checkSocketPath(socketPath); !s) {
-        spdlog::critical("{}", s.error().describe());
-        return s.code() == Errc::ConfigError ? 2 : 1;
-    }
+    if (auto s = checkSocketPath(socketPath); !s)
+        return startFailed(s.error(), s.code() == Errc::ConfigError ? ""
+                                      : "stop the other tpfabricd first (systemctl stop tpfabricd), or give this one "
+                                        "its own --socket or daemon.socket");
     const NodeId nodeId = makeNodeId(socketPath);
     const auto started = std::chrono::system_clock::now();
     const auto startedSteady = std::chrono::steady_clock::now();
+    // First, so that every later line (the HCAs' among them) follows the one that says which daemon this is.
+    spdlog::info("tpfabricd {} starting: node {}, config {}, socket {}", TPF_VERSION, nodeId.hex(), cfg.source,
+                 socketPath);
     const auto hcas = discoverHcas(cfg);
-    spdlog::info("tpfabricd {} starting: node {}, config {}, {} HCA(s)", TPF_VERSION, nodeId.hex(),
-                 cfg.source, hcas.size());
 
     boost::asio::io_context io;
     // Their default action would end the daemon, and with it every group on the
@@ -140,8 +163,19 @@ int run(DaemonConfig cfg, bool foreground) {
     }
     PeerService peers(io, cfg, nodeId, negotiations);
     if (auto s = peers.start(); !s) {
-        spdlog::critical("{}", s.error().describe());
-        return s.code() == Errc::ConfigError ? 2 : 1;
+        // Exit 1, tried again: a port another process holds, or an address
+        // that is not up yet at boot (--check-config refuses one that is no
+        // address of this host).
+        const std::string port = std::to_string(cfg.peerPort);
+        const std::string& why = s.error().detail;
+        return startFailed(s.error(), s.code() == Errc::ConfigError ? ""
+                                      : endsWith(why, std::strerror(EADDRINUSE))
+                                          ? "another process holds the port (ss -ltnp 'sport = :" + port +
+                                                "'); stop it or choose another peer.port; systemd tries again every 2 s"
+                                      : endsWith(why, std::strerror(EADDRNOTAVAIL))
+                                          ? "peer.listen " + cfg.peerListen + " is not an address of this host (yet): "
+                                                "ip -brief address; systemd tries again every 2 s"
+                                          : "check peer.listen and peer.port");
     }
     proxy.setHcas(verbsHcas);
     negotiations.attach(verbsHcas, &peers);
@@ -171,14 +205,14 @@ int run(DaemonConfig cfg, bool foreground) {
 
     Server server(io, cfg, groups, statusJson, hello, nodeCard);
     serverPtr = &server;
-    if (auto s = proxy.start(); !s) {
-        spdlog::critical("proxy: {}", s.error().describe());
-        return s.code() == Errc::ConfigError ? 2 : 1;
-    }
-    if (auto s = server.listen(socketPath); !s) {
-        spdlog::critical("{}", s.error().describe());
-        return s.code() == Errc::ConfigError ? 2 : 1;
-    }
+    if (auto s = proxy.start(); !s)
+        return startFailed({s.code(), "proxy: " + s.error().detail},
+                           s.code() == Errc::ConfigError
+                               ? ""
+                               : "the system is short of file descriptors, threads or memory for the proxy thread");
+    if (auto s = server.listen(socketPath); !s)
+        return startFailed(s.error(), s.code() == Errc::ConfigError ? ""
+                                      : "check the socket's directory: its permissions, a read-only file system");
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
     signals.async_wait([&](const boost::system::error_code& ec, int sig) {
         if (ec) return;
@@ -189,11 +223,40 @@ int run(DaemonConfig cfg, bool foreground) {
         proxy.stop();
         io.stop();
     });
-    spdlog::info("listening on {}", socketPath);
+    spdlog::info("listening on {}, {} HCA(s)", socketPath, hcas.size());
     notify("READY=1");
     io.run();
     spdlog::info("stopped");
     return 0;
+}
+
+// --check-config's look at the socket path: the start's own check
+// (checkSocketPath) with two differences an operator checking an edit
+// expects. A daemon serving the path now is the one a restart stops first,
+// and the unit's RuntimeDirectory= makes /run/tpfabric only while it runs.
+// Notes go to stderr; false (after the line saying why) where a start exits 2.
+bool checkSocketLikeStart(const DaemonConfig& cfg) {
+    const std::string path = resolveSocketPath(cfg);
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    struct stat st {};
+    if (dir == std::filesystem::path(kDefaultSocketPath).parent_path().string() && ::stat(dir.c_str(), &st) != 0 &&
+        errno == ENOENT) {
+        std::fprintf(stderr,
+                     "tpfabricd: note: socket path %s: its directory %s does not exist now; the unit's "
+                     "RuntimeDirectory= makes it at start (a start by hand needs it, or --socket)\n",
+                     path.c_str(), dir.c_str());
+        return true;
+    }
+    const Status s = checkSocketPath(path);
+    if (s) return true;
+    if (s.code() == Errc::ConfigError) {
+        std::fprintf(stderr, "tpfabricd: %s\n", s.error().detail.c_str());
+        return false;
+    }
+    std::fprintf(stderr,
+                 "tpfabricd: note: %s: a start exits 1 while it runs (systemctl restart tpfabricd stops it first)\n",
+                 s.error().detail.c_str());
+    return true;
 }
 
 } // namespace
@@ -205,43 +268,61 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", TPF_VERSION);
     std::string configPath, checkPath, socket, logLevel;
     bool foreground = false;
-    // An empty path would silently mean "no file"; leaving the flag out says that.
-    const auto namesAFile = [](std::string unlessNone) {
+    // An empty path would silently mean "no file" (or the default socket);
+    // leaving the flag out says that.
+    const auto namesAPath = [](std::string what, std::string unlessNone) {
         return CLI::Validator(
-            [unlessNone](std::string& path) {
-                return path.empty() ? "an empty path names no file; give the TOML file's path" + unlessNone : std::string();
+            [what, unlessNone](std::string& path) {
+                return path.empty() ? "an empty path names no " + what + unlessNone : std::string();
             },
             "");
     };
-    app.add_option("--config", configPath, "TOML config file (see tpfabricd.conf.example); default: built-in defaults only")
-        ->check(namesAFile(" (leave --config out to run on the built-in defaults)"))
-        ->option_text("FILE");
-    app.add_option("--check-config", checkPath,
-                   "validate FILE (every key, type and range; proxy.cpu against this process's CPUs; peer.key_file "
-                   "read) with any --socket and --log-level given, and exit: 0 valid, 2 not")
-        ->check(namesAFile(""))
-        ->option_text("FILE");
+    auto* configFlag =
+        app.add_option("--config", configPath, "TOML config file (see tpfabricd.conf.example); default: built-in defaults only")
+            ->check(namesAPath("file", "; give the TOML file's path (leave --config out to run on the built-in defaults)"))
+            ->option_text("FILE");
+    auto* checkFlag =
+        app.add_option("--check-config", checkPath,
+                       "check FILE as a start with --config FILE would, touching nothing: every key, type and range; "
+                       "proxy.cpu against this process's CPUs; peer.key_file read; peer.listen an address of this "
+                       "host; the socket path (with any --socket and --log-level given; a daemon serving it now, or a "
+                       "missing /run/tpfabric, which the unit makes, is a note). Exit 0 valid, 2 not. Give FILE "
+                       "here alone, without --config")
+            ->check(namesAPath("file", "; give the TOML file's path"))
+            ->option_text("FILE");
     auto* socketFlag = app.add_option("--socket", socket, "control socket path, absolute (overrides daemon.socket)")
+                           ->check(namesAPath("socket", "; give an absolute path, or leave --socket out for "
+                                                        "daemon.socket (else the default)"))
                            ->option_text("PATH");
-    app.add_flag("--foreground", foreground, "log to the terminal with timestamps (the daemon never forks)");
+    app.add_flag("--foreground", foreground,
+                 "log to stderr with timestamps even under systemd (else the journal, with priorities); run by hand "
+                 "it logs so anyway. The daemon never forks");
     auto* logLevelFlag =
         app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, critical, off (overrides daemon.log_level)")
             ->option_text("LEVEL");
     app.footer("Signals: SIGTERM and SIGINT stop the daemon (every group on this node ends); SIGHUP, SIGUSR1 and SIGUSR2 "
                "are logged and ignored (the configuration is read at start only: restart to apply a new one).\n"
-               "Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure (another "
-               "tpfabricd serves the socket, proxy thread); 2 bad usage or configuration, a socket path too long, in a "
-               "missing directory or naming something that is not a socket (systemd does not restart: "
-               "RestartPreventExitStatus=2).");
+               "Exit status: 0 stopped by SIGTERM/SIGINT (or --check-config: valid); 1 a start-up failure that may "
+               "pass (another tpfabricd serves the socket, peer.port held by another process, peer.listen not up yet, "
+               "proxy thread); 2 bad usage or configuration: a bad key or flag, a socket path too long, in a missing directory or naming something that is not a socket (systemd does not "
+               "restart: RestartPreventExitStatus=2). A start-up failure is one line on stderr or in the journal, "
+               "whatever the log level.");
+    const auto usageError = [](const std::string& line) {
+        std::fprintf(stderr, "tpfabricd: %s\n", line.c_str());
+        std::fprintf(stderr, "Run 'tpfabricd --help' for the options.\n");
+        return 2;
+    };
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         // --help and --version exit 0; every usage error exits 2, named, as a bad config does.
         if (e.get_exit_code() == 0) return app.exit(e);
-        std::fprintf(stderr, "tpfabricd: %s\n", e.what());
-        std::fprintf(stderr, "Run 'tpfabricd --help' for the options.\n");
-        return 2;
+        return usageError(e.what());
     }
+    // Which file would be checked is not for us to guess.
+    if (*configFlag && *checkFlag)
+        return usageError("--config and --check-config both name a file: --check-config FILE checks FILE as a start "
+                          "with --config FILE would; give --check-config alone");
 
     // The flags go through the config file's own rules (config.cpp), so that
     // they accept exactly what daemon.socket and daemon.log_level accept.
@@ -254,12 +335,14 @@ int main(int argc, char** argv) {
         if (*socketFlag) applyFlag(cfg, "daemon.socket", "--socket", socket);
         if (*logLevelFlag) applyFlag(cfg, "daemon.log_level", "--log-level", logLevel);
         warnings = checkOnHost(cfg);
+        if (checkOnly) checkListenAddress(cfg);
     } catch (const ConfigError& e) {
         std::fprintf(stderr, "tpfabricd: %s\n", e.what());
         return 2;
     }
     if (checkOnly) {
         for (const auto& w : warnings) std::fprintf(stderr, "tpfabricd: warning: %s\n", w.c_str());
+        if (!checkSocketLikeStart(cfg)) return 2;
         std::printf("tpfabricd: %s: configuration is valid\n", checkPath.c_str());
         return 0;
     }

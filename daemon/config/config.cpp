@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -319,6 +321,37 @@ std::string setAt(const DaemonConfig& cfg, const std::string& key) {
 
 } // namespace
 
+void checkListenAddress(const DaemonConfig& cfg) {
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (inet_pton(AF_INET, cfg.peerListen.c_str(), &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        len = sizeof *v4;
+    } else if (inet_pton(AF_INET6, cfg.peerListen.c_str(), &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        len = sizeof *v6;
+    } else {
+        return; // the key's own rule refuses it
+    }
+    const std::string head = setAt(cfg, "peer.listen") + "peer.listen: " + quote(cfg.peerListen);
+    const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        if (errno == EAFNOSUPPORT)
+            throw ConfigError(head + ": this host has no IPv6 (" + std::strerror(errno) +
+                              "); set an IPv4 address of this host, or \"\" (peer negotiation off)");
+        return; // out of descriptors and the like: the start reports it
+    }
+    const int r = ::bind(fd, reinterpret_cast<const sockaddr*>(&ss), len);
+    const int err = errno;
+    ::close(fd);
+    if (r != 0 && err == EADDRNOTAVAIL)
+        throw ConfigError(head + " is not an address of this host (" + std::strerror(err) +
+                          "); set one of its addresses (ip -brief address), \"0.0.0.0\" or \"::\" for every "
+                          "address, or \"\" (peer negotiation off)");
+}
+
 DaemonConfig defaultConfig() { return DaemonConfig{}; }
 
 DaemonConfig loadConfig(const std::string& path) {
@@ -432,7 +465,7 @@ std::string resolveSocketPath(const DaemonConfig& cfg) {
         while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
         if (!dir.empty()) return (dir == "/" ? "" : dir) + "/tpfabricd.sock";
     }
-    return "/run/tpfabric/tpfabricd.sock";
+    return kDefaultSocketPath;
 }
 
 } // namespace tpf::daemon

@@ -93,12 +93,23 @@ std::optional<PeerKey> readPeerKey(const DaemonConfig& cfg);
 /// but should be fixed (a key file readable by others).
 std::vector<std::string> checkOnHost(const DaemonConfig& cfg);
 
+/// --check-config only: peer.listen ("" passes) is an address of this host
+/// now (a socket bound to it on port 0, then closed: the port itself is not
+/// tried, a running daemon holds it). Throws ConfigError naming the config
+/// file and key. A start does not ask: an address not up yet at boot fails
+/// its listen, exit 1, and systemd tries again.
+void checkListenAddress(const DaemonConfig& cfg);
+
 /// The CPUs this process may run on, ascending (sched_getaffinity); empty if
 /// that cannot be read.
 std::vector<int> allowedCpus();
 
 /// CPU numbers as ranges, "0-3,8,10-11".
 std::string cpuList(const std::vector<int>& cpus);
+
+/// The socket path when neither daemon.socket nor RUNTIME_DIRECTORY names one;
+/// its directory is the shipped unit's RuntimeDirectory=.
+inline constexpr const char* kDefaultSocketPath = "/run/tpfabric/tpfabricd.sock";
 
 /// The socket path after applying the RUNTIME_DIRECTORY rule to cfg.socketPath.
 std::string resolveSocketPath(const DaemonConfig& cfg);

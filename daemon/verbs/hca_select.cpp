@@ -269,7 +269,9 @@ Result<HcaSelection> byNccl(std::span<const CandidatePort> ports, std::string_vi
     for (const auto& e : entries) {
         if (std::any_of(ports.begin(), ports.end(), [&](const CandidatePort& p) { return ncclMatch(e, p, exact); }))
             continue;
-        std::string w = src + " entry " + quote(e.text) + " matched no HCA port";
+        // The entry as written, with the list's '^' and '=': an exclusion that matches nothing excludes nothing.
+        std::string w = src + " entry " + quote(std::string(exclude ? "^" : "") + (exact ? "=" : "") + e.text) +
+                        " matched no HCA port" + (exclude ? ", so it excludes nothing" : "");
         c.warn(w);
         misses.push_back(w);
     }

@@ -5,11 +5,18 @@
 # 0 for a good one (the shipped example among them), 2 naming the key for a
 # bad one, 2 for a missing one, 2 for what the file cannot settle alone
 # (proxy.cpu outside this process's CPUs, an unreadable or short
-# peer.key_file), and the daemon refuses those at start with the same line.
-# tpfabricd's flags follow the rules of the keys they override. tpfabricctl
-# names an unknown command and a --socket that is no socket; its daemon options
-# (--socket, --timeout-ms) go before or after the command; tpfabricd's socket
-# path is checked before anything starts. Nothing here keeps a daemon running.
+# peer.key_file), and the daemon refuses those at start with the same line;
+# a peer.listen that is no address of this host: the check exits 2, a start
+# 1 (retried: the address may come up late at boot). tpfabricd's flags follow
+# the rules of the keys they override; an empty --socket is refused by both
+# programs, and --config with --check-config is refused. tpfabricctl names an
+# unknown command, a --socket that is no socket, and the owner and group of
+# what refused it permission; its daemon options (--socket, --timeout-ms) go
+# before or after the command; tpfabricd's socket path is checked before
+# anything starts, by a start and by --check-config alike, and a failed start
+# says why on stderr even at --log-level off. One daemon runs for a moment
+# (its start-up lines, a check while it serves, tpfabricctl's permissions) and
+# is stopped; nothing here keeps one running.
 # Usage: test_cli.sh TPFABRICD TPFABRICCTL   (TPF_SOURCE_ROOT: the source tree)
 set -u
 d=$1 ctl=$2
@@ -61,6 +68,10 @@ expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed; .* an absolute path"
 expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed" "$d" --check-config "$tmp/good.conf" --socket rel.sock
 expect 2 "^tpfabricd: --config: an empty path names no file" timeout 10 "$d" --config "" --socket "$tmp/f.sock"
 expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-config ""
+expect 2 "^tpfabricd: --socket: an empty path names no socket" timeout 10 "$d" --socket ""
+expect 2 "^tpfabricd: --socket: an empty path names no socket" "$d" --check-config "$tmp/good.conf" --socket ""
+expect 2 "^tpfabricd: --config and --check-config both name a file: .*give --check-config alone" \
+    timeout 10 "$d" --config "$tmp/good.conf" --check-config "$tmp/good.conf" --socket "$tmp/f.sock"
 
 # What the file alone cannot settle: the check and the start refuse it alike, naming file, line and key.
 # refused CONF SOCK CHECK_PATTERN START_PATTERN: --check-config CONF and a start on CONF (socket SOCK
@@ -92,7 +103,16 @@ chmod 0644 "$tmp/good.key"
 printf '[peer]\nkey_file = "%s"\n' "$tmp/good.key" >"$tmp/goodkey.conf"
 expect 0 "warning: .*goodkey\.conf:2: peer\.key_file: .* readable by group or others \(mode 644\); chmod 0600" \
     "$d" --check-config "$tmp/goodkey.conf"
-for s in cpu.sock key.sock; do
+# 192.0.2.1 (TEST-NET-1) is no host's address: the check refuses it (exit 2);
+# a start fails to listen with exit 1, tried again (an address may come up late at boot).
+printf '[peer]\nlisten = "192.0.2.1"\n' >"$tmp/listen.conf"
+expect 2 "^tpfabricd: .*listen\.conf:2: peer\.listen: .192\.0\.2\.1. is not an address of this host" \
+    "$d" --check-config "$tmp/listen.conf"
+expect 1 "peer\.listen 192\.0\.2\.1 is not an address of this host \(yet\)" \
+    timeout 10 "$d" --foreground --config "$tmp/listen.conf" --socket "$tmp/listen.sock"
+printf '[peer]\nlisten = "127.0.0.1"\n' >"$tmp/listen-ok.conf"
+expect 0 "configuration is valid" "$d" --check-config "$tmp/listen-ok.conf" --socket "$tmp/c.sock"
+for s in cpu.sock key.sock listen.sock; do
     if [ -e "$tmp/$s" ]; then
         echo "FAIL: a refused start left $tmp/$s behind"
         fails=$((fails + 1))
@@ -126,9 +146,31 @@ expect 0 "Daemon options" "$ctl" status --help
 # The socket path: too long for sun_path, or something that is not a socket
 # (left alone), or a missing directory (none created): exit 2 before anything
 # starts (`timeout`: a daemon that starts anyway fails the check, 124, not the run).
+# --check-config runs the same check of the socket path.
 expect 2 "at most 107" timeout 10 "$d" --foreground --socket "$tmp/$(printf '%0120d' 0).sock"
+expect 2 "at most 107" "$d" --check-config "$tmp/good.conf" --socket "$tmp/$(printf '%0120d' 0).sock"
 printf 'keep me\n' >"$tmp/notes"
 expect 2 "notes exists and is not a socket" timeout 10 "$d" --foreground --socket "$tmp/notes"
+expect 2 "^tpfabricd: socket path .*notes exists and is not a socket \(a regular file\)" \
+    "$d" --check-config "$tmp/good.conf" --socket "$tmp/notes"
+ln -s "$tmp/notes" "$tmp/notes-link"
+expect 2 "^tpfabricd: socket path .*notes-link exists and is not a socket \(a symbolic link\)" \
+    "$d" --check-config "$tmp/good.conf" --socket "$tmp/notes-link"
+expect 2 "^tpfabricd: socket path .*no-such-dir/d\.sock: its directory .*no-such-dir does not exist" \
+    "$d" --check-config "$tmp/good.conf" --socket "$tmp/no-such-dir/d.sock"
+printf '[daemon]\nsocket = "%s"\n' "$tmp/no-such-dir/d.sock" >"$tmp/nodir.conf"
+expect 2 "^tpfabricd: socket path .*no-such-dir/d\.sock: its directory .*no-such-dir does not exist" \
+    "$d" --check-config "$tmp/nodir.conf"
+# The shipped unit's /run/tpfabric exists only while the unit runs: a note, not a failure.
+if [ ! -e /run/tpfabric ]; then
+    expect 0 "note: socket path /run/tpfabric/tpfabricd\.sock: its directory /run/tpfabric does not exist now; the unit's RuntimeDirectory= makes it" \
+        env -u RUNTIME_DIRECTORY "$d" --check-config "$tmp/good.conf"
+fi
+# A failed start is one line on stderr whatever the log level.
+expect 2 "no-such-dir does not exist" timeout 10 "$d" --log-level off --socket "$tmp/no-such-dir/d.sock"
+printf '[daemon]\nlog_level = "off"\n' >"$tmp/off.conf"
+expect 2 "^tpfabricd: ConfigError: socket path .*notes exists and is not a socket" \
+    timeout 10 "$d" --config "$tmp/off.conf" --socket "$tmp/notes"
 if [ "$(cat "$tmp/notes")" != "keep me" ]; then
     echo "FAIL: tpfabricd --socket $tmp/notes changed the file"
     fails=$((fails + 1))
@@ -138,6 +180,56 @@ if [ -e "$tmp/no-such-dir" ]; then
     echo "FAIL: tpfabricd created $tmp/no-such-dir"
     fails=$((fails + 1))
 fi
+
+# tpfabricctl's --socket names a path: "" is no socket.
+expect 2 "^tpfabricctl: --socket: an empty path names no socket" "$ctl" --socket "" status
+expect 2 "^tpfabricctl: --socket: an empty path names no socket" "$ctl" metrics --socket ""
+
+# One daemon, for a moment: its first line says which daemon starts, before the HCAs'.
+printf '[daemon]\nsocket_group = "%s"\n' "$(id -gn)" >"$tmp/run.conf"
+"$d" --foreground --config "$tmp/run.conf" --socket "$tmp/run.sock" >"$tmp/run.log" 2>&1 &
+dpid=$!
+i=0
+while [ $i -lt 100 ] && ! grep -q "listening on" "$tmp/run.log"; do
+    sleep 0.1
+    i=$((i + 1))
+done
+if ! grep -q "listening on" "$tmp/run.log"; then
+    echo "FAIL: tpfabricd did not start: $(cat "$tmp/run.log")"
+    fails=$((fails + 1))
+else
+    first=$(grep -m1 -o 'info: .*' "$tmp/run.log")
+    case $first in
+    "info: tpfabricd "*" starting: node "*) echo "ok: the first line is the starting line" ;;
+    *)
+        echo "FAIL: the first info line is not the starting line: $(cat "$tmp/run.log")"
+        fails=$((fails + 1))
+        ;;
+    esac
+    # --check-config while a daemon serves the socket: valid, with a note (a restart stops that daemon first).
+    expect 0 "note: another tpfabricd is serving .*run\.sock: a start exits 1 while it runs" \
+        "$d" --check-config "$tmp/good.conf" --socket "$tmp/run.sock"
+    # Permission denied: tpfabricctl names what refused, with its actual owner and group
+    # (socket_group here is not tpfabric). Needs root, to try it as nobody.
+    if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null 2>&1; then
+        asNobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+        group=$(id -gn)
+        chmod 0710 "$tmp"
+        expect 1 "^tpfabricctl: cannot reach tpfabricd at .*run\.sock: connect: Permission denied \(its directory $tmp \(owner root, group $group, mode 0710\) does not let you in: add your user to group $group and log in again, or use sudo\)" \
+            asNobody "$ctl" --socket "$tmp/run.sock" status
+        chmod 0700 "$tmp"
+        expect 1 "^tpfabricctl: .*Permission denied \(its directory $tmp \(owner root, group $group, mode 0700\) does not let you in: its group may not either: use sudo\)" \
+            asNobody "$ctl" --socket "$tmp/run.sock" status
+        chmod 0711 "$tmp"
+        expect 1 "^tpfabricctl: cannot reach tpfabricd at .*run\.sock: connect: Permission denied \(the socket \(owner root, group $group, mode 0660\) refuses you: add your user to group $group and log in again, or use sudo\)" \
+            asNobody "$ctl" --socket "$tmp/run.sock" status
+        chmod 0700 "$tmp"
+    else
+        echo "skip: tpfabricctl's permission messages (needs root and setpriv to try as nobody)"
+    fi
+fi
+kill -INT "$dpid" 2>/dev/null
+wait "$dpid"
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails check(s) failed"

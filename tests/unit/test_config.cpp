@@ -1,6 +1,9 @@
 // tpfabricd configuration (daemon/config.hpp): defaults, every key, every refusal,
 // the shipped example, and the socket path rule.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -622,4 +625,43 @@ TEST_CASE("peer.key_file: read at check time with the same rules as at start") {
         REQUIRE(warnings.size() == 1);
         CHECK(warnings[0] == conf + ":3: peer.key_file: \"" + key + "\" is readable by group or others (mode 644); chmod 0600 it");
     }
+}
+
+TEST_CASE("peer.listen must be an address of this host; its port is not tried") {
+    const auto hostRefusal = [](const DaemonConfig& c) -> std::string {
+        try {
+            checkListenAddress(c);
+        } catch (const ConfigError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    TempDir dir;
+    const auto listening = [&](const std::string& addr, int port) {
+        return loadConfig(dir.write("l.conf", "# peers\n[peer]\nlisten = \"" + addr + "\"\nport = " +
+                                                  std::to_string(port) + "\n"));
+    };
+    CHECK(hostRefusal(defaultConfig()).empty()); // "": peer negotiation off, nothing to check
+    CHECK(hostRefusal(listening("127.0.0.1", 18515)).empty());
+    CHECK(hostRefusal(listening("0.0.0.0", 18515)).empty());
+
+    // A port another socket holds is for the start to meet (exit 1, tried again), not a bad file.
+    const int held = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(held >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(held, 1) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(held, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    CHECK(hostRefusal(listening("127.0.0.1", ntohs(a.sin_port))).empty());
+    ::close(held);
+
+    // 192.0.2.1 (TEST-NET-1, RFC 5737) is never a host's address.
+    const std::string conf = dir.path + "/l.conf";
+    CHECK(hostRefusal(listening("192.0.2.1", 18515)) ==
+          conf + ":3: peer.listen: \"192.0.2.1\" is not an address of this host (Cannot assign requested address); "
+                 "set one of its addresses (ip -brief address), \"0.0.0.0\" or \"::\" for every address, or \"\" "
+                 "(peer negotiation off)");
 }

@@ -308,6 +308,22 @@ TEST_CASE("NCCL_IB_HCA: prefixes, exact names, ports, exclusion; ACTIVE ports on
         REQUIRE(r->warnings.size() == 1);
         CHECK(has(r->warnings[0], "NCCL_IB_HCA entry \"bnxt\" matched no HCA port"));
     }
+    SECTION("an exclusion matching nothing is named with its '^' and '=', and excludes nothing") {
+        auto r = selectHcas(ports, nccl("^bnxt"));
+        REQUIRE(r.ok());
+        CHECK(devs(*r) == Names{"mlx5_0:1 10.0.0.1", "mlx5_1:1 10.1.0.1", "mlx5_1:2 10.11.0.1", "mlx5_10:1 10.10.0.1"});
+        REQUIRE(r->warnings.size() == 1);
+        CHECK(has(r->warnings[0], "NCCL_IB_HCA entry \"^bnxt\" matched no HCA port, so it excludes nothing"));
+        auto exact = selectHcas(ports, nccl("^=mlx5_1,mlx5"));
+        REQUIRE(exact.ok());
+        REQUIRE(exact->warnings.size() == 1);
+        CHECK(has(exact->warnings[0], "NCCL_IB_HCA entry \"^=mlx5\" matched no HCA port, so it excludes nothing"));
+        auto plain = selectHcas(ports, nccl("=mlx5_0,mlx5"));
+        REQUIRE(plain.ok());
+        REQUIRE(plain->warnings.size() == 1);
+        CHECK(has(plain->warnings[0], "NCCL_IB_HCA entry \"=mlx5\" matched no HCA port"));
+        CHECK(!has(plain->warnings[0], "excludes"));
+    }
     SECTION("only DOWN ports match: Unavailable saying so") {
         auto r = selectHcas(ports, nccl("=mlx5_2"));
         REQUIRE(r.code() == Errc::Unavailable);

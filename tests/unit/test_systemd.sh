@@ -3,8 +3,11 @@
 #   systemd-analyze verify   on the generated tpfabricd.service, its ExecStart pointed at $1
 #   systemd-sysusers         on systemd/tpfabric.sysusers, into a scratch root
 #   systemd-tmpfiles         on the generated tpfabric.tmpfiles, into that scratch root
+#   install_config.sh        twice into a scratch DESTDIR: the config is created once,
+#                            then kept, and each run's line lands in meson-logs
 # Usage: test_systemd.sh PATH_TO_TPFABRICD BUILD/systemd/tpfabricd.service
-# (any existing executable will do; tpfabric.tmpfiles is read beside the unit).
+# (tpfabricd itself: its --help must give exit status 2 the unit's RestartPreventExitStatus=;
+# tpfabric.tmpfiles is read beside the unit).
 # Exits 77 (skip) where systemd-analyze is missing.
 set -u
 
@@ -50,6 +53,11 @@ grep -q '^ExecStart=/[^ ]*/sbin/tpfabricd --config /[^ ]*/tpfabric/tpfabricd.con
     exit 1
 }
 sed "s|^ExecStart=[^ ]*/tpfabricd |ExecStart=$exe |" "$unit" >"$tmp/tpfabricd.service"
+# The exit status the unit does not restart on is the one --help gives a bad configuration.
+grep -q '^RestartPreventExitStatus=2$' "$unit" && "$exe" --help | grep -q '2 bad usage or configuration.*RestartPreventExitStatus=2' || {
+    echo "FAIL: $unit's RestartPreventExitStatus= and tpfabricd --help's exit status 2 disagree" >&2
+    exit 1
+}
 
 status=0
 # --man=no: the Documentation= page is a file, not a man page.
@@ -86,5 +94,31 @@ if command -v systemd-sysusers >/dev/null 2>&1; then
             status=1
         fi
     fi
+fi
+# The install script (meson.add_install_script): creates tpfabricd.conf once, then keeps the
+# operator's, and records each run in BUILDDIR/meson-logs/tpfabric-install.txt, since meson
+# 1.0 shows nothing a successful install script prints.
+mkdir -p "$tmp/stage/usr/local/etc/tpfabric" "$tmp/build/meson-logs"
+cp "$src/systemd/tpfabricd.conf.example" "$tmp/stage/usr/local/etc/tpfabric/"
+runInstall() {
+    DESTDIR="$tmp/stage" MESON_INSTALL_PREFIX=/usr/local MESON_BUILD_ROOT="$tmp/build" \
+        sh "$src/systemd/install_config.sh" etc/tpfabric
+}
+log=$tmp/build/meson-logs/tpfabric-install.txt
+first=$(runInstall) && cmp -s "$src/systemd/tpfabricd.conf.example" "$tmp/stage/usr/local/etc/tpfabric/tpfabricd.conf" &&
+    [ "$first" = "tpfabric: installed /usr/local/etc/tpfabric/tpfabricd.conf from tpfabricd.conf.example" ] &&
+    grep -qF "DESTDIR=$tmp/stage: $first" "$log"
+rc1=$?
+echo "# operator's edit" >>"$tmp/stage/usr/local/etc/tpfabric/tpfabricd.conf"
+second=$(runInstall) && grep -q "operator's edit" "$tmp/stage/usr/local/etc/tpfabric/tpfabricd.conf" &&
+    [ "$second" = "tpfabric: keeping the existing /usr/local/etc/tpfabric/tpfabricd.conf (the new example is /usr/local/etc/tpfabric/tpfabricd.conf.example)" ] &&
+    [ "$(wc -l <"$log")" -eq 2 ] && tail -n 1 "$log" | grep -q "keeping the existing /usr/local/etc/tpfabric/tpfabricd.conf"
+rc2=$?
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]; then
+    echo "ok: install_config.sh creates tpfabricd.conf once, keeps it after, and logs each run in meson-logs"
+else
+    echo "FAIL: install_config.sh (first: '$first', second: '$second'); meson-logs/tpfabric-install.txt:"
+    cat "$log" 2>/dev/null
+    status=1
 fi
 exit $status
