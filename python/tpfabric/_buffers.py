@@ -114,9 +114,22 @@ def reduce_dtype(buf: HostBuffer, dtype: Optional[DTypeLike], what: str) -> DTyp
     return d
 
 
-def _numpy_dtype(dtype: Any) -> Any:
-    import numpy as np
+NUMPY_HINT = "the host path needs numpy: apt-get install python3-numpy or pip install numpy"
 
+
+def _numpy(what: str) -> Any:
+    """numpy, imported on first use (``import tpfabric`` does not need it); an ImportError naming ``what`` and the fix without it.
+
+    Raised as ModuleNotFoundError (an ImportError), as a plain ``import numpy`` would be.
+    """
+    try:
+        import numpy
+    except ImportError as e:
+        raise ModuleNotFoundError(f"tpfabric.{what} needs numpy ({e}); {NUMPY_HINT}", name="numpy") from e
+    return numpy
+
+
+def _numpy_dtype(np: Any, dtype: Any) -> Any:
     if isinstance(dtype, DType):
         dtype = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16"}[dtype]
     if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
@@ -128,13 +141,13 @@ def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
     """An uninitialised C-contiguous numpy array whose data starts on an ``align``-byte boundary.
 
     ``dtype="bfloat16"`` gives uint16 storage (numpy has no bfloat16); pass
-    ``dtype="bfloat16"`` to :meth:`Group.all_reduce_sum` with it.
+    ``dtype="bfloat16"`` to :meth:`Group.all_reduce_sum` with it. Needs numpy
+    (ModuleNotFoundError, an ImportError, saying how to install it otherwise).
     """
-    import numpy as np
-
+    np = _numpy("empty()")
     if align < ALIGNMENT or align & (align - 1):
         raise ValueError(f"align {align}: a power of two of at least {ALIGNMENT}")
-    dt = _numpy_dtype(dtype)
+    dt = _numpy_dtype(np, dtype)
     shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
     raw = np.empty(nbytes + align + 1, dtype=np.uint8)
@@ -145,6 +158,7 @@ def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
 
 def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> "np.ndarray":
     """As :func:`empty`, filled with zeros."""
+    _numpy("zeros()")
     a = empty(shape, dtype, align=align)
     a.fill(0)
     return a

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _lib
 from ._buffers import DType, DTypeLike, as_dtype, host_buffer, reduce_dtype
-from .errors import Closed, Error, Unavailable, error_class
+from .errors import Closed, Error, OutOfRange, Unavailable, error_class
 
 _L = _lib.lib
 _TIMEOUT, _PEER_LOST = 3, 4
@@ -41,6 +41,28 @@ def unsigned(value: Any, what: str, bits: int = _U32) -> int:
     if v >> bits:
         raise ValueError(f"{what}={v}: above {(1 << bits) - 1}, the largest the C ABI's {bits}-bit argument takes")
     return v
+
+
+MAX_WORLD = 16
+"""The largest group (``kMaxWorld``): tpf_group_open refuses more with ``OutOfRange``."""
+
+
+def _check_open(rank: int, world: int, max_bytes: int, bootstrap: object) -> None:
+    """OutOfRange naming the argument, for what tpf_group_open would refuse (its words: ``world 17 outside 1..16``).
+
+    Rank and world are left to the library over a TcpBootstrap object: there
+    the bootstrap has its own, and the library tells the other ranks which
+    rank opens with what (GroupMismatch) instead of leaving them to time out.
+    Over a "host:port" string they are checked before its TcpBootstrap is made
+    (which would say ``bootstrap: rank 0 of 0``), over a callable before any call.
+    """
+    if not isinstance(bootstrap, TcpBootstrap):
+        if not 1 <= world <= MAX_WORLD:
+            raise OutOfRange(f"OutOfRange: world {world} outside 1..{MAX_WORLD}")
+        if rank >= world:
+            raise OutOfRange(f"OutOfRange: rank {rank} outside 0..{world - 1} (not below world {world})")
+    if max_bytes == 0:
+        raise OutOfRange("OutOfRange: max_bytes is 0: must be positive (the largest shard, in bytes, this rank will pass)")
 
 
 def forked_error(pid: int, what: str = "group") -> Closed:
@@ -81,6 +103,11 @@ class TcpBootstrap:
         self._pid = os.getpid()
         rank, world = unsigned(rank, "rank"), unsigned(world, "world")
         timeout_ms = unsigned(timeout_ms, "timeout_ms")
+        # The library would say "bootstrap: rank 0 of 0". A world above 16 is left to it: only rank 0 refuses one.
+        if world == 0:
+            raise OutOfRange(f"OutOfRange: bootstrap: world 0 outside 1..{MAX_WORLD}")
+        if rank >= world:
+            raise OutOfRange(f"OutOfRange: bootstrap: rank {rank} outside 0..{world - 1} (not below world {world})")
         raise_status(_L.tpf_tcp_bootstrap_create(rank, world, host_port.encode(), timeout_ms, ctypes.byref(handle)))
         self._handle = handle.value
         self.rank, self.world = rank, world
@@ -102,13 +129,23 @@ class TcpBootstrap:
         self.close()
 
 
+def _describe(e: BaseException) -> str:
+    """``"RuntimeError: the store is down"``: an exception's type and message, once (tpfabric errors start with their name)."""
+    name, text = type(e).__name__, str(e)
+    if not text:
+        return name
+    if isinstance(e, Error) and text.startswith(f"{e.name}:"):
+        return text
+    return f"{name}: {text}"
+
+
 class _NotBytes(TypeError):
     """The Python bootstrap returned something that is not bytes: the caller's mistake, a TypeError after the open."""
 
 
 class _Trampoline:
     """A Python all-gather as a ``tpf_allgather_fn``. An exception inside it becomes a failing
-    status (the open then fails, and raises with the exception as its cause), never a crash;
+    status (the open then fails, and raises with the exception as its cause and named in its message), never a crash;
     KeyboardInterrupt and SystemExit are raised as themselves after it, a return that is not bytes as a TypeError."""
 
     def __init__(self, raw: Callable[[int, int, int], None]) -> None:
@@ -181,8 +218,17 @@ class Group:
         gpu_route: ``"default"``, ``"auto"``, ``"ipc"`` or ``"proxy"``.
 
     Raises:
+        tpfabric.OutOfRange: before any call into the library, naming the
+            argument: world outside 1..16, rank outside 0..world-1 (over a
+            :class:`TcpBootstrap` object the library checks these against
+            the bootstrap's and tells the other ranks), max_bytes 0.
+        ValueError, TypeError: a negative or oversized integer, an unknown option.
         tpfabric.Error: the open failed; the subclass names why (``Unavailable``
             with the reason, ``ConfigError``, ``Timeout``, ...), the same on every rank.
+            An exception raised by a callable bootstrap fails the open with
+            ``Timeout`` (a TimeoutError), its own code (a tpfabric.Error) or
+            ``PeerLost``, its type and message appended to the error's and
+            itself the ``__cause__``.
 
     A group is used by one thread at a time, of the process that opened it: in a fork()ed
     child every call raises :class:`tpfabric.Closed`, and close() leaves the parent's group
@@ -220,6 +266,7 @@ class Group:
         opts.timeout_ms, opts.open_timeout_ms, opts.spin_us, opts.max_blocks = timeout_ms, open_timeout_ms, spin_us, max_blocks
         self.buffers = buffers
 
+        _check_open(rank, world, max_bytes, bootstrap)
         owned: Optional[TcpBootstrap] = None
         trampoline: Optional[_Trampoline] = None
         if isinstance(bootstrap, str):
@@ -254,6 +301,8 @@ class Group:
                     if isinstance(e, Unavailable):
                         e.may_fall_back = may_fall_back
                     if cause is not None:
+                        e.detail = f"{e.detail}; the bootstrap raised {_describe(cause)}"
+                        e.args = (e.detail,)
                         raise e from cause
                     raise
         finally:
@@ -369,18 +418,21 @@ class Group:
         ``counts`` (world entries, elements of inp's dtype) must be the same on
         every rank (else :class:`tpfabric.GroupMismatch` everywhere); this
         rank's ``inp`` has ``counts[rank]`` elements and ``out`` ``sum(counts)``.
+        Checked first, each refusal naming the entry and the problem: a wrong
+        number of entries, a negative one, one too large for the C ABI's
+        size_t in bytes (ValueError), one not an integer (TypeError).
         """
         i = host_buffer(inp, "inp")
         o = host_buffer(out, "out", writable=True)
-        if len(counts) != self.world:
-            raise ValueError(f"counts has {len(counts)} entries, world is {self.world}")
+        elements = _element_counts(counts, self.world, "counts")
+        c = _counts(elements, i.itemsize, "counts")
         if o.dtype != i.dtype:
             raise ValueError(f"out is {o.dtype}, inp {i.dtype}: all_gather_v takes one dtype")
-        if i.count != counts[self.rank]:
-            raise ValueError(f"inp has {i.count} elements, counts[{self.rank}] is {counts[self.rank]}")
-        if o.count != sum(counts):
-            raise ValueError(f"out has {o.count} elements, sum(counts) is {sum(counts)}")
-        raise_status(_L.tpf_all_gather_v(self._handle(), i.ptr, o.ptr, _counts(counts, i.itemsize)))
+        if i.count != elements[self.rank]:
+            raise ValueError(f"inp has {i.count} elements, counts[{self.rank}] is {elements[self.rank]}")
+        if o.count != sum(elements):
+            raise ValueError(f"out has {o.count} elements, sum(counts) is {sum(elements)}")
+        raise_status(_L.tpf_all_gather_v(self._handle(), i.ptr, o.ptr, c))
 
     # -- raw pointers (device groups on a stream; host groups with stream None) -----------------------------
     def all_gather_raw(self, send: int, recv: int, nbytes: int, stream: Optional[int] = None) -> None:
@@ -400,10 +452,8 @@ class Group:
             raise_status(_L.tpf_all_reduce_sum(self._handle(), send, recv, count, d))
 
     def all_gather_v_raw(self, send: int, recv: int, counts_bytes: Sequence[int], stream: Optional[int] = None) -> None:
-        """``tpf_all_gather_v`` / ``tpf_all_gather_v_async``; ``counts_bytes`` in bytes, world entries."""
-        if len(counts_bytes) != self.world:
-            raise ValueError(f"counts has {len(counts_bytes)} entries, world is {self.world}")
-        c = _counts(counts_bytes, 1)
+        """``tpf_all_gather_v`` / ``tpf_all_gather_v_async``; ``counts_bytes`` in bytes, world entries, checked as ``counts``."""
+        c = _counts(_element_counts(counts_bytes, self.world, "counts_bytes"), 1, "counts_bytes")
         if self.buffers == "device":
             raise_status(_L.tpf_all_gather_v_async(self._handle(), send, recv, c, stream))
         else:
@@ -417,11 +467,26 @@ class _RawAllGather:
         self.fn = fn
 
 
-def _counts(counts: Sequence[int], itemsize: int) -> "ctypes.Array[ctypes.c_size_t]":
-    if any(operator.index(c) < 0 for c in counts):
-        raise ValueError(f"counts {list(counts)}: negative")
-    in_bytes = [unsigned(c * itemsize, f"counts[{r}] in bytes", _U64) for r, c in enumerate(counts)]
-    return (ctypes.c_size_t * len(counts))(*in_bytes)
+def _element_counts(counts: Sequence[int], world: int, what: str) -> List[int]:
+    """``counts`` as ints, one per rank: TypeError or ValueError naming the entry and what is wrong with it."""
+    try:
+        n = len(counts)
+    except TypeError:
+        raise TypeError(f"{what}: expected a sequence of {world} integers, got {type(counts).__name__}") from None
+    if n != world:
+        raise ValueError(f"{what} has {n} entries, world is {world}: one per rank")
+    return [unsigned(c, f"{what}[{r}]", _U64) for r, c in enumerate(counts)]
+
+
+def _counts(counts: List[int], itemsize: int, what: str) -> "ctypes.Array[ctypes.c_size_t]":
+    """Counts of ``itemsize``-byte elements as the C ABI's byte counts; ValueError where they overflow its size_t."""
+    limit = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+    for r, c in enumerate(counts):
+        if c * itemsize > limit:
+            raise ValueError(f"{what}[{r}]={c}: too large, {c} * {itemsize} bytes is above {limit}, the C ABI's size_t")
+    if sum(counts) * itemsize > limit:
+        raise ValueError(f"{what}: too large, {sum(counts)} elements in all, {sum(counts) * itemsize} bytes, above {limit}")
+    return (ctypes.c_size_t * len(counts))(*(c * itemsize for c in counts))
 
 
 def library_version() -> str:

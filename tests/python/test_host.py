@@ -5,8 +5,9 @@ identical on every rank, all-gather-v, and failures as named exceptions: a
 killed peer (PeerLost), abort (Aborted), misaligned buffers (Misaligned), a
 size above the cap (CapMismatch), TPF_DISABLE=1 on one rank (Unavailable on
 every rank, no daemon contacted), no daemon (Unavailable), a bad TPF_*
-variable (ConfigError on every rank), a Python bootstrap over files, and a
-fork()ed child that must leave its parent's group alone.
+variable (ConfigError on every rank), a world above 16 on one rank over a
+TcpBootstrap (OutOfRange there, GroupMismatch on the others), a Python
+bootstrap over files, and a fork()ed child that must leave its parent's group alone.
 """
 
 from __future__ import annotations
@@ -255,6 +256,25 @@ def test_bad_variable_on_one_rank(daemon: Daemon) -> None:
     msgs = run_ranks(rank_open_fails, 2, daemon.socket, free_port(), "ConfigError", "",
                      env={0: {"TPF_FALLBACK": "ncll"}})
     assert "TPF_FALLBACK=ncll" in msgs[0] and "rank 0 has an invalid TPF_* variable" in msgs[1]
+
+
+def rank_opens_with_world(rank: int, world: int, sock: str, port: int, bad_rank: int, bad_world: int) -> str:
+    import tpfabric
+
+    with tpfabric.TcpBootstrap(rank, world, f"127.0.0.1:{port}", 20000) as boot:
+        with pytest.raises(tpfabric.Error) as e:
+            tpfabric.Group(rank, bad_world if rank == bad_rank else world, 4096, boot, socket_path=sock)
+    return f"{e.value.name}|{e.value}"
+
+
+def test_world_out_of_range_over_a_bootstrap_object_tells_the_others(daemon: Daemon) -> None:
+    """Over a TcpBootstrap object the package leaves world to the library, which tells the other ranks at once."""
+    t0 = time.monotonic()
+    got = run_ranks(rank_opens_with_world, 3, daemon.socket, free_port(), 2, 17)
+    assert got[2] == "OutOfRange|OutOfRange: world 17 outside 1..16", got
+    for msg in got[:2]:
+        assert msg.startswith("GroupMismatch|") and "rank 2 opens with world 17" in msg, got
+    assert time.monotonic() - t0 < 15, "the others waited for a timeout instead of being told"
 
 
 class FileStore:

@@ -1,6 +1,7 @@
 """The package alone, in one process: finding the library, the ABI checks, errors, buffers, world-1 groups,
-and what the package refuses before the library is called (negative integers, object arrays, a bootstrap
-that is interrupted or returns no bytes).
+and what the package refuses before the library is called (negative integers, ranks, worlds and max_bytes
+out of range, all-gather-v counts, object arrays, a bootstrap that is interrupted or returns no bytes), the
+Python exception of a failing bootstrap in the error's message, and the host path without numpy.
 
 No daemon: a world-1 group is a plain copy, and a bootstrap that fails
 fails the open before any daemon is asked.
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 import tpfabric
-from tpfabric import _lib
+from tpfabric import _group, _lib
 from tpfabric.errors import error_class
 
 
@@ -99,6 +100,34 @@ def test_empty_and_aligned() -> None:
         tpfabric.empty(4, align=24)
 
 
+def test_host_path_without_numpy_says_how_to_install_it() -> None:
+    """numpy absent: the package still imports and opens groups; empty()/zeros() raise an ImportError with the fix."""
+    code = """
+import sys
+sys.modules["numpy"] = None  # what the import system does for a package that is not installed
+import tpfabric
+assert "numpy" not in [m for m, v in sys.modules.items() if v is not None]
+with tpfabric.Group(0, 1, 4096, lambda mine: mine) as g:
+    print(g.world)
+for make in (tpfabric.empty, tpfabric.zeros):
+    try:
+        make(4)
+    except ModuleNotFoundError as e:
+        assert isinstance(e, ImportError) and e.name == "numpy"
+        assert e.__cause__ is not None
+        print(str(e))
+    else:
+        raise AssertionError(make.__name__ + " returned without numpy")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "1"
+    hint = "the host path needs numpy: apt-get install python3-numpy or pip install numpy"
+    assert lines[1].startswith("tpfabric.empty() needs numpy (") and lines[1].endswith(hint), lines[1]
+    assert lines[2].startswith("tpfabric.zeros() needs numpy (") and lines[2].endswith(hint), lines[2]
+
+
 def _world1() -> tpfabric.Group:
     return tpfabric.Group(0, 1, 4096, lambda mine: mine)
 
@@ -164,6 +193,70 @@ def test_open_refusals() -> None:
         tpfabric.Group(0, 2, 4096, lambda m: m, buffers="gpu")
     with pytest.raises(TypeError, match="bootstrap"):
         tpfabric.Group(0, 2, 4096, 42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 0, 4096), "world 0 outside 1..16"),
+    ((0, 17, 4096), "world 17 outside 1..16"),
+    ((2, 2, 4096), "rank 2 outside 0..1 (not below world 2)"),
+    ((16, 16, 4096), "rank 16 outside 0..15 (not below world 16)"),
+    ((0, 1, 0), "max_bytes is 0: must be positive"),
+    ((0, 2, 0), "max_bytes is 0: must be positive"),
+])
+@pytest.mark.parametrize("kind", ["callable", "host:port"])
+def test_open_arguments_out_of_range_are_named(args: tuple, message: str, kind: str) -> None:
+    """Refused in Python with OutOfRange naming the argument, before any bootstrap (not "bootstrap: rank 0 of 0")."""
+    called = []
+
+    def boot(mine: bytes) -> bytes:
+        called.append(mine)
+        return mine
+
+    with pytest.raises(tpfabric.OutOfRange) as e:
+        tpfabric.Group(*args, boot if kind == "callable" else "127.0.0.1:1")  # port 1: nothing listens
+    assert str(e.value) == f"OutOfRange: {message}" or str(e.value).startswith(f"OutOfRange: {message} ")
+    assert e.value.code == 14 and e.value.name == "OutOfRange" and isinstance(e.value, ValueError)
+    assert "bootstrap" not in str(e.value) and not called
+
+
+def test_tcp_bootstrap_rank_and_world_are_named() -> None:
+    with pytest.raises(tpfabric.OutOfRange, match=r"^OutOfRange: bootstrap: world 0 outside 1\.\.16$"):
+        tpfabric.TcpBootstrap(0, 0, "127.0.0.1:1")
+    with pytest.raises(tpfabric.OutOfRange, match=r"^OutOfRange: bootstrap: rank 3 outside 0\.\.1 \(not below world 2\)$"):
+        tpfabric.TcpBootstrap(3, 2, "127.0.0.1:1")
+    with pytest.raises(tpfabric.OutOfRange, match=r"^OutOfRange: bootstrap: world 17 outside 1\.\.16$"):
+        tpfabric.TcpBootstrap(0, 17, "127.0.0.1:1")  # the library's own refusal: only the root refuses a world above 16
+
+
+def test_all_gather_v_counts_name_the_problem() -> None:
+    """Each refusal of counts says what is wrong with which entry, before the lengths of inp and out are compared."""
+    with _world1() as g:
+        inp, out = tpfabric.empty(1000, "float32"), tpfabric.empty(1000, "float32")
+        with pytest.raises(ValueError, match=r"^counts\[0\]=-1: must not be negative$"):
+            g.all_gather_v(out, inp, [-1])
+        with pytest.raises(ValueError, match=r"^counts has 2 entries, world is 1: one per rank$"):
+            g.all_gather_v(out, inp, [1000, 0])
+        with pytest.raises(ValueError, match=r"^counts has 0 entries, world is 1"):
+            g.all_gather_v(out, inp, [])
+        with pytest.raises(ValueError, match=r"^counts\[0\]=18446744073709551616: above 18446744073709551615"):
+            g.all_gather_v(out, inp, [1 << 64])
+        with pytest.raises(ValueError, match=r"^counts\[0\]=4611686018427387904: too large, 4611686018427387904 \* 4 bytes"):
+            g.all_gather_v(out, inp, [1 << 62])  # fits 64 bits as elements, not as bytes
+        with pytest.raises(TypeError, match=r"^counts\[0\]=1.5: expected an integer, got float$"):
+            g.all_gather_v(out, inp, [1.5])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match=r"^counts: expected a sequence of 1 integers, got int$"):
+            g.all_gather_v(out, inp, 1000)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"^inp has 1000 elements, counts\[0\] is 999$"):
+            g.all_gather_v(out, inp, [999])
+        g.all_gather_v(out, inp, np.array([1000]))  # numpy integers are integers
+        addr = inp.ctypes.data
+        with pytest.raises(ValueError, match=r"^counts_bytes\[0\]=-16: must not be negative$"):
+            g.all_gather_v_raw(addr, addr, [-16])
+        with pytest.raises(ValueError, match=r"^counts_bytes has 2 entries, world is 1"):
+            g.all_gather_v_raw(addr, addr, [16, 16])
+    # Entries that fit one by one but not summed: a world of two, the checks before any group is needed.
+    with pytest.raises(ValueError, match=r"^counts_bytes: too large, 18446744073709551616 elements in all"):
+        _group._counts([1 << 63, 1 << 63], 1, "counts_bytes")
 
 
 @pytest.mark.parametrize("arg", ["rank", "world", "max_bytes", "timeout_ms", "open_timeout_ms", "spin_us", "max_blocks"])
@@ -251,6 +344,9 @@ def test_bootstrap_exceptions_fail_the_open_not_the_process() -> None:
     with pytest.raises(tpfabric.PeerLost, match="callback returned 4") as e:
         tpfabric.Group(0, 2, 4096, boom)
     assert isinstance(e.value.__cause__, _Boom)
+    # The Python exception is in the message too, where a log that prints only str(e) still shows it.
+    assert str(e.value).endswith("; the bootstrap raised _Boom: the engine's store is down"), str(e.value)
+    assert e.value.detail == str(e.value) and e.value.code == 4
 
     def slow(mine: bytes) -> bytes:
         raise TimeoutError("no answer from rank 1")
@@ -258,6 +354,7 @@ def test_bootstrap_exceptions_fail_the_open_not_the_process() -> None:
     with pytest.raises(tpfabric.Timeout) as t:
         tpfabric.Group(0, 2, 4096, slow)
     assert isinstance(t.value.__cause__, TimeoutError)
+    assert str(t.value).endswith("; the bootstrap raised TimeoutError: no answer from rank 1"), str(t.value)
 
     with pytest.raises(tpfabric.PeerLost) as w:
         tpfabric.Group(0, 2, 4096, lambda mine: mine)  # one record where world * len are due
@@ -266,8 +363,16 @@ def test_bootstrap_exceptions_fail_the_open_not_the_process() -> None:
     def aborted(mine: bytes) -> bytes:
         raise tpfabric.Aborted("Aborted: the engine is shutting down", 6)
 
-    with pytest.raises(tpfabric.Aborted, match="callback returned 6"):
+    with pytest.raises(tpfabric.Aborted, match="callback returned 6") as a:
         tpfabric.Group(0, 2, 4096, aborted)
+    assert str(a.value).endswith("; the bootstrap raised Aborted: the engine is shutting down"), str(a.value)  # once
+
+    def silent(mine: bytes) -> bytes:
+        raise RuntimeError
+
+    with pytest.raises(tpfabric.PeerLost) as r:
+        tpfabric.Group(0, 2, 4096, silent)
+    assert str(r.value).endswith("; the bootstrap raised RuntimeError"), str(r.value)
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)])

@@ -5,13 +5,16 @@ copy of python/ (so nothing is written into the source tree); the installed
 package must import and report the release of meson.build. meson install
 (--destdir, the runtime and python-runtime tags) must put the package where
 it finds the library installed beside it with no TPF_LIBRARY and no
-LD_LIBRARY_PATH.
+LD_LIBRARY_PATH, and (a configure of its own, nothing compiled) where the
+interpreter Meson installs for imports it, with --prefix=/usr and with the
+default /usr/local.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import importlib.util
 import os
 import shutil
@@ -21,6 +24,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 from typing import Dict
+
+import pytest
 
 
 SRC = Path(os.environ["TPF_SOURCE_ROOT"])
@@ -122,3 +127,28 @@ def test_meson_install(tmp_path: Path) -> None:
     assert (version, where) == (VERSION, str(installed))
     assert lib.startswith(str(dest)) and os.path.basename(lib) == "libtpfabric.so.0", f"loaded {lib}, not the installed one"
     assert Path(lib).exists()
+
+
+@pytest.mark.parametrize("prefix", ["/usr", "/usr/local"])
+def test_meson_install_dir_on_sys_path(tmp_path: Path, prefix: str) -> None:
+    """Debian's python3 reads /usr/lib/python3/dist-packages and /usr/local/lib/python3.X/dist-packages, not
+    /usr/local/lib/python3/dist-packages, which is what Meson names for the default prefix."""
+    build = tmp_path / "build"
+    features = ["-D" + f + "=disabled" for f in ("cuda", "nccl", "verbs", "rdmacm", "systemd")]
+    r = subprocess.run([os.environ["TPF_MESON"], "setup", str(build), str(SRC), f"--prefix={prefix}"] + features,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([os.environ["TPF_MESON"], "introspect", "--installed", str(build)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    installed = [dest for dest in json.loads(r.stdout).values() if dest.endswith("/tpfabric/__init__.py")]
+    assert len(installed) == 1, installed
+    site = os.path.dirname(os.path.dirname(installed[0]))
+    assert site.startswith(prefix + "/"), site
+    # The interpreter python/meson.build installs for: Debian's first.
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    r = subprocess.run([python, "-c", "import json, sys; print(json.dumps(sys.path))"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert site in json.loads(r.stdout), f"meson install puts tpfabric in {site}, not on {python}'s sys.path: {r.stdout}"
