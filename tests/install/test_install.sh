@@ -102,7 +102,16 @@ check "the unit starts $sbindir/tpfabricd with $sysconfdir/tpfabric/tpfabricd.co
     grep -qxF "ExecStart=$sbindir/tpfabricd --config $sysconfdir/tpfabric/tpfabricd.conf" "$unit"
 check "the unit's documentation is installed" test -f "$dest$(sed -n 's|^Documentation=file:||p' "$unit")"
 docdir=$(dirname "$dest$(sed -n 's|^Documentation=file:||p' "$unit")")
-for d in integration operations configuration status python gpu verbs; do check "docs/$d.md installed" test -f "$docdir/$d.md"; done
+for d in integration operations configuration status python gpu verbs design perf reliability; do
+    check "docs/$d.md installed" test -f "$docdir/$d.md"
+done
+check "examples installed below the guides" test -f "$docdir/examples/hello.c" -a -f "$docdir/examples/README.md"
+# Every relative link of an installed guide leads to an installed file (docs/install_links.py).
+broken=$(cd "$docdir" && for f in *.md examples/*.md; do
+    grep -o '](\([^)#]*\)' "$f" | sed 's/^](//' | grep -v '^[a-z]*:' | grep -v '^$' | sort -u |
+        while read -r t; do [ -e "$(dirname "$f")/$t" ] || echo "$f -> $t"; done
+done)
+check "the installed guides' links lead to installed files${broken:+ (broken: $broken)}" test -z "$broken"
 check "no @placeholder@ left in the unit" test "$(grep -c '@[a-z]*@' "$unit")" -eq 0
 check "sysusers.d/tpfabric.conf installed (group tpfabric)" grep -q '^g tpfabric' "$dest$sysusersdir/tpfabric.conf"
 check "tmpfiles.d/tpfabric.conf creates $sysconfdir/tpfabric" \
