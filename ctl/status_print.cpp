@@ -195,6 +195,12 @@ void printHeader(const json& doc, std::ostream& out) {
 }
 
 void printHcas(const json& doc, std::ostream& out) {
+    const json* none = field(doc, "hcas_none_reason");
+    const json* hcas = field(doc, "hcas");
+    if (hcas && hcas->is_array() && hcas->empty() && none && none->is_string() && !none->get<std::string>().empty()) {
+        out << "\nHCAs: none (" << none->get<std::string>() << "; this node serves groups whose ranks are all on it)\n";
+        return;
+    }
     const json* list = section(out, doc, "hcas", "HCAs");
     if (!list) return;
     Table t({"DEVICE", "PORT", "STATE", "GID", "GID IDX", "IP", "SUBNET", "MTU", "SPEED"});

@@ -125,7 +125,8 @@ int run(DaemonConfig cfg, bool foreground) {
     // First, so that every later line (the HCAs' among them) follows the one that says which daemon this is.
     spdlog::info("tpfabricd {} starting: node {}, config {}, socket {}", TPF_VERSION, nodeId.hex(), cfg.source,
                  socketPath);
-    const auto hcas = discoverHcas(cfg);
+    std::string hcasNoneReason;
+    const auto hcas = discoverHcas(cfg, &hcasNoneReason);
 
     boost::asio::io_context io;
     // Their default action would end the daemon, and with it every group on the
@@ -199,8 +200,8 @@ int run(DaemonConfig cfg, bool foreground) {
     };
 
     Server* serverPtr = nullptr;
-    const StatusSources statusSources{cfg, nodeId, socketPath, hello.startedUnixNs, startedSteady, hcas, proxy, groups,
-                                      [&] { return serverPtr ? serverPtr->clients() : 0; }};
+    const StatusSources statusSources{cfg,   nodeId, socketPath, hello.startedUnixNs, startedSteady, hcas, hcasNoneReason,
+                                      proxy, groups, [&] { return serverPtr ? serverPtr->clients() : 0; }};
     auto statusJson = [&] { return statusDocument(statusSources).dump(); };
 
     Server server(io, cfg, groups, statusJson, hello, nodeCard);

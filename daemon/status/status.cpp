@@ -249,6 +249,7 @@ nlohmann::json statusDocument(const StatusSources& s) {
         {"status_version", 2},
         {"daemon", daemonPart(s)},
         {"hcas", hcasPart(s.hcas)},
+        {"hcas_none_reason", s.hcas.empty() ? s.hcasNoneReason : std::string()},
         {"peers", peersPart(s.groups)},
         {"groups", groupsPart(s.groups)},
         {"regions", {{"count", s.groups.regionCount()}, {"host_bytes", s.groups.hostRegionBytes()}, {"device_bytes", s.groups.deviceRegionBytes()}}},

@@ -28,6 +28,7 @@ struct StatusSources {
     std::uint64_t startedUnixNs = 0;
     std::chrono::steady_clock::time_point startedSteady;
     const std::vector<client_proto::HcaCard>& hcas; ///< as discovery chose them
+    std::string hcasNoneReason;                     ///< why hcas is empty (discoverHcas), "" when it is not
     const Proxy& proxy;
     const GroupTable& groups;
     std::function<std::size_t()> clients; ///< connections on the control socket now

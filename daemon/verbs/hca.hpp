@@ -21,8 +21,9 @@ namespace tpf::daemon {
 /// nothing usable, or the selection matches nothing, it logs why (one line)
 /// and returns an empty list, and the daemon serves same-node groups only.
 /// Logs one info line per chosen HCA and a warning per selection entry that
-/// matched nothing.
-std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg);
+/// matched nothing. `noneWhy`, when given, gets the reason of an empty list
+/// (status's hcas_none_reason), "" otherwise.
+std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::string* noneWhy = nullptr);
 
 /// The port's state now (an IBV_PORT_* value, 4 = ACTIVE), read from sysfs,
 /// so status shows a link cut after start-up. card.state when it cannot be

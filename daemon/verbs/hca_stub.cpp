@@ -5,12 +5,12 @@
 
 namespace tpf::daemon {
 
-std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg) {
-    if (!cfg.hcas.empty())
-        spdlog::warn("HCAs: none: verbs.hcas is set but this tpfabricd was built without verbs (libibverbs); "
-                     "serving same-node groups only");
-    else
-        spdlog::info("HCAs: none: built without verbs (libibverbs); serving same-node groups only");
+std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::string* noneWhy) {
+    const std::string why = cfg.hcas.empty() ? "built without verbs (libibverbs)"
+                                             : "verbs.hcas is set but this tpfabricd was built without verbs (libibverbs)";
+    spdlog::log(cfg.hcas.empty() ? spdlog::level::info : spdlog::level::warn, "HCAs: none: {}; serving same-node groups only",
+                why);
+    if (noneWhy) *noneWhy = why;
     return {};
 }
 

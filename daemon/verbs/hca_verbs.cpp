@@ -204,10 +204,12 @@ std::optional<std::string> env(const char* name) {
 
 } // namespace
 
-std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg) {
+std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::string* noneWhy) {
+    if (noneWhy) noneWhy->clear();
     auto ports = findPorts();
     if (!ports) {
         spdlog::error("HCA discovery failed: {}; serving same-node groups only", ports.error().describe());
+        if (noneWhy) *noneWhy = "HCA discovery failed: " + ports.error().describe();
         return {};
     }
     const HcaRequest request{cfg.hcas, env("TPF_HCA"), env("NCCL_IB_HCA")};
@@ -220,6 +222,7 @@ std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg) {
                            : asked                          ? spdlog::level::warn
                                                             : spdlog::level::info;
         spdlog::log(level, "HCAs: none: {}; serving same-node groups only", sel.error().describe());
+        if (noneWhy) *noneWhy = sel.error().describe();
         return {};
     }
     for (const auto& w : sel->warnings) spdlog::warn("HCAs: {}", w);

@@ -48,6 +48,9 @@ TEST_CASE("status --json shows the group and its counters; SIGTERM removes the s
     }
     CHECK(doc["regions"]["count"] == 3);
     CHECK(doc["hcas"].is_array());
+    // No HCA here (no RDMA in this kernel, or a build without verbs): status says why, not only "none".
+    if (doc["hcas"].empty()) CHECK_FALSE(doc["hcas_none_reason"].get<std::string>().empty());
+    else CHECK(doc["hcas_none_reason"] == "");
 
     // The same through tpfabricctl, as an operator would see it.
     Child ctl = spawn({envPath("TPF_CTL"), "status", "--json", "--socket", d.socket()});
@@ -59,6 +62,8 @@ TEST_CASE("status --json shows the group and its counters; SIGTERM removes the s
     REQUIRE(waitAll({&human}, 10000));
     CHECK(exitCode(human) == 0);
     CHECK(human.output.find(g["id"].get<std::string>().substr(0, 12)) != std::string::npos);
+    if (doc["hcas"].empty())
+        CHECK(human.output.find("HCAs: none (" + doc["hcas_none_reason"].get<std::string>()) != std::string::npos);
 
     std::vector<Child*> all;
     for (auto& c : run.ranks) all.push_back(&c);
