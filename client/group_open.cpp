@@ -239,7 +239,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     else if (rank >= world)
         argError = Error{Errc::OutOfRange, "rank " + std::to_string(rank) + " not below world " + std::to_string(world)};
     else if (maxBytes == 0)
-        argError = Error{Errc::OutOfRange, "max_bytes is 0: pass the largest call's bytes a rank (a multiple of 16)"};
+        argError = Error{Errc::OutOfRange, "max_bytes is 0: pass the largest shard, in bytes, this rank will pass"};
     else if (boot.rank() != rank || boot.world() != world)
         argError = Error{Errc::GroupMismatch, "rank " + std::to_string(rank) + " opens with world " + std::to_string(world) +
                                                   " over a bootstrap of world " + std::to_string(boot.world()) + " (as its rank " +
