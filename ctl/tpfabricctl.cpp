@@ -132,6 +132,12 @@ int main(int argc, char** argv) {
                 ""))
             ->group("Daemon options (before or after the command)");
         to.add_option("--timeout-ms", timeoutMs, timeoutHelp)
+            ->check(CLI::Validator(
+                [](std::string& v) {
+                    const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+                    return digits ? std::string() : v + " is not a whole number of milliseconds (1..600000)";
+                },
+                ""))
             ->check(CLI::Range(1, 600000))
             ->capture_default_str()
             ->group("Daemon options (before or after the command)");

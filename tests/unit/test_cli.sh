@@ -141,6 +141,7 @@ expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --timeout-ms 100 metrics --socket "
 expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" status --json
 expect 2 "^tpfabricctl: --timeout-ms" "$ctl" --timeout-ms 0 status
 expect 2 "^tpfabricctl: --timeout-ms" "$ctl" status --timeout-ms 0
+expect 2 "^tpfabricctl: --timeout-ms: abc is not a whole number of milliseconds" "$ctl" status --timeout-ms abc
 expect 0 "Daemon options" "$ctl" status --help
 
 # The socket path: too long for sun_path, or something that is not a socket
