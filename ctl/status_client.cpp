@@ -65,10 +65,6 @@ std::string opcodeName(std::uint16_t op) {
 
 Error fail(Errc code, std::string line) { return Error{code, std::move(line)}; }
 
-bool endsWith(std::string_view s, std::string_view tail) {
-    return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
-}
-
 /// "owner root, group tpfabric, mode 0660", by name where the name is known.
 std::string ownership(const struct stat& st) {
     const passwd* pw = ::getpwuid(st.st_uid);
@@ -128,9 +124,9 @@ Error unreachable(const std::string& path, const Error& e) {
         return fail(e.code, "cannot reach tpfabricd at " + path + ": " + why + " (a directory of that path is a file; " +
                                 check + ")");
     std::string hint = "is the daemon running? systemctl status tpfabricd; or pass --socket or set TPF_SOCKET";
-    if (endsWith(why, std::strerror(EACCES)) || endsWith(why, std::strerror(EPERM)))
+    if (why.ends_with(std::strerror(EACCES)) || why.ends_with(std::strerror(EPERM)))
         hint = permissionHint(path);
-    else if (endsWith(why, std::strerror(ECONNREFUSED)))
+    else if (why.ends_with(std::strerror(ECONNREFUSED)))
         hint = "nothing listens on that path, a stale socket? systemctl status tpfabricd; systemctl restart tpfabricd";
     return fail(e.code, "cannot reach tpfabricd at " + path + ": " + why + " (" + hint + ")");
 }

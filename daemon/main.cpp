@@ -16,7 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <string_view>
 
 #include "common/shm.hpp"
 #include "daemon/config/config.hpp"
@@ -103,10 +102,6 @@ int startFailed(const Error& e, const std::string& hint = {}) {
     return e.code == Errc::ConfigError ? 2 : 1;
 }
 
-bool endsWith(const std::string& s, std::string_view tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 int run(DaemonConfig cfg, bool foreground) {
     // A client that hangs up mid-reply must not end the daemon.
     ::signal(SIGPIPE, SIG_IGN);
@@ -170,10 +165,10 @@ int run(DaemonConfig cfg, bool foreground) {
         const std::string port = std::to_string(cfg.peerPort);
         const std::string& why = s.error().detail;
         return startFailed(s.error(), s.code() == Errc::ConfigError ? ""
-                                      : endsWith(why, std::strerror(EADDRINUSE))
+                                      : why.ends_with(std::strerror(EADDRINUSE))
                                           ? "another process holds the port (ss -ltnp 'sport = :" + port +
                                                 "'); stop it or choose another peer.port; systemd tries again every 2 s"
-                                      : endsWith(why, std::strerror(EADDRNOTAVAIL))
+                                      : why.ends_with(std::strerror(EADDRNOTAVAIL))
                                           ? "peer.listen " + cfg.peerListen + " is not an address of this host (yet): "
                                                 "ip -brief address; systemd tries again every 2 s"
                                           : "check peer.listen and peer.port");

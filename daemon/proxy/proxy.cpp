@@ -133,9 +133,10 @@ bool Proxy::resume(ProxyRank& pr) {
 // while the next one is copied; the smaller rows as one batch when they
 // come to kSplitMin together (shared among the carry threads: a W = 8
 // call's seven rows of 16 KiB, which one proxy thread copied one after the
-// other), flagged after it, else each copied and flagged at once. Flagging each row only once a whole poll pass's rows
-// were copied measured slower wherever the GPUs' PCIe reads of the rows had
-// overlapped the copies (W = 4, 64 KiB and up: 2x; docs/perf.md 2026-12-03).
+// other), flagged after it, else each copied and flagged at once. Flagging
+// each row only once a whole poll pass's rows were copied measured slower
+// wherever the GPUs' PCIe reads of the rows had overlapped the copies (W =
+// 4, 64 KiB and up: 2x; docs/perf.md 2026-12-03).
 void Proxy::carryBatch(std::uint64_t epoch, bool gpu) {
     const HostRegion* woken = nullptr;
     const auto release = [&](std::size_t i) {
