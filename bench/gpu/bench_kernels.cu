@@ -18,6 +18,41 @@ __global__ void copyPdlK(uint4* dst, const uint4* src, std::uint64_t n) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// launchExchangeFloor (bench_kernels.hpp). Block b of rank r stores its part
+// of the shard (the copy kernel's grid-stride split) into row r of every
+// peer, then thread 0 releases flag (r, b) in every peer and waits for flag
+// (q, b) of every peer q here: the epoch, counted per block on each rank,
+// agrees because every rank runs the same calls.
+template <bool kPdl>
+__global__ void exchangeFloorK(const ExchangeFloor f, const uint4* src, std::uint64_t n) {
+    if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+    const unsigned b = blockIdx.x;
+    for (std::uint32_t q = 0; q < f.world; ++q)
+        if (q != f.rank) copyVectors(reinterpret_cast<uint4*>(f.peerArea[q] + f.rank * f.rowBytes), src, n);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const std::uint32_t e = f.epochs[b] + 1;
+        for (std::uint32_t q = 0; q < f.world; ++q) {
+            if (q == f.rank) continue;
+            std::uint32_t* flag =
+                reinterpret_cast<std::uint32_t*>(f.peerArea[q] + f.world * f.rowBytes) + f.rank * kFloorMaxBlocks + b;
+            if (f.system) asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(e) : "memory");
+            else asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(e) : "memory");
+        }
+        for (std::uint32_t q = 0; q < f.world; ++q) {
+            if (q == f.rank) continue;
+            const std::uint32_t* flag = f.flags + q * kFloorMaxBlocks + b;
+            std::uint32_t v;
+            do {
+                if (f.system) asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+                else asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+            } while (std::int32_t(v - e) < 0); // a peer may already be one call ahead
+        }
+        f.epochs[b] = e;
+    }
+    if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 __global__ void pingPongK(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters) {
     for (std::uint64_t i = 1; i <= iters; ++i) {
         asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ping), "l"(i) : "memory");
@@ -92,6 +127,24 @@ void launchCopyPdl(void* dst, const void* src, std::uint64_t bytes, cudaStream_t
     (void)cudaLaunchKernelEx(&cfg, copyPdlK, static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
 }
 
+void launchExchangeFloor(const ExchangeFloor& f, const void* src, std::uint64_t bytes, bool pdl, cudaStream_t s) {
+    const auto* in = static_cast<const uint4*>(src);
+    if (!pdl) {
+        exchangeFloorK<false><<<copyBlocks(bytes), 256, 0, s>>>(f, in, bytes / 16);
+        return;
+    }
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(copyBlocks(bytes));
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, exchangeFloorK<true>, f, in, bytes / 16);
+}
+
 void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters, cudaStream_t s) {
     pingPongK<<<1, 1, 0, s>>>(ping, pong, iters);
 }
@@ -106,6 +159,8 @@ cudaError_t preloadBenchKernels() {
     if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)pingPongWarpsK); e != cudaSuccess) return e;
     if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)copyK); e != cudaSuccess) return e;
     if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)copyPdlK); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)exchangeFloorK<false>); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaFuncGetAttributes(&a, (const void*)exchangeFloorK<true>); e != cudaSuccess) return e;
     return cudaFuncGetAttributes(&a, (const void*)pingPongK);
 }
 

@@ -1,5 +1,6 @@
-// Reference kernels of the GPU benchmark: the floor (one copy kernel of the
-// same bytes) and a raw host-mapped flag ping-pong.
+// Reference kernels of the GPU benchmark: the floors (one copy kernel of the
+// same bytes; one kernel that stores them into every peer and releases a
+// flag the peer waits on) and a raw host-mapped flag ping-pong.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +25,30 @@ void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_
 /// the store to the first warp's sight of pong (ns).
 void launchPingPongWarps(std::uint64_t* ping, const std::uint64_t* pong, std::uint32_t warps, std::uint64_t iters,
                          std::uint64_t* laps, cudaStream_t s);
+/// The exchange floor of a W-rank all-gather (issue 16, target 1): every
+/// rank's area is `world` rows of `rowBytes` and then the flags, one word per
+/// (sender, block); the peers' areas are mapped through CUDA IPC.
+constexpr std::uint32_t kFloorMaxWorld = 16, kFloorMaxBlocks = 32;
+struct ExchangeFloor {
+    std::uint8_t* peerArea[kFloorMaxWorld]; ///< peer q's area (IPC-mapped); nullptr for this rank
+    std::uint32_t* flags;                   ///< this rank's flags: [sender * kFloorMaxBlocks + block]
+    std::uint32_t* epochs;                  ///< this rank's calls so far, per block (device memory)
+    std::uint64_t rowBytes;                 ///< a row's size; the flags follow world rows
+    std::uint32_t world, rank;
+    bool system; ///< flags at system scope (peers on other GPUs) rather than GPU scope (one GPU, MPS)
+};
+/// Bytes of one rank's area (rows and flags) for `world` rows of `rowBytes`.
+constexpr std::uint64_t floorAreaBytes(std::uint32_t world, std::uint64_t rowBytes) {
+    return world * rowBytes + kFloorMaxWorld * kFloorMaxBlocks * 4;
+}
+/// One call of the floor: `bytes` (16-byte multiple, at most rowBytes) of
+/// `src` stored into row `rank` of every peer's area by the copy kernel's
+/// grid (launchCopy), then each block releases its flag in every peer and
+/// waits until every peer's same block has released its own here. Nothing
+/// is read back or copied out: what any one-shot protocol over these links
+/// must pay at least. `pdl`: launched as the collectives are (programmatic
+/// dependent launch), else plainly.
+void launchExchangeFloor(const ExchangeFloor& f, const void* src, std::uint64_t bytes, bool pdl, cudaStream_t s);
 cudaError_t preloadBenchKernels();
 
 } // namespace tpf::gpubench

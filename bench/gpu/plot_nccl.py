@@ -3,8 +3,11 @@
 
     python3 bench/gpu/plot_nccl.py OUT.md OUT.png LOG...
 
-Several logs (runs): each point is the median of the runs; the last column
-is the worst run's LL / NCCL ratio (both from the same run).
+Several logs (runs): each point is the median of the runs; "worst run" is
+the worst run's LL / NCCL ratio (both from the same run); the last column
+sets the LL path beside the exchange floor launched as it is (PDL): one
+kernel storing the same bytes into the peer and releasing a flag it waits
+on (issue 16, target 1: within 1.3x).
 
 ROW <what> W=<w> <bytes> <us>. Bus bandwidth as nccl-tests defines it:
 all-gather algbw = W x bytes / t, busbw = algbw x (W - 1) / W; all-reduce
@@ -53,8 +56,9 @@ rows = []
 for op, key in (("gather", "gather"), ("sum", "sum-bf16")):
     rows.append(f"\n{'all-gather' if op == 'gather' else 'all-reduce sum bf16'}, W = {world}, µs per call "
                 f"(bus bandwidth GB/s), median of {len(runs)} run(s):\n")
-    rows.append("| bytes a rank | copy floor | tpfabric LL | tpfabric flag path | NCCL | routed group | LL / NCCL | worst run |")
-    rows.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows.append("| bytes a rank | copy floor | store+flag floor, plain / PDL | tpfabric LL | tpfabric flag path | NCCL | "
+                "routed group | LL / NCCL | worst run | LL / PDL floor |")
+    rows.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b in sizes:
         r = t[b]
         def cell(name):
@@ -63,8 +67,12 @@ for op, key in (("gather", "gather"), ("sum", "sum-bf16")):
         ll, nc = r.get(f"ll-{key}"), r.get(f"nccl-{key}")
         ratio = f"{ll / nc:.2f}x" if ll and nc else ""
         wr = worst(b, key)
-        rows.append(f"| {kib(b)} | {r.get('copy-kernel', 0):.2f} | {cell('ll-' + key)} | {cell('flag-' + key)} | "
-                    f"{cell('nccl-' + key)} | {cell('routed-' + key)} | {ratio} | {'' if wr is None else f'{wr:.2f}x'} |")
+        fl, fp = r.get("store-flag-floor"), r.get("store-flag-floor-pdl")
+        floors = f"{fl:.2f} / {fp:.2f}" if fl and fp else ""
+        vs_floor = f"{ll / fp:.2f}x" if ll and fp else ""
+        rows.append(f"| {kib(b)} | {r.get('copy-kernel', 0):.2f} | {floors} | {cell('ll-' + key)} | {cell('flag-' + key)} | "
+                    f"{cell('nccl-' + key)} | {cell('routed-' + key)} | {ratio} | {'' if wr is None else f'{wr:.2f}x'} | "
+                    f"{vs_floor} |")
 rows.append(f"\nLL grid variants, W = {world}, µs per call: the default grid, and 256-thread blocks of 1, 2 or 4 "
             "16-byte chunks a thread (TPF_GPU_LL_CHUNKS):\n")
 rows.append("| bytes a rank | gather default | gather c1 | gather c2 | gather c4 | sum default | sum c1 | sum c2 | sum c4 |")
@@ -85,7 +93,8 @@ fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
 for ax, (op, key, title) in zip(axes, (("gather", "gather", "all-gather"), ("sum", "sum-bf16", "all-reduce sum bf16"))):
     for name, label, style in ((f"ll-{key}", "tpfabric (LL path)", "o-"), (f"flag-{key}", "tpfabric (flag path)", "s--"),
                                (f"nccl-{key}", "NCCL", "^-"), (f"routed-{key}", "routed group", "x:"),
-                               ("copy-kernel", "copy-kernel floor", ".-")):
+                               ("copy-kernel", "copy-kernel floor", ".-"),
+                               ("store-flag-floor-pdl", "store+flag floor (PDL)", "+-")):
         xs = [b for b in sizes if name in t[b]]
         ax.plot([b / 1024 for b in xs], [t[b][name] for b in xs], style, label=label)
     ax.set_xscale("log", base=2)

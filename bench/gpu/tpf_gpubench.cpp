@@ -3,13 +3,16 @@
 //   ROW <what> <bytes> <us_per_call>
 // --mode sizes: ipc (or proxy) gathers and bf16 sums, 100 calls captured in one
 //   graph, best of 5 replays, beside a graph of 100 copy kernels of the same
-//   bytes measured in the same run (the floor); each also without
+//   bytes measured in the same run (the floor) and, on the ipc route, the
+//   exchange floor (store-flag-floor: one kernel storing the bytes into every
+//   peer and releasing a flag each peer waits on, bench_kernels.hpp); each also without
 //   programmatic dependent launch (-nopdl: a second group opened with
 //   TPF_GPU_PDL=0) and the floor with it (copy-kernel-pdl); on the proxy
 //   route also with one poller warp (-1poll: TPF_GPU_POLLERS=1).
 // --mode nccl: one process per GPU (W GPUs), NCCL beside tpfabric in the same
 //   run, every side a graph of 100 calls, best of 5 replays, per size 4 KiB ..
-//   512 KiB: the copy floor; the fabric kernel (LL path where it applies: its
+//   512 KiB: the copy floor; the exchange floor over the link (plain and
+//   with PDL); the fabric kernel (LL path where it applies: its
 //   default grid, and 256-thread blocks of 1, 2 and 4 chunks per thread
 //   (TPF_GPU_LL_CHUNKS), and the flag path with
 //   TPF_GPU_LL=0, and the default grid with TPF_GPU_PDL=0), all over the TCP bootstrap so that the
@@ -126,6 +129,45 @@ struct Side {
     std::function<void()> call;
     Group* g;
 };
+
+// The exchange floor's areas (bench_kernels.hpp): this rank's, and every
+// peer's mapped through CUDA IPC, the handles exchanged over the bootstrap.
+// closeFloor after a barrier that every rank passes once its last call is
+// done, so that no peer still stores into an area being freed.
+int openFloor(Bootstrap& boot, std::uint64_t rowBytes, bool system, gpubench::ExchangeFloor& f) {
+    f = {};
+    f.world = a.world;
+    f.rank = a.rank;
+    f.rowBytes = rowBytes;
+    f.system = system;
+    std::uint8_t* own = nullptr;
+    CK(cudaMalloc(&own, gpubench::floorAreaBytes(a.world, rowBytes)));
+    CK(cudaMemset(own, 0, gpubench::floorAreaBytes(a.world, rowBytes)));
+    CK(cudaMalloc(&f.epochs, gpubench::kFloorMaxBlocks * 4));
+    CK(cudaMemset(f.epochs, 0, gpubench::kFloorMaxBlocks * 4));
+    f.flags = reinterpret_cast<std::uint32_t*>(own + a.world * rowBytes);
+    cudaIpcMemHandle_t mine;
+    CK(cudaIpcGetMemHandle(&mine, own));
+    std::vector<cudaIpcMemHandle_t> all(a.world);
+    if (auto s = boot.allGather(&mine, all.data(), sizeof mine); !s)
+        return std::fprintf(stderr, "rank %u: floor handles: %s\n", a.rank, s.error().describe().c_str()), 1;
+    for (std::uint32_t q = 0; q < a.world; ++q) {
+        if (q == a.rank) continue;
+        void* p = nullptr;
+        CK(cudaIpcOpenMemHandle(&p, all[q], cudaIpcMemLazyEnablePeerAccess));
+        f.peerArea[q] = static_cast<std::uint8_t*>(p);
+    }
+    CK(cudaDeviceSynchronize()); // the memsets before any peer's first store
+    return 0;
+}
+
+void closeFloor(gpubench::ExchangeFloor& f) {
+    for (std::uint32_t q = 0; q < f.world; ++q)
+        if (f.peerArea[q]) (void)cudaIpcCloseMemHandle(f.peerArea[q]);
+    if (f.flags) (void)cudaFree(reinterpret_cast<std::uint8_t*>(f.flags) - f.world * f.rowBytes);
+    if (f.epochs) (void)cudaFree(f.epochs);
+    f = {};
+}
 
 // One side of --mode parts: its graph timed (ROW name), and for a group's
 // side the phases its kernels summed meanwhile (DeviceState::timeline,
@@ -248,6 +290,8 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
     if (!routed) return std::fprintf(stderr, "rank %u: open (routed): %s\n", a.rank, routed.error().describe().c_str()), 1;
     if (a.rank == 0)
         std::printf("INFO routed group path=%s cap=%llu\n", (*routed)->path().c_str(), (unsigned long long)(*routed)->agreedCap());
+    gpubench::ExchangeFloor floor; // one process per GPU: flags at system scope
+    if (openFloor(tcp, maxBytes, true, floor)) return 1;
     std::uint32_t sync = 0;
     std::vector<std::uint32_t> all(a.world);
     auto barrier = [&] { return bool(tcp.allGather(&sync, all.data(), 4)); };
@@ -257,6 +301,8 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
         const std::uint64_t n = bytes / 2;
         const Side sides[] = {
             {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
+            {"store-flag-floor", [&] { gpubench::launchExchangeFloor(floor, send, bytes, false, st); }, nullptr},
+            {"store-flag-floor-pdl", [&] { gpubench::launchExchangeFloor(floor, send, bytes, true, st); }, nullptr},
             {"ll-gather", [&] { (void)(*ll)->allGather(send, recv, bytes, st); }, ll->get()},
             {"ll-sum-bf16", [&] { (void)(*ll)->allReduceSum(send, recv, n, DType::BF16, st); }, ll->get()},
             {"ll-gather-nopdl", [&] { (void)(*nopdl)->allGather(send, recv, bytes, st); }, nopdl->get()},
@@ -281,6 +327,7 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
         }
     }
     barrier();
+    closeFloor(floor);
     routed->reset();
     ll4->reset();
     ll2->reset();
@@ -359,6 +406,9 @@ int main(int argc, char** argv) {
             if (!one) return std::fprintf(stderr, "rank %u: open (TPF_GPU_POLLERS=1): %s\n", a.rank, one.error().describe().c_str()), 1;
             onePoll = std::move(*one);
         }
+        // The ipc route: the exchange floor beside it (all ranks on one GPU: flags at GPU scope).
+        gpubench::ExchangeFloor floor{};
+        if (a.route == "ipc" && openFloor(**boot, maxBytes, false, floor)) return 1;
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
             const std::uint64_t count = bytes / 2;
             const std::string gather = a.route + "-gather", sum = a.route + "-sum-bf16";
@@ -370,6 +420,11 @@ int main(int argc, char** argv) {
                 {sum, [&] { (void)g.allReduceSum(send, recv, count, DType::BF16, st); }, &g},
                 {sum + "-nopdl", [&] { (void)gp.allReduceSum(send, recv, count, DType::BF16, st); }, &gp},
             };
+            if (floor.world != 0) {
+                sides.push_back({"store-flag-floor", [&] { gpubench::launchExchangeFloor(floor, send, bytes, false, st); }, nullptr});
+                sides.push_back(
+                    {"store-flag-floor-pdl", [&] { gpubench::launchExchangeFloor(floor, send, bytes, true, st); }, nullptr});
+            }
             if (onePoll) {
                 sides.push_back({gather + "-1poll", [&] { (void)onePoll->allGather(send, recv, bytes, st); }, onePoll.get()});
                 sides.push_back({sum + "-1poll", [&] { (void)onePoll->allReduceSum(send, recv, count, DType::BF16, st); },
@@ -382,6 +437,7 @@ int main(int argc, char** argv) {
             }
         }
         barrier();
+        closeFloor(floor);
     } else if (a.mode == "parts" && a.route == "ipc") {
         // The ipc route's LL calls taken apart (block 0's phases), 4 to 64 KiB (LL at W <= 9),
         // beside a group with TPF_GPU_LL_CHUNKS=1 (-c1: 256-thread blocks of one chunk a thread).
