@@ -172,6 +172,17 @@ if started none; then
   grep -q 'HCAs: none: Unavailable: no HCA chosen by verbs.hcas: .*"rxe9".*"10.99.0.1"' none.log &&
     tap_ok "hcas matching nothing: the log says which entries and why" ||
     { tap_fail "hcas matching nothing: the log says which entries and why"; diag_file none.log; }
+  grep -q '"hcas_none_reason":"Unavailable:noHCAchosenbyverbs.hcas:.*rxe9.*10.99.0.1' <<<"$got" &&
+    tap_ok "hcas matching nothing: status --json says why (hcas_none_reason)" ||
+    tap_fail "hcas matching nothing: status --json says why (hcas_none_reason)" "$got"
+  table=$(tpfabricctl status --socket /run/tpf-hca-none.sock 2>&1)
+  grep -q '^HCAs: none (Unavailable: no HCA chosen by verbs.hcas: .*rxe9' <<<"$table" &&
+    tap_ok "hcas matching nothing: the human status says why" || tap_fail "hcas matching nothing: the human status says why" "$table"
+fi
+if [ -S /run/tpf-hca-a.sock ]; then
+  grep -q '"hcas_none_reason":""' <<<"$(tpfabricctl status --socket /run/tpf-hca-a.sock --json 2>&1 | tr -d ' \n')" &&
+    tap_ok "node A: hcas_none_reason is empty when HCAs serve" ||
+    tap_fail "node A: hcas_none_reason is empty when HCAs serve"
 fi
 
 # A second address on a port: its GID gets another index, found by address,
