@@ -9,6 +9,7 @@ that always are.
 from __future__ import annotations
 
 import enum
+import operator
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Union
 
 from . import _lib
@@ -137,7 +138,7 @@ def _numpy_dtype(np: Any, dtype: Any) -> Any:
     return np.dtype(dtype)
 
 
-def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> "np.ndarray":
+def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous numpy array whose data starts on an ``align``-byte boundary.
 
     ``dtype="bfloat16"`` gives uint16 storage (numpy has no bfloat16); pass
@@ -148,7 +149,11 @@ def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
     if align < ALIGNMENT or align & (align - 1):
         raise ValueError(f"align {align}: a power of two of at least {ALIGNMENT}")
     dt = _numpy_dtype(np, dtype)
-    shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
+    # An int, numpy's too (np.int64 is no int), or a sequence of them, as np.empty takes.
+    shape_t = (operator.index(shape),) if hasattr(shape, "__index__") else tuple(operator.index(n) for n in shape)
+    # As np.empty: reshape would take a -1 as "infer" and hand back an empty array of another shape.
+    if any(n < 0 for n in shape_t):
+        raise ValueError(f"shape {shape!r}: negative dimensions are not allowed")
     nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
     raw = np.empty(nbytes + align + 1, dtype=np.uint8)
     skip = (-raw.ctypes.data) % align
@@ -156,7 +161,7 @@ def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
     return raw[skip : skip + max(nbytes, 1)][:nbytes].view(dt).reshape(shape_t)
 
 
-def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> "np.ndarray":
+def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> np.ndarray:
     """As :func:`empty`, filled with zeros."""
     _numpy("zeros()")
     a = empty(shape, dtype, align=align)
@@ -164,7 +169,7 @@ def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
     return a
 
 
-def aligned(a: "np.ndarray", *, align: int = 64) -> "np.ndarray":
+def aligned(a: np.ndarray, *, align: int = 64) -> np.ndarray:
     """``a`` itself when C-contiguous and 16-byte aligned, else an aligned copy (write results back yourself)."""
     if a.flags["C_CONTIGUOUS"] and a.ctypes.data % ALIGNMENT == 0:
         return a

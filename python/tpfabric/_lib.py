@@ -10,7 +10,12 @@ Where the library is looked for, first match wins:
    ``ld.so.cache``, the system directories); ``path`` is then the file it
    opened, as ``dladdr`` reports it.
 
-Failing all, ImportError names every place tried and why each failed.
+Failing all, ImportError names every place tried and why each failed. A
+library that is found but needs one the loader cannot find (``libnccl.so.2``,
+``libcudart.so.13``: a pip-installed torch keeps them under
+``site-packages/nvidia/``, off the loader's path, and loads them at ``import
+torch``) is retried once after ``import torch`` when torch is installed and not
+yet imported; failing that, ImportError names the missing library and the fixes.
 At load, the layout of ``tpf_open_options`` and the status names are
 checked against the library (``check_abi``).
 """
@@ -18,7 +23,11 @@ checked against the library (``check_abi``).
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import os
+import re
+import sys
 from typing import List, Optional, Tuple
 
 SONAME = "libtpfabric.so.0"
@@ -130,13 +139,115 @@ def _loaded_from(found: ctypes.CDLL) -> Optional[str]:
     return None
 
 
+# dlerror()'s words for a file it cannot open: glibc "NAME: cannot open shared object file: ...",
+# musl "Error loading shared library NAME: ... (needed by ...)".
+_GLIBC_CANNOT_OPEN = re.compile(r"(?:^|[\s(])([^\s:()]+): cannot open shared object file")
+_MUSL_NEEDED = re.compile(r"Error loading shared library ([^\s:()]+): .*\(needed by ")
+
+
+def missing_dependency(error: str, requested: str) -> Optional[str]:
+    """The library that ``requested`` needs and the loader cannot find, from ``dlopen``'s error (ctypes' OSError text).
+
+    None when the error is about ``requested`` itself (no such file: glibc
+    then names the path or name it was asked for) or is another failure
+    (not an ELF file, a missing symbol or symbol version).
+    """
+    m = _GLIBC_CANNOT_OPEN.search(error)
+    if m is not None:
+        return m.group(1) if m.group(1) != requested else None
+    m = _MUSL_NEEDED.search(error)
+    return m.group(1) if m is not None else None
+
+
+def _install_hint(dep: str) -> str:
+    """What to install for a missing dependency, by its soname."""
+    m = re.match(r"libcudart\.so\.(\d+)", dep)
+    if m:
+        return f"install the CUDA {m.group(1)} runtime ({dep})"
+    if dep.startswith("libnccl.so"):
+        return f"install NCCL ({dep})"
+    return f"install the package that provides {dep}"
+
+
+class _TorchPreload:
+    """``import torch``, at most once, when a library libtpfabric needs is missing.
+
+    A CUDA torch loads its own libcudart and libnccl at import (pip's from
+    ``site-packages/nvidia/``), process-wide; the loader then takes them for
+    libtpfabric's NEEDED entries of the same soname.
+    """
+
+    def __init__(self) -> None:
+        self.tried = False
+        self.imported_here = False
+        self.failure = ""
+
+    def attempt(self) -> bool:
+        """Whether torch was imported just now (so a retry may load); only the first call tries."""
+        if self.tried:
+            return False
+        self.tried = True
+        if "torch" in sys.modules:
+            return False
+        try:
+            installed = importlib.util.find_spec("torch") is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
+            return False
+        try:
+            importlib.import_module("torch")
+        except Exception as e:  # noqa: BLE001 - a broken torch is reported in the error, not raised instead of it
+            self.failure = f"{type(e).__name__}: {e}"
+            return False
+        self.imported_here = True
+        return True
+
+    def outcome(self, dep: str) -> str:
+        """What torch did about ``dep``, for the error."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            if self.failure:
+                return f"import torch, tried to load it, failed ({self.failure})"
+            return "torch, which loads it when it is a CUDA build, is not installed for this Python"
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        build = f"torch {getattr(torch, '__version__', '?')}, " + (f"CUDA {cuda}" if cuda else "a CPU-only build")
+        when = "imported here to load it" if self.imported_here else "imported before tpfabric"
+        return f"torch ({build}), {when}, did not load {dep}"
+
+
+def _dependency_error(what: str, dep: str, error: str, torch: _TorchPreload, tried: List[str]) -> ImportError:
+    return ImportError(
+        f"tpfabric: {what} was found but needs {dep}, which the dynamic loader cannot find ({error}); "
+        f"{torch.outcome(dep)}. Fix: {_install_hint(dep)}, or `import torch` first from a torch build that "
+        f"ships {dep} (pip's CUDA torch keeps it under site-packages/nvidia/), or add the directory holding "
+        f"{dep} to LD_LIBRARY_PATH"
+        + (". Tried: " + "; ".join(tried) if tried else "")
+    )
+
+
 def _load() -> Tuple[ctypes.CDLL, str]:
     tried: List[str] = []
+    torch = _TorchPreload()
+    missing: List[Tuple[str, str, str]] = []  # (what was found, the dependency it lacks, dlopen's error)
+
+    def open_library(name: str) -> ctypes.CDLL:
+        """ctypes.CDLL(name); once more after ``import torch`` when a dependency is missing and torch may bring it."""
+        try:
+            return ctypes.CDLL(name)
+        except OSError as e:
+            if missing_dependency(str(e), name) is None or not torch.attempt():
+                raise
+        return ctypes.CDLL(name)
+
     override = os.environ.get("TPF_LIBRARY", "")
     if override:
         try:
-            return ctypes.CDLL(override), override
+            return open_library(override), override
         except OSError as e:
+            dep = missing_dependency(str(e), override)
+            if dep is not None:
+                raise _dependency_error(f"TPF_LIBRARY={override}", dep, str(e), torch, []) from e
             raise ImportError(
                 f"tpfabric: TPF_LIBRARY={override} could not be loaded ({e}); "
                 "point TPF_LIBRARY at libtpfabric.so.0, or unset it to use the installed library"
@@ -146,15 +257,24 @@ def _load() -> Tuple[ctypes.CDLL, str]:
             tried.append(f"{path} (beside the installed package: no such file)")
             continue
         try:
-            return ctypes.CDLL(path), path
+            return open_library(path), path
         except OSError as e:
             tried.append(f"{path} ({e})")
+            dep = missing_dependency(str(e), path)
+            if dep is not None:
+                missing.append((path, dep, str(e)))
     try:
-        found = ctypes.CDLL(SONAME)
+        found = open_library(SONAME)
     except OSError as e:
         tried.append(f"{SONAME} through the dynamic loader ({e})")
+        dep = missing_dependency(str(e), SONAME)
+        if dep is not None:
+            missing.append((f"{SONAME} (through the dynamic loader)", dep, str(e)))
     else:
         return found, _loaded_from(found) or SONAME
+    if missing:
+        what, dep, error = missing[0]
+        raise _dependency_error(what, dep, error, torch, tried)
     raise ImportError(
         "tpfabric: libtpfabric.so.0 not found. Tried: "
         + "; ".join(tried)

@@ -64,6 +64,127 @@ def test_library_missing_names_what_it_tried() -> None:
         assert "set TPF_LIBRARY=/path/to/libtpfabric.so.0" in r.stderr
 
 
+@pytest.mark.parametrize(
+    "error, requested, dependency",
+    [
+        ("libnccl.so.2: cannot open shared object file: No such file or directory", "/usr/lib/libtpfabric.so.0", "libnccl.so.2"),
+        ("libcudart.so.13: cannot open shared object file: No such file or directory", "libtpfabric.so.0", "libcudart.so.13"),
+        ("Error loading shared library libnccl.so.2: No such file or directory (needed by /opt/t/libtpfabric.so.0)",
+         "/opt/t/libtpfabric.so.0", "libnccl.so.2"),  # musl
+        # The library itself: not a dependency.
+        ("/x/libtpfabric.so.0: cannot open shared object file: No such file or directory", "/x/libtpfabric.so.0", None),
+        ("libtpfabric.so.0: cannot open shared object file: No such file or directory", "libtpfabric.so.0", None),
+        ("Error loading shared library /x/libtpfabric.so.0: No such file or directory", "/x/libtpfabric.so.0", None),
+        ("/tmp: cannot read file data: Is a directory", "/tmp", None),
+        ("/x/libtpfabric.so.0: invalid ELF header", "/x/libtpfabric.so.0", None),
+        # Found, but another failure: dlerror says it well enough.
+        ("/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found (required by /x/libtpfabric.so.0)",
+         "/x/libtpfabric.so.0", None),
+        ("/x/libtpfabric.so.0: undefined symbol: ncclCommInitRankConfig", "/x/libtpfabric.so.0", None),
+    ],
+)
+def test_missing_dependency_is_told_from_a_missing_library(error: str, requested: str, dependency: object) -> None:
+    assert _lib.missing_dependency(error, requested) == dependency
+
+
+def test_missing_dependency_install_hints() -> None:
+    assert _lib._install_hint("libcudart.so.13") == "install the CUDA 13 runtime (libcudart.so.13)"
+    assert _lib._install_hint("libnccl.so.2") == "install NCCL (libnccl.so.2)"
+    assert _lib._install_hint("libibverbs.so.1") == "install the package that provides libibverbs.so.1"
+
+
+@pytest.fixture(scope="module")
+def lacking_dependency(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The built library with one NEEDED entry renamed to a library nowhere on the loader's path, and that library.
+
+    As a pip-installed torch leaves libnccl.so.2 and libcudart.so.13 (off the
+    loader's path, under site-packages/nvidia/): the CUDA runtime when the
+    build needs it, else libgcc_s. ``provider``: a copy of the dependency with
+    the new soname, as torch would load it; ``fake_torch``: a directory with a
+    package ``torch`` that loads ``$FAKE_TORCH_LOADS`` (when set) at import.
+    """
+    from tpf_testing import needed_and_path, rename_in_dynstr
+
+    d = tmp_path_factory.mktemp("lacking")
+    deps = dict(needed_and_path(os.environ["TPF_LIBRARY"]))
+    name = next((n for n in deps if n.startswith("libcudart.so.")), "libgcc_s.so.1")
+    dot = name.index(".so")
+    renamed = name[: dot - 1] + "Z" + name[dot:]  # libcudart.so.13 -> libcudarZ.so.13: the same length
+    lib = str(d / "libtpfabric.so.0")
+    rename_in_dynstr(os.environ["TPF_LIBRARY"], lib, name, renamed)
+    (d / "provider").mkdir()
+    provider = str(d / "provider" / renamed)
+    rename_in_dynstr(deps[name], provider, name, renamed)  # its SONAME, and its version names with it
+    (d / "fake" / "torch").mkdir(parents=True)
+    (d / "fake" / "torch" / "__init__.py").write_text(
+        "import ctypes, os\n"
+        "__version__ = '0.0+fake'\n"
+        "class version:\n"
+        "    cuda = '13.0' if os.environ.get('FAKE_TORCH_LOADS') else None\n"
+        "if os.environ.get('FAKE_TORCH_RAISES'):\n"
+        "    raise OSError(os.environ['FAKE_TORCH_RAISES'])\n"
+        "if os.environ.get('FAKE_TORCH_LOADS'):\n"
+        "    ctypes.CDLL(os.environ['FAKE_TORCH_LOADS'])\n"
+    )
+    return {"lib": lib, "dep": renamed, "provider": provider, "fake_torch": str(d / "fake"), "dir": str(d)}
+
+
+def _import_lacking(case: dict, code: str = "", python_args: tuple = (), **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("TPF_LIBRARY", "LD_LIBRARY_PATH")}
+    base["PYTHONPATH"] = os.pathsep.join([case["fake_torch"], base.get("PYTHONPATH", "")])
+    base.update(env)
+    code = code or "import sys, tpfabric; print(tpfabric.library_path()); print('torch' in sys.modules)"
+    return subprocess.run([sys.executable, *python_args, "-c", code], env=base, capture_output=True, text=True, timeout=60)
+
+
+def test_missing_dependency_torch_loads_it(lacking_dependency: dict) -> None:
+    """A CUDA torch loads the dependency at import (by its soname): tpfabric imports torch and loads on the retry."""
+    case = lacking_dependency
+    r = _import_lacking(case, TPF_LIBRARY=case["lib"], FAKE_TORCH_LOADS=case["provider"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [case["lib"], "True"]
+    # The documented fix without torch: the dependency's directory on LD_LIBRARY_PATH; torch is then not imported.
+    r = _import_lacking(case, TPF_LIBRARY=case["lib"], LD_LIBRARY_PATH=os.path.dirname(case["provider"]))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [case["lib"], "False"]
+
+
+def test_missing_dependency_names_it_and_the_fixes(lacking_dependency: dict) -> None:
+    case, dep = lacking_dependency, lacking_dependency["dep"]
+    fixes = (f"or `import torch` first from a torch build that ships {dep} (pip's CUDA torch keeps it under "
+             f"site-packages/nvidia/), or add the directory holding {dep} to LD_LIBRARY_PATH")
+    cannot_open = f"which the dynamic loader cannot find ({dep}: cannot open shared object file"
+    # torch installed, imported to load it, and not loading it (a CPU build).
+    r = _import_lacking(case, TPF_LIBRARY=case["lib"])
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: tpfabric: TPF_LIBRARY={case['lib']} was found but needs {dep}, {cannot_open}"), last
+    assert f"torch (torch 0.0+fake, a CPU-only build), imported here to load it, did not load {dep}. Fix: install " in last
+    assert last.endswith(fixes), last
+    assert "not found. Tried" not in last
+    # A torch that fails its own import: named, and the ImportError is still about the dependency.
+    r = _import_lacking(case, TPF_LIBRARY=case["lib"], FAKE_TORCH_RAISES="libcudnn.so.9: cannot open shared object file")
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: tpfabric: TPF_LIBRARY={case['lib']} was found but needs {dep}, "), last
+    assert "; import torch, tried to load it, failed (OSError: libcudnn.so.9: cannot open shared object file). Fix:" in last
+    # Imported by the caller before tpfabric.
+    r = _import_lacking(case, "import torch, tpfabric", TPF_LIBRARY=case["lib"])
+    assert f"torch (torch 0.0+fake, a CPU-only build), imported before tpfabric, did not load {dep}" in r.stderr
+    # No torch for this Python (-S: no site directories; the fake one left off the path).
+    r = _import_lacking(case, python_args=("-S",), TPF_LIBRARY=case["lib"], PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    assert r.returncode != 0
+    assert "directory); torch, which loads it when it is a CUDA build, is not installed for this Python. Fix:" in r.stderr, r.stderr
+    # Found through the dynamic loader: the same, with every place tried, and not "not found".
+    ld = os.path.join(case["dir"], "ld")
+    os.makedirs(ld, exist_ok=True)
+    if not os.path.lexists(os.path.join(ld, "libtpfabric.so.0")):
+        os.symlink(case["lib"], os.path.join(ld, "libtpfabric.so.0"))
+    r = _import_lacking(case, LD_LIBRARY_PATH=ld)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: tpfabric: libtpfabric.so.0 (through the dynamic loader) was found but needs {dep}, "), last
+    assert f"{fixes}. Tried: libtpfabric.so.0 through the dynamic loader ({dep}: cannot open" in last, last
+
+
 def test_options_layout_and_status_names() -> None:
     opts = _lib.OpenOptions()
     _lib.lib.tpf_open_options_init(ctypes.byref(opts))
@@ -98,6 +219,15 @@ def test_empty_and_aligned() -> None:
     assert tpfabric.aligned(raw) is raw
     with pytest.raises(ValueError):
         tpfabric.empty(4, align=24)
+    # As np.empty: a negative dimension is refused (reshape would read -1 as "infer": an empty array), numpy's ints taken.
+    for shape in (-1, (2, -3), (-1, 0)):
+        with pytest.raises(ValueError, match=r"negative dimensions are not allowed"):
+            tpfabric.empty(shape)
+        with pytest.raises(ValueError, match=r"negative dimensions are not allowed"):
+            tpfabric.zeros(shape)
+    assert tpfabric.empty(np.int64(5)).shape == (5,) and tpfabric.zeros((np.int32(2), 3)).shape == (2, 3)
+    with pytest.raises(TypeError):
+        tpfabric.empty(2.5)
 
 
 def test_host_path_without_numpy_says_how_to_install_it() -> None:

@@ -173,3 +173,51 @@ def run_ranks(
     if failures:
         raise AssertionError("\n".join(failures))
     return [results.get(r) for r in range(world)]
+
+
+def needed_and_path(library: str) -> "List[tuple]":
+    """(soname, resolved path) of each library ``library`` loads, as ``ldd`` lists them (dependencies' too)."""
+    out = subprocess.run(["ldd", library], capture_output=True, text=True, check=True, timeout=60).stdout
+    found = []
+    for line in out.splitlines():
+        name, arrow, rest = line.strip().partition(" => ")
+        if arrow and rest.startswith("/"):
+            found.append((name, rest.split(" (")[0]))
+    return found
+
+
+def rename_in_dynstr(src: str, dst: str, old: str, new: str) -> None:
+    """Copy the ELF64 little-endian file ``src`` to ``dst`` with every string ``old`` of its ``.dynstr`` spelled ``new``.
+
+    ``new`` has ``old``'s length, so no offset moves: a NEEDED entry, the
+    SONAME and the symbol-version names that share the string change together
+    (what ``patchelf --replace-needed`` / ``--set-soname`` would do, without it).
+    """
+    import struct
+
+    if len(new) != len(old):
+        raise ValueError(f"{new!r} is not as long as {old!r}")
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{src}: not an ELF64 little-endian file")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+    def section(i: int) -> "tuple":  # (name offset, offset, size) of Elf64_Shdr i
+        name, _type, _flags, _addr, off, size = struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+        return name, off, size
+
+    names_at = section(shstrndx)[1]
+    for i in range(shnum):
+        name, off, size = section(i)
+        if data[names_at + name : data.index(b"\0", names_at + name)] == b".dynstr":
+            table, needle = bytes(data[off : off + size]), b"\0" + old.encode() + b"\0"
+            if needle not in table:
+                raise ValueError(f"{src}: {old!r} is not in .dynstr")
+            data[off : off + size] = table.replace(needle, b"\0" + new.encode() + b"\0")
+            break
+    else:
+        raise ValueError(f"{src}: no .dynstr section")
+    with open(dst, "wb") as f:
+        f.write(data)
