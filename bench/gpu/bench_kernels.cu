@@ -108,6 +108,23 @@ unsigned copyBlocks(std::uint64_t bytes) {
     return unsigned(blocks > 32 ? 32 : blocks == 0 ? 1 : blocks);
 }
 
+// `blocks` blocks of 256 threads with programmatic dependent launch: the
+// kernel may start while the one before it on `s` finishes, and waits for it
+// at griddepcontrol.wait.
+template <class... P, class... A>
+void launchPdl(unsigned blocks, cudaStream_t s, void (*kernel)(P...), A... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 } // namespace
 
 void launchCopy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s) {
@@ -115,16 +132,7 @@ void launchCopy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s)
 }
 
 void launchCopyPdl(void* dst, const void* src, std::uint64_t bytes, cudaStream_t s) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(copyBlocks(bytes));
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    (void)cudaLaunchKernelEx(&cfg, copyPdlK, static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
+    launchPdl(copyBlocks(bytes), s, copyPdlK, static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
 }
 
 void launchExchangeFloor(const ExchangeFloor& f, const void* src, std::uint64_t bytes, bool pdl, cudaStream_t s) {
@@ -133,16 +141,7 @@ void launchExchangeFloor(const ExchangeFloor& f, const void* src, std::uint64_t 
         exchangeFloorK<false><<<copyBlocks(bytes), 256, 0, s>>>(f, in, bytes / 16);
         return;
     }
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(copyBlocks(bytes));
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    (void)cudaLaunchKernelEx(&cfg, exchangeFloorK<true>, f, in, bytes / 16);
+    launchPdl(copyBlocks(bytes), s, exchangeFloorK<true>, f, in, bytes / 16);
 }
 
 void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters, cudaStream_t s) {
