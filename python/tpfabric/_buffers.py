@@ -80,7 +80,7 @@ def host_buffer(x: Any, what: str, *, writable: bool = False) -> HostBuffer:
         # are addresses of nothing there (the reader crashes), summed they are nonsense.
         if getattr(dtype, "hasobject", False):
             raise TypeError(
-                f"{what}: a {dtype} array holds Python objects (pointers valid only in this process); "
+                f"{what}: an {dtype} array holds Python objects (pointers valid only in this process); "
                 "the collectives take arrays of plain numbers or bytes (float, int, uint, bool, fixed-size "
                 "records without objects): serialise objects to a uint8 array first"
             )
@@ -171,6 +171,8 @@ def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
 
 def aligned(a: np.ndarray, *, align: int = 64) -> np.ndarray:
     """``a`` itself when C-contiguous and 16-byte aligned, else an aligned copy (write results back yourself)."""
+    if not hasattr(a, "flags") or not hasattr(a, "ctypes"):
+        raise TypeError(f"aligned() takes a numpy array, not {type(a).__name__}")
     if a.flags["C_CONTIGUOUS"] and a.ctypes.data % ALIGNMENT == 0:
         return a
     out = empty(a.shape, a.dtype, align=align)
@@ -180,5 +182,10 @@ def aligned(a: np.ndarray, *, align: int = 64) -> np.ndarray:
 
 def is_aligned(x: Any) -> bool:
     """Whether a numpy array or tensor's data address is 16-byte aligned."""
-    ptr = x.data_ptr() if hasattr(x, "data_ptr") else x.__array_interface__["data"][0]
+    if hasattr(x, "data_ptr"):
+        ptr = x.data_ptr()
+    elif hasattr(x, "__array_interface__"):
+        ptr = x.__array_interface__["data"][0]
+    else:
+        raise TypeError(f"is_aligned() takes a numpy array or a torch tensor, not {type(x).__name__}")
     return int(ptr) % ALIGNMENT == 0

@@ -331,7 +331,8 @@ class Group:
         return self._h is None
 
     def fits(self, nbytes: int) -> bool:
-        """``nbytes <= agreed_cap``: the same answer on every rank."""
+        """``nbytes <= agreed_cap``: the same answer on every rank (Closed after :meth:`close`)."""
+        self._handle()
         n = operator.index(nbytes)
         if n < 0:  # not "fits": a negative size is a mistake, as it is for every call that takes one
             raise ValueError(f"nbytes={n}: must not be negative")

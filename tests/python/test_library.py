@@ -296,6 +296,12 @@ def test_world1_group_and_python_misuse() -> None:
         with pytest.raises(ValueError, match="counts has"):
             g.all_gather_v(out, inp, [100, 1])
         g.all_gather_v(out[:7], inp[:7], [7])
+        with pytest.raises(TypeError, match="aligned\\(\\) takes a numpy array, not list"):
+            tpfabric.aligned([1.0])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="is_aligned\\(\\) takes a numpy array or a torch tensor, not bytes"):
+            tpfabric.is_aligned(b"x")
+    with pytest.raises(tpfabric.Closed):
+        g.fits(1)
 
 
 def test_world1_library_refusals_raise_named_errors() -> None:
@@ -445,9 +451,9 @@ def test_object_arrays_are_refused() -> None:
         inp = np.empty(4, dtype=object)
         inp[:] = ["a", 1, [2], None]
         out = np.empty(4, dtype=object)
-        with pytest.raises(TypeError, match=r"^inp: a object array holds Python objects"):
+        with pytest.raises(TypeError, match=r"^inp: an object array holds Python objects"):
             g.all_gather(out, inp)
-        with pytest.raises(TypeError, match=r"^out: a object array holds Python objects"):
+        with pytest.raises(TypeError, match=r"^out: an object array holds Python objects"):
             g.all_gather(out, tpfabric.zeros(4, "float64"))
         rec = np.zeros(2, dtype=[("x", "f8"), ("obj", "O")])  # a structured dtype with an object field
         with pytest.raises(TypeError, match="holds Python objects"):
