@@ -28,6 +28,7 @@ MOVED = {
     "../examples/CMakeLists.txt": "examples/CMakeLists.txt",
     "../examples/hello.c": "examples/hello.c",
     "../examples/hello.cpp": "examples/hello.cpp",
+    "../examples/hello.rs": "examples/hello.rs",
     "../include/tpfabric/errc.h": "../../../include/tpfabric/errc.h",
 }
 

@@ -14,7 +14,11 @@
 #      tpfabric.h is exported;
 #   5. examples/hello.c and hello.cpp built through pkg-config alone (sysroot
 #      into the destdir) and by CMake (find_package(tpfabric) from the destdir);
-#   6. each of the four programs run as a W = 3 host group against the
+#      with rustc (on PATH or in ~/.cargo/bin; said when absent), the installed
+#      examples/hello.rs, and integration.md's Rust snippet compiled with a
+#      stand-in communicator and run as a world-1 device group (opened, or
+#      refused with tpf_last_error's message where there is no GPU);
+#   6. each of the four (five) programs run as a W = 3 host group against the
 #      installed tpfabricd on a temporary socket, with the installed library;
 #      the two pkg-config builds also with TPF_DISABLE=1 on one rank (every
 #      rank reports Unavailable and exits 1); the daemon stops with status 0.
@@ -105,7 +109,8 @@ docdir=$(dirname "$dest$(sed -n 's|^Documentation=file:||p' "$unit")")
 for d in integration operations configuration status python gpu verbs design perf reliability; do
     check "docs/$d.md installed" test -f "$docdir/$d.md"
 done
-check "examples installed below the guides" test -f "$docdir/examples/hello.c" -a -f "$docdir/examples/README.md"
+check "examples installed below the guides" test -f "$docdir/examples/hello.c" -a -f "$docdir/examples/hello.rs" \
+    -a -f "$docdir/examples/README.md"
 # Every relative link of an installed guide leads to an installed file (docs/install_links.py).
 broken=$(cd "$docdir" && for f in *.md examples/*.md; do
     grep -o '](\([^)#]*\)' "$f" | sed 's/^](//' | grep -v '^[a-z]*:' | grep -v '^$' | sort -u |
@@ -229,12 +234,48 @@ if [ -f "$tmp/cmake/build.ninja" ] || [ -f "$tmp/cmake/Makefile" ]; then
     check "CMake found the installed package" grep -qx "tpfabric_DIR:PATH=$lib/cmake/tpfabric" "$tmp/cmake/CMakeCache.txt"
     run_logged "examples built by CMake" "$tmp/cmake-build.log" cmake --build "$tmp/cmake"
 fi
+# Rust: the installed example and the guide's snippet, against the installed library alone.
+rustc=$(command -v rustc || { [ -x "$HOME/.cargo/bin/rustc" ] && echo "$HOME/.cargo/bin/rustc"; })
+if [ -n "$rustc" ]; then
+    # shellcheck disable=SC2046 # the flags are words
+    run_logged "examples/hello.rs built with rustc and pkg-config ($("$rustc" --version))" "$tmp/rustc.log" \
+        "$rustc" --edition 2021 -O -D warnings "$docdir/examples/hello.rs" \
+        $(PKG_CONFIG_PATH=$lib/pkgconfig pkg-config --libs-only-L libtpfabric) -o "$tmp/bin/hello_rs"
+    # The snippet as the guide prints it, with the communicator it assumes: world 1, a copy.
+    { echo '#![allow(dead_code)]'
+      awk '/^```rust$/ { on = 1; next } /^```$/ { on = 0 } on' "$docdir/integration.md"
+      cat <<'EOF'
+pub struct Comm;
+impl Comm {
+    fn world(&self) -> usize { 1 }
+    fn all_gather(&mut self, mine: &[u8], out: &mut [u8]) -> Result<(), ()> { out.copy_from_slice(mine); Ok(()) }
+}
+fn main() {
+    match open(0, 1, &mut Comm) {
+        Ok(g) => { unsafe { tpf_group_close(g) }; println!("snippet: opened a world-1 device group"); }
+        Err(e) => println!("snippet: open failed: {e}"),
+    }
+}
+EOF
+    } >"$tmp/snippet.rs"
+    run_logged "integration.md's Rust snippet compiles against the installed library" "$tmp/snippet.log" \
+        "$rustc" --edition 2021 -D warnings "$tmp/snippet.rs" -L "$lib" -o "$tmp/snippet"
+    if [ -x "$tmp/snippet" ]; then
+        out=$(LD_LIBRARY_PATH=$lib${cuda_libdir:+:$cuda_libdir} timeout 60 "$tmp/snippet" 2>/dev/null)
+        echo "    $out"
+        check "the Rust snippet opens a world-1 device group, or says why it cannot" \
+            grep -Eq '^snippet: (opened a world-1 device group|open failed: [A-Za-z]+: .+)$' <<<"$out"
+    fi
+else
+    echo "skip: no rustc (PATH, ~/.cargo/bin): examples/hello.rs and the guide's Rust snippet not built"
+fi
 echo "== examples built ($(elapsed) s)"
 
 # ---- 6. run them as W = 3 host groups against the installed daemon -------------
 # The programs link only libtpfabric; a CUDA build of it also needs libcudart.
 ld_path=$lib${cuda_libdir:+:$cuda_libdir}
 progs=("$tmp/bin/hello_c" "$tmp/bin/hello" "$tmp/cmake/hello_c" "$tmp/cmake/hello")
+[ -n "$rustc" ] && progs+=("$tmp/bin/hello_rs")
 for p in "${progs[@]}"; do
     [ -x "$p" ] || continue
     LD_LIBRARY_PATH=$ld_path ldd "$p" >"$tmp/ldd.txt" 2>&1
@@ -288,10 +329,11 @@ for p in "${progs[@]}"; do
     [ -x "$p" ] || { fail "$p was not built"; continue; }
     line=$c_line
     [ "$(basename "$p")" = hello ] && line=$cxx_line
+    [ "$(basename "$p")" = hello_rs ] && line=${c_line/hello_c:/hello_rs:}
     group "$p" "$line"
 done
 # The off switch on one rank: a host group has no NCCL, so every rank fails alike.
-for p in "$tmp/bin/hello_c" "$tmp/bin/hello"; do
+for p in "$tmp/bin/hello_c" "$tmp/bin/hello" "$tmp/bin/hello_rs"; do
     [ -x "$p" ] && group "$p" "!Unavailable: TPF_DISABLE=1 on rank 2" TPF_DISABLE=1
 done
 
