@@ -130,35 +130,58 @@ struct Side {
     Group* g;
 };
 
+void closeFloor(gpubench::ExchangeFloor& f);
+
 // The exchange floor's areas (bench_kernels.hpp): this rank's, and every
 // peer's mapped through CUDA IPC, the handles exchanged over the bootstrap.
-// closeFloor after a barrier that every rank passes once its last call is
-// done, so that no peer still stores into an area being freed.
-int openFloor(Bootstrap& boot, std::uint64_t rowBytes, bool system, gpubench::ExchangeFloor& f) {
+// Every rank takes part in both exchanges whatever failed on it, and the
+// floor runs only where it opened on every rank: a floor kernel on some
+// ranks alone would wait for flags that never come. Else each rank says why
+// and its sides are left out (f.world 0); the benchmark's other rows still
+// come. closeFloor after a barrier that every rank passes once its last call
+// is done, so that no peer still stores into an area being freed.
+bool openFloor(Bootstrap& boot, std::uint64_t rowBytes, bool system, gpubench::ExchangeFloor& f) {
     f = {};
     f.world = a.world;
     f.rank = a.rank;
     f.rowBytes = rowBytes;
     f.system = system;
+    struct Record {
+        cudaIpcMemHandle_t handle;
+        std::uint32_t ok, pad;
+    };
+    Record mine{};
+    const std::uint64_t area = gpubench::floorAreaBytes(a.world, rowBytes);
     std::uint8_t* own = nullptr;
-    CK(cudaMalloc(&own, gpubench::floorAreaBytes(a.world, rowBytes)));
-    CK(cudaMemset(own, 0, gpubench::floorAreaBytes(a.world, rowBytes)));
-    CK(cudaMalloc(&f.epochs, gpubench::kFloorMaxBlocks * 4));
-    CK(cudaMemset(f.epochs, 0, gpubench::kFloorMaxBlocks * 4));
-    f.flags = reinterpret_cast<std::uint32_t*>(own + a.world * rowBytes);
-    cudaIpcMemHandle_t mine;
-    CK(cudaIpcGetMemHandle(&mine, own));
-    std::vector<cudaIpcMemHandle_t> all(a.world);
-    if (auto s = boot.allGather(&mine, all.data(), sizeof mine); !s)
-        return std::fprintf(stderr, "rank %u: floor handles: %s\n", a.rank, s.error().describe().c_str()), 1;
-    for (std::uint32_t q = 0; q < a.world; ++q) {
+    cudaError_t e = cudaMalloc(&own, area);
+    if (e == cudaSuccess) f.flags = reinterpret_cast<std::uint32_t*>(own + a.world * rowBytes), e = cudaMemset(own, 0, area);
+    if (e == cudaSuccess) e = cudaMalloc(&f.epochs, gpubench::kFloorMaxBlocks * 4);
+    if (e == cudaSuccess) e = cudaMemset(f.epochs, 0, gpubench::kFloorMaxBlocks * 4);
+    if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.handle, own);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize(); // the memsets before any peer's first store
+    mine.ok = e == cudaSuccess;
+    std::vector<Record> all(a.world);
+    std::string why = e == cudaSuccess ? "" : std::string("this rank's area: ") + cudaGetErrorName(e);
+    bool every = false;
+    if (auto s = boot.allGather(&mine, all.data(), sizeof mine); !s) why = "the handles' exchange: " + s.error().describe();
+    else every = std::all_of(all.begin(), all.end(), [](const Record& r) { return r.ok != 0; });
+    if (!every && why.empty()) why = "another rank could not make its area";
+    for (std::uint32_t q = 0; q < a.world && why.empty(); ++q) {
         if (q == a.rank) continue;
         void* p = nullptr;
-        CK(cudaIpcOpenMemHandle(&p, all[q], cudaIpcMemLazyEnablePeerAccess));
+        if (e = cudaIpcOpenMemHandle(&p, all[q].handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess)
+            why = "rank " + std::to_string(q) + "'s area: " + cudaGetErrorName(e);
         f.peerArea[q] = static_cast<std::uint8_t*>(p);
     }
-    CK(cudaDeviceSynchronize()); // the memsets before any peer's first store
-    return 0;
+    std::uint32_t opened = why.empty(), ready = 0;
+    std::vector<std::uint32_t> each(a.world);
+    if (auto s = boot.allGather(&opened, each.data(), 4); !s) why = "the last exchange: " + s.error().describe();
+    else for (std::uint32_t q = 0; q < a.world; ++q) ready += each[q];
+    if (why.empty() && ready == a.world) return true;
+    std::fprintf(stderr, "rank %u: the exchange floor is left out of this run (%s)\n", a.rank,
+                 why.empty() ? "another rank could not map the areas" : why.c_str());
+    closeFloor(f);
+    return false;
 }
 
 void closeFloor(gpubench::ExchangeFloor& f) {
@@ -290,8 +313,8 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
     if (!routed) return std::fprintf(stderr, "rank %u: open (routed): %s\n", a.rank, routed.error().describe().c_str()), 1;
     if (a.rank == 0)
         std::printf("INFO routed group path=%s cap=%llu\n", (*routed)->path().c_str(), (unsigned long long)(*routed)->agreedCap());
-    gpubench::ExchangeFloor floor; // one process per GPU: flags at system scope
-    if (openFloor(tcp, maxBytes, true, floor)) return 1;
+    gpubench::ExchangeFloor floor; // one process per GPU: flags at system scope; f.world 0 when left out
+    (void)openFloor(tcp, maxBytes, true, floor);
     std::uint32_t sync = 0;
     std::vector<std::uint32_t> all(a.world);
     auto barrier = [&] { return bool(tcp.allGather(&sync, all.data(), 4)); };
@@ -299,10 +322,8 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
     double us = 0;
     for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
         const std::uint64_t n = bytes / 2;
-        const Side sides[] = {
+        std::vector<Side> sides = {
             {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
-            {"store-flag-floor", [&] { gpubench::launchExchangeFloor(floor, send, bytes, false, st); }, nullptr},
-            {"store-flag-floor-pdl", [&] { gpubench::launchExchangeFloor(floor, send, bytes, true, st); }, nullptr},
             {"ll-gather", [&] { (void)(*ll)->allGather(send, recv, bytes, st); }, ll->get()},
             {"ll-sum-bf16", [&] { (void)(*ll)->allReduceSum(send, recv, n, DType::BF16, st); }, ll->get()},
             {"ll-gather-nopdl", [&] { (void)(*nopdl)->allGather(send, recv, bytes, st); }, nopdl->get()},
@@ -320,6 +341,11 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
             {"routed-gather", [&] { (void)(*routed)->allGather(send, recv, bytes, st); }, routed->get()},
             {"routed-sum-bf16", [&] { (void)(*routed)->allReduceSum(send, recv, n, DType::BF16, st); }, routed->get()},
         };
+        if (floor.world != 0) {
+            sides.push_back({"store-flag-floor", [&] { gpubench::launchExchangeFloor(floor, send, bytes, false, st); }, nullptr});
+            sides.push_back(
+                {"store-flag-floor-pdl", [&] { gpubench::launchExchangeFloor(floor, send, bytes, true, st); }, nullptr});
+        }
         for (const Side& sd : sides) {
             barrier();
             if (timeGraph(st, sd.call, us, sd.g)) return 1;
@@ -408,7 +434,7 @@ int main(int argc, char** argv) {
         }
         // The ipc route: the exchange floor beside it (all ranks on one GPU: flags at GPU scope).
         gpubench::ExchangeFloor floor{};
-        if (a.route == "ipc" && openFloor(**boot, maxBytes, false, floor)) return 1;
+        if (a.route == "ipc") (void)openFloor(**boot, maxBytes, false, floor); // f.world 0 when left out
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 2) {
             const std::uint64_t count = bytes / 2;
             const std::string gather = a.route + "-gather", sum = a.route + "-sum-bf16";
