@@ -45,9 +45,12 @@ constexpr std::uint64_t floorAreaBytes(std::uint32_t world, std::uint64_t rowByt
 /// `src` stored into row `rank` of every peer's area by the copy kernel's
 /// grid (launchCopy), then each block releases its flag in every peer and
 /// waits until every peer's same block has released its own here. Nothing
-/// is read back or copied out: what any one-shot protocol over these links
-/// must pay at least. `pdl`: launched as the collectives are (programmatic
-/// dependent launch), else plainly.
+/// is read back or copied out: what a one-shot flag protocol over these
+/// links pays at least (the LL path, whose lines carry their own flags, does
+/// without the release; at W = 8 the one thread that releases and polls
+/// every peer's flag in turn makes this no floor: docs/perf.md). `pdl`:
+/// launched as the collectives are (programmatic dependent launch), else
+/// plainly.
 void launchExchangeFloor(const ExchangeFloor& f, const void* src, std::uint64_t bytes, bool pdl, cudaStream_t s);
 cudaError_t preloadBenchKernels();
 
