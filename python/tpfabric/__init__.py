@@ -12,8 +12,8 @@ Guide: docs/python.md. Importing this package loads the library
 (``$TPF_LIBRARY``, else the one installed beside this package, else
 ``libtpfabric.so.0`` through the dynamic loader) and raises ImportError naming
 what it tried when none loads. When the library is found but a library it
-needs is not (``libnccl.so.2``, ``libcudart.so.13``: a pip-installed torch
-keeps them off the loader's path), it imports torch, which loads them, and
+needs is not (``libnccl.so.2``: a pip-installed torch keeps it off the
+loader's path), it imports torch, which loads it, and
 tries once more; failing that, the ImportError names the missing library and
 the fixes (docs/python.md, "Troubleshooting").
 """

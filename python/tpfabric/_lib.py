@@ -11,10 +11,10 @@ Where the library is looked for, first match wins:
    opened, as ``dladdr`` reports it.
 
 Failing all, ImportError names every place tried and why each failed. A
-library that is found but needs one the loader cannot find (``libnccl.so.2``,
-``libcudart.so.13``: a pip-installed torch keeps them under
-``site-packages/nvidia/``, off the loader's path, and loads them at ``import
-torch``) is retried once after ``import torch`` when torch is installed and not
+library that is found but needs one the loader cannot find (``libnccl.so.2``;
+``libcudart.so.13`` for a library built before its CUDA runtime was linked
+in: a pip-installed torch keeps them under ``site-packages/nvidia/``, off
+the loader's path, and loads them at ``import torch``) is retried once after ``import torch`` when torch is installed and not
 yet imported; failing that, ImportError names the missing library and the fixes.
 At load, the layout of ``tpf_open_options`` and the status names are
 checked against the library (``check_abi``).

@@ -30,21 +30,20 @@
 #     --tmpfilesdir /usr/lib/tmpfiles.d --version 0.1.0
 set -uo pipefail
 
-nccl=0 cuda_libdir=""
+nccl=0
 while [ $# -gt 0 ]; do
     case $1 in
     --build) build=$2 ;; --source) src=$2 ;; --meson) meson=$2 ;; --prefix) prefix=$2 ;;
     --bindir) bindir=$2 ;; --sbindir) sbindir=$2 ;; --libdir) libdir=$2 ;; --includedir) includedir=$2 ;;
     --sysconfdir) sysconfdir=$2 ;; --datadir) datadir=$2 ;; --unitdir) unitdir=$2 ;; --version) version=$2 ;;
     --sysusersdir) sysusersdir=$2 ;; --tmpfilesdir) tmpfilesdir=$2 ;;
-    --cuda-libdir) cuda_libdir=$2 ;;
     --nccl) nccl=1; shift; continue ;;
     *) echo "test_install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift 2
 done
 
-for tool in "$meson" cc c++ pkg-config cmake nm c++filt ldd python3 timeout; do
+for tool in "$meson" cc c++ pkg-config cmake nm c++filt readelf ldd python3 timeout; do
     command -v "$tool" >/dev/null || { echo "SKIP: $tool is not installed (bash scripts/install-deps.sh installs it)"; exit 77; }
 done
 # Meson's directory options are relative to the prefix unless absolute.
@@ -163,6 +162,10 @@ echo "== headers compiled ($(elapsed) s)"
 
 # ---- 4. only the public API is exported --------------------------------------
 so=$lib/libtpfabric.so.$version
+# The CUDA runtime is linked in (meson.build): no libcudart to find at load.
+needed=$(LC_ALL=C readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+echo "libtpfabric NEEDED: $needed"
+check "libtpfabric needs no libcudart at load time (NEEDED: $needed)" bash -c "! grep -q libcudart <<<'$needed'"
 nm -D --defined-only "$so" | c++filt >"$tmp/nm.txt"
 exported=0 internal=0
 while read -r _ type name; do
@@ -261,7 +264,7 @@ EOF
     run_logged "integration.md's Rust snippet compiles against the installed library" "$tmp/snippet.log" \
         "$rustc" --edition 2021 -D warnings "$tmp/snippet.rs" -L "$lib" -o "$tmp/snippet"
     if [ -x "$tmp/snippet" ]; then
-        out=$(LD_LIBRARY_PATH=$lib${cuda_libdir:+:$cuda_libdir} timeout 60 "$tmp/snippet" 2>/dev/null)
+        out=$(LD_LIBRARY_PATH=$lib timeout 60 "$tmp/snippet" 2>/dev/null)
         echo "    $out"
         check "the Rust snippet opens a world-1 device group, or says why it cannot" \
             grep -Eq '^snippet: (opened a world-1 device group|open failed: [A-Za-z]+: .+)$' <<<"$out"
@@ -272,8 +275,9 @@ fi
 echo "== examples built ($(elapsed) s)"
 
 # ---- 6. run them as W = 3 host groups against the installed daemon -------------
-# The programs link only libtpfabric; a CUDA build of it also needs libcudart.
-ld_path=$lib${cuda_libdir:+:$cuda_libdir}
+# The programs link only libtpfabric (its CUDA runtime is inside it: no CUDA
+# directory on the path; libnccl.so.2, where NEEDED, from the loader's cache).
+ld_path=$lib
 progs=("$tmp/bin/hello_c" "$tmp/bin/hello" "$tmp/cmake/hello_c" "$tmp/cmake/hello")
 [ -n "$rustc" ] && progs+=("$tmp/bin/hello_rs")
 for p in "${progs[@]}"; do
