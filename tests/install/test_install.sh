@@ -20,7 +20,7 @@
 #      refused with tpf_last_error's message where there is no GPU);
 #   6. each of the four (five) programs run as a W = 3 host group against the
 #      installed tpfabricd on a temporary socket, with the installed library;
-#      the two pkg-config builds also with TPF_DISABLE=1 on one rank (every
+#      the pkg-config builds and hello.rs also with TPF_DISABLE=1 on one rank (every
 #      rank reports Unavailable and exits 1); the daemon stops with status 0.
 # A missing tool exits 77 (skip) naming it. Meson runs this with the build's
 # directories (tests/install/meson.build); by hand:
