@@ -173,15 +173,26 @@ bool openFloor(Bootstrap& boot, std::uint64_t rowBytes, bool system, gpubench::E
             why = "rank " + std::to_string(q) + "'s area: " + cudaGetErrorName(e);
         f.peerArea[q] = static_cast<std::uint8_t*>(p);
     }
-    std::uint32_t opened = why.empty(), ready = 0;
+    const std::uint32_t opened = why.empty();
     std::vector<std::uint32_t> each(a.world);
+    bool ready = false;
     if (auto s = boot.allGather(&opened, each.data(), 4); !s) why = "the last exchange: " + s.error().describe();
-    else for (std::uint32_t q = 0; q < a.world; ++q) ready += each[q];
-    if (why.empty() && ready == a.world) return true;
+    else ready = std::all_of(each.begin(), each.end(), [](std::uint32_t o) { return o != 0; });
+    if (why.empty() && ready) return true;
     std::fprintf(stderr, "rank %u: the exchange floor is left out of this run (%s)\n", a.rank,
                  why.empty() ? "another rank could not map the areas" : why.c_str());
     closeFloor(f);
     return false;
+}
+
+// The exchange floor's two sides (plain and PDL) of one size, where it opened.
+void addFloorSides(std::vector<Side>& sides, const gpubench::ExchangeFloor& f, const std::uint8_t* send,
+                   std::uint64_t bytes, cudaStream_t st) {
+    if (f.world == 0) return;
+    sides.push_back({"store-flag-floor", [&f, send, bytes, st] { gpubench::launchExchangeFloor(f, send, bytes, false, st); },
+                     nullptr});
+    sides.push_back({"store-flag-floor-pdl", [&f, send, bytes, st] { gpubench::launchExchangeFloor(f, send, bytes, true, st); },
+                     nullptr});
 }
 
 void closeFloor(gpubench::ExchangeFloor& f) {
@@ -341,11 +352,7 @@ int benchBeside(Bootstrap& tcp, cudaStream_t st, std::uint8_t* send, std::uint8_
             {"routed-gather", [&] { (void)(*routed)->allGather(send, recv, bytes, st); }, routed->get()},
             {"routed-sum-bf16", [&] { (void)(*routed)->allReduceSum(send, recv, n, DType::BF16, st); }, routed->get()},
         };
-        if (floor.world != 0) {
-            sides.push_back({"store-flag-floor", [&] { gpubench::launchExchangeFloor(floor, send, bytes, false, st); }, nullptr});
-            sides.push_back(
-                {"store-flag-floor-pdl", [&] { gpubench::launchExchangeFloor(floor, send, bytes, true, st); }, nullptr});
-        }
+        addFloorSides(sides, floor, send, bytes, st);
         for (const Side& sd : sides) {
             barrier();
             if (timeGraph(st, sd.call, us, sd.g)) return 1;
@@ -446,11 +453,7 @@ int main(int argc, char** argv) {
                 {sum, [&] { (void)g.allReduceSum(send, recv, count, DType::BF16, st); }, &g},
                 {sum + "-nopdl", [&] { (void)gp.allReduceSum(send, recv, count, DType::BF16, st); }, &gp},
             };
-            if (floor.world != 0) {
-                sides.push_back({"store-flag-floor", [&] { gpubench::launchExchangeFloor(floor, send, bytes, false, st); }, nullptr});
-                sides.push_back(
-                    {"store-flag-floor-pdl", [&] { gpubench::launchExchangeFloor(floor, send, bytes, true, st); }, nullptr});
-            }
+            addFloorSides(sides, floor, send, bytes, st);
             if (onePoll) {
                 sides.push_back({gather + "-1poll", [&] { (void)onePoll->allGather(send, recv, bytes, st); }, onePoll.get()});
                 sides.push_back({sum + "-1poll", [&] { (void)onePoll->allReduceSum(send, recv, count, DType::BF16, st); },
