@@ -174,8 +174,10 @@ Status gpuCheck(Group::Impl& g) {
     if (f.error == Errc::Ok) f.error = Errc::PeerLost; // cannot happen: a failed call records its error
     std::string why;
     switch (f.error) {
-    case Errc::GroupMismatch:
-        why = "allGatherV: rank " + std::to_string(f.missingPeer) + " passed other counts than this rank (its row header differs)";
+    case Errc::GroupMismatch: // the call's tag (kernels::callTagOf) or an all-gather-v's row header
+        why = "rank " + std::to_string(f.missingPeer) + " made the group's collective #" + std::to_string(f.epoch) +
+              " with another size, dtype or op (or all-gather-v counts) than this rank; every rank must make the "
+              "same calls in the same order with the same sizes";
         break;
     case Errc::Timeout:
         why = f.missingPeer == g.rank ? "the daemon's proxy did not take doorbells within the timeout"

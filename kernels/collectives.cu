@@ -70,7 +70,7 @@ struct LlGrid {
 };
 LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     LlGrid g;
-    if (v.ll.world == 0 || bytes > llMaxBytes(v.world) || 2 * bytes > v.ll.slotBytes) return g;
+    if (v.ll.world == 0 || bytes > llMaxBytes(v.world) || 2 * bytes + 16 > v.ll.slotBytes) return g; // + the tag line
     for (std::uint32_t r = 0; r < v.world; ++r)
         if (r != v.rank && v.routes[r] != kRouteIpc) return g;
     const std::uint64_t n16 = bytes / 16, T = kLlThreads;
@@ -158,7 +158,7 @@ cudaError_t launch(const DeviceGroupView& v, const void* send, void* recv, std::
 
 Layout llLayoutOf(const Layout& l) {
     const std::uint64_t bytes = l.slotBytes < llMaxBytes(l.world) ? l.slotBytes : llMaxBytes(l.world);
-    auto ll = Layout::of(l.world, roundUp(2 * bytes, kSlotAlign), 1);
+    auto ll = Layout::of(l.world, roundUp(2 * bytes + 16, kSlotAlign), 1); // two lines a chunk, and the tag line
     return ll ? *ll : Layout{};
 }
 

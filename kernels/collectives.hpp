@@ -117,6 +117,23 @@ struct CallTag {
 };
 inline constexpr std::uint32_t kTagTimeline = 1;
 
+/// What every rank of a device call must agree on, hashed to 32 bits (never
+/// 0): the kernel's operation (`kernelOp`: the gather, or the sum of one
+/// dtype), the op the call counts as, and its bytes (an all-gather-v: the
+/// padded rows it launches, the same on every rank, since its counts differ
+/// by design and its row headers check them). Ipc peers compare it on every
+/// call (the LL path's tag line, ll_kernel.cuh; the flag path's tag word,
+/// Layout::kFlagTagOffset), so ranks that pass another size, dtype or op
+/// fail the call with GroupMismatch on every rank, nothing written.
+TPF_HD constexpr std::uint32_t callTagOf(std::uint32_t kernelOp, const CallTag& t, std::uint64_t n16) {
+    std::uint64_t h = (t.op == kStatsAllGatherV ? n16 * 16 : t.bytes) * 0x9e3779b97f4a7c15ull;
+    h ^= (std::uint64_t(kernelOp) << 56) ^ (std::uint64_t(t.op) << 48);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    return std::uint32_t(h) | 1u;
+}
+
 /// Everything one rank's kernels need to know about its group. Trivially
 /// copyable: it is passed by value as a kernel argument, so a captured graph
 /// holds a copy (build the view once per group; it never changes).
@@ -194,7 +211,7 @@ inline constexpr std::uint32_t kLlChunksDefault = 1;
 inline constexpr std::uint32_t kLlSpreadThreads = 64;
 /// Offset of the LL area in a device region of this layout.
 constexpr std::uint64_t llAreaOffset(const Layout& l) { return roundUp(l.totalBytes(), kSlotAlign); }
-/// The LL area's own layout (two phases x world slots of twice the LL bytes), or world 0 when none fits.
+/// The LL area's own layout (two phases x world slots of twice the LL bytes and a tag line), or world 0 when none fits.
 Layout llLayoutOf(const Layout& l);
 /// Bytes a device region needs for the flag path and the LL area.
 inline std::uint64_t regionBytesWithLl(const Layout& l) {
@@ -277,9 +294,10 @@ cudaError_t writeDeviceState(DeviceState* state, std::uint64_t epoch, std::uint3
 
 /// What a failed call left in the control block.
 struct CallFailure {
-    Errc error = Errc::Ok;            ///< Ok while healthy; Timeout, Aborted, or the daemon's code
+    Errc error = Errc::Ok;            ///< Ok while healthy; Timeout, Aborted, GroupMismatch, or the daemon's code
     std::uint32_t missingPeer = kNoPeer; ///< Timeout: lowest rank whose flag had not arrived (own rank:
-                                         ///< the ring stayed full); otherwise what the daemon wrote
+                                         ///< the ring stayed full); GroupMismatch: a rank whose call's tag
+                                         ///< differs; otherwise what the daemon wrote
     std::uint64_t epoch = 0;          ///< ControlBlock.epoch: the last epoch a call of this rank started
 };
 

@@ -33,6 +33,11 @@ constexpr std::uint32_t kWaitPending = 0xffffffffu;
 
 __device__ __forceinline__ bool isProxy(std::uint8_t route) { return proxyCarries(route); }
 
+/// The word an ipc writer stores at kFlagTagOffset of a flag (proto/layout.hpp).
+__device__ __forceinline__ std::uint64_t tagWord(std::uint64_t e, std::uint32_t ctag) {
+    return std::uint64_t(std::uint32_t(e)) << 32 | ctag;
+}
+
 /// [begin, end) of `total` items for block b of nb, contiguous and balanced.
 struct Range {
     std::uint64_t begin, end;
@@ -106,18 +111,22 @@ __device__ __forceinline__ void putRange(const Shared& s, const std::uint8_t* se
     }
 }
 
-/// Warp 0 of the block that finished the put last: the epoch into every ipc
-/// peer's flags, then the doorbell for the daemon. Everything every block
-/// stored is ordered before (caller: fence after the arrival + __syncthreads).
+/// Warp 0 of the block that finished the put last: the call's tag word and
+/// the epoch into every ipc peer's flags, then the doorbell for the daemon.
+/// Everything every block stored is ordered before (caller: fence after the
+/// arrival + __syncthreads).
 __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p, std::uint64_t bytes,
-                        bool hasProxy) {
+                        bool hasProxy, std::uint32_t ctag) {
     const std::uint32_t lane = threadIdx.x % kWarp;
     const std::uint32_t S = v.layout.stripes;
     const std::uint32_t n = (v.world - 1) * S;
     for (std::uint32_t f = lane; f < n; f += kWarp) {
         const std::uint32_t q = peerAt(v.rank, f / S, v.world);
-        if (v.routes[q] == kRouteIpc)
-            stReleaseSys(reinterpret_cast<std::uint64_t*>(v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S)), e);
+        if (v.routes[q] == kRouteIpc) {
+            std::uint8_t* line = v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S);
+            stRelaxedSys(reinterpret_cast<std::uint64_t*>(line + kFlagTagOffset), tagWord(e, ctag)); // before the flag's release
+            stReleaseSys(reinterpret_cast<std::uint64_t*>(line), e);
+        }
     }
     if (!hasProxy || lane != 0) return;
     DeviceState* st = v.state;
@@ -172,9 +181,11 @@ __device__ bool leaveCarries(const DeviceGroupView& v, std::uint32_t err, std::u
 /// s.wait (claim) and, for a multi-block call, the verdict; a failure is
 /// recorded in the control block when it is this rank's own. Poller w reads
 /// copy w of a proxy-route peer's flag (host memory), copy 0 of an ipc
-/// peer's (device memory, fast to poll). Returns when the call is decided.
+/// peer's (device memory, fast to poll), and an ipc peer's tag word beside
+/// it: a tag of this epoch other than `ctag` decides GroupMismatch naming the
+/// peer. Returns when the call is decided.
 __device__ void waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32_t p, std::uint32_t w, Shared& s,
-                          bool verdict) {
+                          bool verdict, std::uint32_t ctag) {
     const std::uint32_t lane = threadIdx.x % kWarp;
     const std::uint32_t S = v.layout.stripes;
     const std::uint32_t n = v.world * S;
@@ -214,22 +225,44 @@ __device__ void waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32
                 }
             }
         }
-        std::uint32_t missing = kNoPeer;
+        std::uint32_t missing = kNoPeer, mismatch = kNoPeer;
         for (std::uint32_t f = lane; f < n; f += kWarp) {
             const std::uint32_t src = f / S;
             if (src == v.rank) continue;
             // A proxy-route peer's flag lands in the host region (the daemon writes it), an ipc peer's in region.
             const bool proxy = isProxy(v.routes[src]);
             const std::uint8_t* base = proxy ? v.hostRegion : v.region;
-            const auto* flag =
-                reinterpret_cast<const std::uint64_t*>(base + v.layout.flagCopyOffset(p, src, f % S, proxy ? w : 0));
+            const std::uint64_t off = v.layout.flagCopyOffset(p, src, f % S, proxy ? w : 0);
+            const auto* flag = reinterpret_cast<const std::uint64_t*>(base + off);
+            // An ipc peer's tag word, loaded before the flag so that the two
+            // loads overlap: a word older than the flag it sits beside (the
+            // flag landed between the loads) is read again next pass, after
+            // this pass's acquire, which the writer's release orders it before.
+            const std::uint64_t tw = proxy ? 0 : ldRelaxedSys(reinterpret_cast<const std::uint64_t*>(base + off + kFlagTagOffset));
 #if TPF_POLL_RELAXED
-            if (ldRelaxedSys(flag) < e && src < missing) missing = src;
+            const std::uint64_t got = ldRelaxedSys(flag);
 #else
-            if (ldAcquireSys(flag) < e && src < missing) missing = src;
+            const std::uint64_t got = ldAcquireSys(flag);
 #endif
+            if (got < e || (!proxy && got == e && std::uint32_t(tw >> 32) != std::uint32_t(e))) {
+                if (src < missing) missing = src;
+            } else if (!proxy && got == e && std::uint32_t(tw) != ctag && src < mismatch) {
+                mismatch = src;
+            }
         }
         missing = __reduce_min_sync(0xffffffffu, missing);
+        mismatch = __reduce_min_sync(0xffffffffu, mismatch);
+        // A peer's call of another size, dtype or op: GroupMismatch on every
+        // rank (the peer sees this rank's tag too), decided by any poller.
+        if (mismatch != kNoPeer) {
+            if (decide(std::uint32_t(Errc::GroupMismatch))) {
+                stRelaxedSys(&v.control->missingPeer, mismatch);
+                stReleaseSys(&v.control->error, std::uint32_t(Errc::GroupMismatch));
+                atomicAdd(&v.state->failures, 1u);
+            }
+            __syncwarp();
+            return;
+        }
         // Every flag arrived: the call is whole, whatever the daemon recorded
         // since (a peer that delivered and then left, an abort after the
         // last shard); the next call sees the record. As the host path.
@@ -489,7 +522,7 @@ __global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const 
     __syncthreads();
     const bool timed = (tag.flags & kTagTimeline) != 0;
     if (threadIdx.x < kWarp && s.lastPut) {
-        publish(v, e, p, n16 * 16, hasProxy);
+        publish(v, e, p, n16 * 16, hasProxy, callTagOf(std::uint32_t(op), tag, n16));
         if (timed && threadIdx.x == 0) *reinterpret_cast<volatile std::uint64_t*>(&st->publishedNs) = globalTimerNs();
     }
     // The helper pollers' loads would hold up publish's system-scope
@@ -502,7 +535,7 @@ __global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const 
         if (pollWarps == 0 ? threadIdx.x < kWarp : poller) {
             const std::uint32_t w = poller ? (threadIdx.x - kThreadsPerBlock) / kWarp : 0;
             if (poller) staggerStart(s, w); // the lead (w = 0) too: after publish
-            waitPeers(v, e, p, w, s, nb > 1);
+            waitPeers(v, e, p, w, s, nb > 1, callTagOf(std::uint32_t(op), tag, n16));
         }
     } else if (threadIdx.x == 0) {
         s.wait = awaitVerdict(v, e) ? 0u : 1u;
@@ -557,6 +590,7 @@ __global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const 
 /// is set: the daemon's carry of the shard is in the lap, the staging is
 /// not. Stops after the first failed call (recorded as a call's). The epoch
 /// advances per call as the collective kernel's does.
+constexpr std::uint32_t kHopTag = 1; ///< every hop loop's call tag (its ranks agree by construction)
 __global__ void __launch_bounds__(kFlagCopies * kWarp) hopLoopKernel(const DeviceGroupView v, std::uint64_t iters,
                                                                       std::uint64_t* laps, std::uint64_t bytes) {
     __shared__ Shared s;
@@ -579,12 +613,12 @@ __global__ void __launch_bounds__(kFlagCopies * kWarp) hopLoopKernel(const Devic
                 st16(slot + j * 16, make_uint4(std::uint32_t(e), std::uint32_t(i), std::uint32_t(j), 0));
             __syncwarp();
             if (lane == 0) s.t0 = globalTimerNs();
-            publish(v, e, p, bytes, true);
+            publish(v, e, p, bytes, true, kHopTag);
             if (lane == 0) *reinterpret_cast<volatile std::uint32_t*>(&s.published) = 1;
         } else {
             staggerStart(s, w);
         }
-        waitPeers(v, e, p, w, s, false); // the winner stamps s.tSeen
+        waitPeers(v, e, p, w, s, false, kHopTag); // the winner stamps s.tSeen
         __syncthreads();
         const std::uint32_t code = s.wait;
         if (threadIdx.x == 0) {

@@ -8,15 +8,28 @@
 // (NCCL's LL protocol). Stale lines carry f of epoch e - 2 (same phase), and
 // the area is zeroed at creation (epochs start at 1).
 //
+// The call's tag (callTagOf: op, dtype, bytes) travels in one more line,
+// the tag line at 2n of the slot, {tag, f, kLlTagMagic, f}, stored by block
+// 0's thread 0 before its data; block 0's threads 0..W-2 (one peer each)
+// load it with their own lines each pass and check it once those are in
+// (the data wait itself is the protocol's, untouched). A rank that called
+// with another size finds there a data line of the peer or the peer's tag
+// of another call: GroupMismatch, naming the peer. It then fills the lines
+// of its slot past its tag line in every peer with {0, f, 0, f}, lines a
+// peer of a larger size still waits for, whose tag line thus reads tag 0
+// (no call's) at this epoch: every rank fails the call at once, nothing
+// written. A peer whose size took the flag path instead (above llMaxBytes)
+// writes no lines: both end in Timeout, nothing written.
+//
 // f is 32 bits of a 64-bit epoch: a line a call of epoch e' left and nothing
 // rewrote since would pass for one of epoch e' + 2^32 (half a day of calls at
 // 100,000 a second, after a large call and only smaller ones). So every call
 // also scrubs one line of each peer's slot (p, rank) that it does not write,
 // round robin over the slot: line (e >> 1) mod lines (32 bits of the
-// counter), if at or past 2n, gets
+// counter), if past 2n (the tag line), gets
 // {0, f + 2^31, 0, f + 2^31}, a flag no epoch within 2^31 of e has. Every line
 // of a slot is then rewritten (data or scrub) within 2 x lines epochs of the
-// slot's phase. A peer reads only lines below 2n of slot (p, rank) at e, and
+// slot's phase. A peer reads only lines up to 2n of slot (p, rank) at e, and
 // at e + 2 only after this rank's kernel of e ended (the protocol's own
 // argument): the scrub never races a read.
 //
@@ -57,6 +70,7 @@ __device__ __forceinline__ std::uint32_t ldRelaxedGpu(const std::uint32_t* p) {
 
 /// Failure codes a block shares (shared memory), beyond the Errc values.
 constexpr std::uint32_t kLlKeep = 0xffffu; ///< fail without touching the control block (sticky, daemon-written)
+constexpr std::uint32_t kLlTagMagic = 0x47415454u; ///< "TTAG": the third word of a tag line (never a filler's 0)
 
 template <class V>
 __device__ __forceinline__ void accumulate(float* acc, uint4 x, bool first) {
@@ -79,7 +93,7 @@ template <Op op, std::uint32_t kPer, std::uint32_t kPeers>
 __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const DeviceGroupView v, const std::uint8_t* send,
                                                        std::uint8_t* recv, std::uint64_t n16, const CallTag tag) {
     static_assert(kPer * kPeers <= kLlHeld);
-    __shared__ std::uint32_t sCode, sMissing;
+    __shared__ std::uint32_t sCode, sMissing, sFill;
     DeviceState* st = v.state;
     const std::uint32_t nb = gridDim.x, b = blockIdx.x, W = v.world, me = v.rank;
     const std::uint64_t base = std::uint64_t(b) * kPer * blockDim.x + threadIdx.x;
@@ -95,6 +109,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     const std::uint64_t e = ldRelaxedGpu(&st->epoch) + 1;
     const std::uint32_t sticky = ldRelaxedGpu(&st->failures);
     const std::uint32_t p = phaseOf(e), f = std::uint32_t(e);
+    const std::uint32_t ctag = callTagOf(std::uint32_t(op), tag, n16);
     const std::uint64_t t0 = globalTimerNs();
     if (threadIdx.x == 0) {
         sCode = sticky != 0 ? kLlKeep : 0;
@@ -106,6 +121,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     for (std::uint32_t i = 0; i + 1 < W; ++i) {
         const std::uint32_t q = peerAt(me, i, W);
         std::uint8_t* dst = v.peerRegions[q] + v.llOffset + v.ll.slotOffset(p, me);
+        if (b == 0 && threadIdx.x == 0) stLl(dst + 2 * n16 * 16, ctag, kLlTagMagic, f); // the tag line
 #pragma unroll
         for (std::uint32_t k = 0; k < kPer; ++k) {
             const std::uint64_t c = base + std::uint64_t(k) * blockDim.x;
@@ -135,6 +151,12 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         for (std::uint32_t j = 0; j < kPeers; ++j)
             if (base + std::uint64_t(k) * blockDim.x < n16 && j + 1 < W) pending |= 1u << (k * kPeers + j);
     const std::uint8_t* ll = v.region + v.llOffset;
+    // Block 0's thread j < W - 1 also loads peer j's tag line with its own
+    // lines each pass, and looks at the last one loaded after the wait.
+    const std::uint32_t tagSrc = threadIdx.x < me ? threadIdx.x : threadIdx.x + 1;
+    const bool tagThread = b == 0 && threadIdx.x + 1 < W;
+    const std::uint8_t* tagLine = ll + v.ll.slotOffset(p, tagSrc < W ? tagSrc : 0) + 2 * n16 * 16;
+    uint4 t = make_uint4(0, ~f, 0, ~f); // no flag of this call until loaded
     for (std::uint32_t spins = 1; ok && pending != 0; ++spins) {
         uint4 a[kPer][kPeers], z[kPer][kPeers];
 #pragma unroll
@@ -147,6 +169,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
                     a[k][j] = ldLl(line);
                     z[k][j] = ldLl(line + n16 * 16);
                 }
+        if (tagThread) t = ldLl(tagLine);
         // The scrub (top of the file), by block 0's thread 0 while its first
         // pass's loads are in flight, so that its arithmetic is off the
         // call's path (within 0.05 us of no scrub at 4 and 64 KiB, W = 2,
@@ -154,7 +177,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         // epochs restarts the round.
         if (TPF_LL_SCRUB && spins == 1 && b == 0 && threadIdx.x == 0) {
             const std::uint32_t lines = std::uint32_t(v.ll.slotBytes / 16), m = std::uint32_t(e >> 1) % lines;
-            if (m >= 2 * n16)
+            if (m > 2 * n16)
                 for (std::uint32_t i = 0; i + 1 < W; ++i)
                     stLl(v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me) + std::uint64_t(m) * 16, 0,
                          0, f + (1u << 31));
@@ -210,6 +233,40 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
         }
     }
 
+    // The tag line: in by now but for a straggler (the peer stores it before
+    // its lines); another tag, or a line of the peer's data or filler there,
+    // is another size, dtype or op.
+    for (std::uint32_t spins = 1; ok && tagThread; ++spins) {
+        if (t.y == f && t.w == f) {
+            if (t.x != ctag || t.z != kLlTagMagic) {
+                atomicMin(&sMissing, tagSrc);
+                atomicCAS(&sCode, 0u, std::uint32_t(Errc::GroupMismatch));
+                ok = false;
+            }
+            break;
+        }
+        if ((spins & 63u) == 0 && code != 0) {
+            ok = false;
+            break;
+        }
+        if ((spins & 1023u) == 0) { // the daemon's record, as in the wait above (a second look fails)
+            const std::uint32_t err = ldRelaxedSys(&v.control->error), ab = ldRelaxedSys(&v.control->abort);
+            if ((err != 0 || ab != 0) && recorded) {
+                atomicCAS(&sCode, 0u, err != 0 ? kLlKeep : std::uint32_t(Errc::Aborted));
+                ok = false;
+                break;
+            }
+            recorded |= err != 0 || ab != 0;
+        }
+        if (globalTimerNs() - t0 > v.timeoutNs) {
+            atomicMin(&sMissing, tagSrc);
+            atomicCAS(&sCode, 0u, std::uint32_t(Errc::Timeout));
+            ok = false;
+            break;
+        }
+        t = ldLl(tagLine);
+    }
+
     // 3. verdict: the block's AND, then across blocks: every block adds
     // itself to this call's counter (failed blocks also in the high half)
     // and waits until all have; the last to arrive records a failure and
@@ -218,6 +275,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     const std::uint64_t tLines = timed ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
         const std::uint32_t mine = good ? 0u : (code != 0 ? code : std::uint32_t(Errc::Timeout));
+        sFill = mine == std::uint32_t(Errc::GroupMismatch); // block 0 only: its threads check the tags
         std::uint32_t failCode = mine, missing = sMissing;
         bool last = true;
         if (nb > 1) {
@@ -253,7 +311,8 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
             if (failCode != 0) {
                 stRelaxedSys(&v.control->epoch, e);
                 if (failCode != kLlKeep) {
-                    stRelaxedSys(&v.control->missingPeer, failCode == std::uint32_t(Errc::Timeout) ? missing : kNoPeer);
+                    const bool named = failCode == std::uint32_t(Errc::Timeout) || failCode == std::uint32_t(Errc::GroupMismatch);
+                    stRelaxedSys(&v.control->missingPeer, named ? missing : kNoPeer);
                     stReleaseSys(&v.control->error, failCode);
                 }
                 atomicAdd(&st->failures, 1u);
@@ -267,6 +326,15 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     // Every block has every peer's lines, so every peer's blocks have run
     // their put: the next kernel may be scheduled (collectiveKernel's rule).
     gridDepRelease();
+    // A tag that disagreed: the filler past the own tag line in every peer
+    // (top of the file), so that a peer of a larger size fails now too.
+    if (sFill) {
+        const std::uint64_t lines = v.ll.slotBytes / 16;
+        for (std::uint32_t i = 0; i + 1 < W; ++i) {
+            std::uint8_t* dst = v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me);
+            for (std::uint64_t l = 2 * n16 + 1 + threadIdx.x; l < lines; l += blockDim.x) stLl(dst + l * 16, 0, 0, f);
+        }
+    }
 
     // 4. the result, only when every block of this rank has every row.
     if (sCode == 0) {

@@ -22,7 +22,10 @@
 // line's copies (daemon/verbs/qp.hpp, kFlagLineInline); a writer that writes
 // copy 0 alone (a host rank; an HCA without 104 bytes of inline data)
 // leaves the other pollers waiting and copy 0's poller sees the epoch. A
-// copy never runs ahead of the shard it flags.
+// copy never runs ahead of the shard it flags. A device group's ipc writer
+// also stores, before it releases the flag, a tag word at kFlagTagOffset of
+// copy 0: (low 32 bits of the epoch) << 32 | the call's tag (kernels/
+// collectives.hpp, callTagOf), which the reader compares with its own.
 //
 // All integers little-endian (the only byte order tpfabric runs on).
 #pragma once
@@ -49,6 +52,8 @@ inline constexpr std::uint64_t kFlagLine = 128;     ///< one flag per line (two 
 inline constexpr std::uint32_t kFlagCopies = 4;     ///< copies of a flag's epoch in its line, for pollers over PCIe
 inline constexpr std::uint64_t kFlagCopyStride = 32; ///< bytes between copies: one 32-byte sector each
 static_assert(kFlagCopies * kFlagCopyStride <= kFlagLine);
+inline constexpr std::uint64_t kFlagTagOffset = 8;  ///< an ipc writer's call tag word, behind copy 0's epoch
+static_assert(kFlagTagOffset + 8 <= kFlagCopyStride);
 inline constexpr std::uint64_t kStripeAlign = 4096; ///< every stripe but the last starts and ends on this
 inline constexpr std::uint64_t kMaxCapBytes = 1ull << 30;  ///< a group's cap (max_bytes a rank), at most 1 GiB
 inline constexpr std::uint64_t kMaxSlotBytes = kMaxCapBytes + kSlotAlign; ///< one slot, at most: slotBytesFor(kMaxCapBytes)
@@ -196,7 +201,8 @@ inline constexpr std::uint32_t kRowHeaderMagic = 0x56475054; ///< "TPGV"
 /// row of its own size ends, so ranks that pass another size, op or dtype
 /// fail the call on every rank (GroupMismatch) instead of reading a row of
 /// another shape: a row of another size has no trailer of this epoch there.
-/// Device groups' rows carry none (docs/integration.md).
+/// Device groups' rows carry none: their ipc peers compare a tag of the call
+/// instead (kFlagTagOffset; the LL path's tag line, kernels/ll_kernel.cuh).
 struct RowTrailer {
     std::uint64_t epoch;    ///< the call's epoch (a stale trailer of e - 2 never passes)
     std::uint32_t rowBytes; ///< the sender's bytes

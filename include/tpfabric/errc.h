@@ -33,7 +33,7 @@ enum tpf_status_code {
     TPF_NCCL_ERROR = 20,             /**< an NCCL call failed */
     TPF_CONFIG_ERROR = 21,           /**< bad configuration: a config key or a TPF_* variable */
     TPF_DAEMON_UNREACHABLE = 22,     /**< no daemon answers on the socket */
-    TPF_GROUP_MISMATCH = 23,         /**< ranks of one group disagree (world, duplicate rank) */
+    TPF_GROUP_MISMATCH = 23,         /**< ranks of one group disagree (world, duplicate rank; a call's size, dtype, op or counts) */
     TPF_PERMISSION_DENIED = 24,      /**< the caller may not do this */
     TPF_CLOSED = 25,                 /**< the group or connection is closed */
     TPF_PROBE_FAILED = 26,           /**< the load-time probe disagreed with the reference */

@@ -206,8 +206,10 @@ public:
     /// agreedCap() (or when the group fell back) the call goes to NCCL on the
     /// same stream, where the group was opened over an NcclBootstrap.
     /// Any byte or element count: sizes that are not a multiple of 16 bytes
-    /// run staged (three launches instead of one; docs/gpu.md). Sizes must
-    /// match across ranks, as for NCCL: device groups do not check them.
+    /// run staged (three launches instead of one; docs/gpu.md). Sizes,
+    /// dtype and op must match across ranks: same-node peers compare a tag
+    /// of them on every call (GroupMismatch from check(), nothing written);
+    /// peers on other nodes do not (docs/integration.md).
     Status allGather(const void* send, void* recv, std::size_t bytes, CUstream_st* stream);
     Status allReduceSum(const void* send, void* recv, std::size_t count, DType type, CUstream_st* stream);
     /// As the host allGatherV, on `stream` (staged). A mismatch of counts is

@@ -47,6 +47,7 @@ void testMixed();
 void testLlEpochWrap();
 // cases_fault.cu: failures, and many calls in a row.
 void testTimeout(const SimOptions& o);
+void testCallMismatches(const SimOptions& o); // ipc groups: ranks that disagree on a call's size, dtype or op
 void testDaemonStop(const SimOptions& o, bool abort);
 void testBackToBack(const SimOptions& o, std::uint32_t calls);
 // bench.cu

@@ -42,13 +42,32 @@ bool gatherOnce(SimGroup& g, Buffers& b, std::uint64_t bytes, std::mt19937_64& r
         TPF_CUDA_CHECK(kernels::launchAllGather(g.view(r), b.send[r]->p, b.recv[r]->p, bytes, g.stream(r)));
     g.syncAll();
     bool ok = true;
+    std::string first; // the first wrong 16 bytes, or the first failure
     for (std::uint32_t r = 0; r < W; ++r) {
         const auto out = b.recv[r]->download(W * bytes);
-        for (std::uint32_t q = 0; q < W; ++q)
-            ok &= std::memcmp(out.data() + q * bytes, shards[q].data(), bytes) == 0;
-        ok &= g.failure(r).error == Errc::Ok;
+        for (std::uint32_t q = 0; q < W; ++q) {
+            std::uint64_t wrong = 0, at = 0;
+            for (std::uint64_t i = 0; i < bytes; i += 16)
+                if (std::memcmp(out.data() + q * bytes + i, shards[q].data() + i, std::min<std::uint64_t>(16, bytes - i)) != 0)
+                    at = wrong++ ? at : i;
+            if (wrong == 0) continue;
+            ok = false;
+            if (!first.empty()) continue;
+            char words[160];
+            std::uint32_t got[4] = {}, want[4] = {};
+            std::memcpy(got, out.data() + q * bytes + at, std::min<std::uint64_t>(16, bytes - at));
+            std::memcpy(want, shards[q].data() + at, std::min<std::uint64_t>(16, bytes - at));
+            std::snprintf(words, sizeof words, " (%08x %08x %08x %08x, not %08x %08x %08x %08x)", got[0], got[1], got[2],
+                          got[3], want[0], want[1], want[2], want[3]);
+            first = "; rank " + std::to_string(r) + " row " + std::to_string(q) + ": " + std::to_string(wrong) + " of " +
+                    std::to_string((bytes + 15) / 16) + " chunks wrong, the first " + std::to_string(at / 16) + words;
+        }
+        if (const auto f = g.failure(r); f.error != Errc::Ok) {
+            ok = false;
+            if (first.empty()) first = "; rank " + std::to_string(r) + " failed " + std::string(errcName(f.error));
+        }
     }
-    check(ok, what + ": gather of " + std::to_string(bytes) + " B, every row of every rank");
+    check(ok, what + ": gather of " + std::to_string(bytes) + " B, every row of every rank" + first);
     return ok;
 }
 
@@ -141,7 +160,8 @@ void testLlEpochWrap() {
     if (v.ll.world == 0) return check(false, "LL epoch wrap: the group has no LL area");
     const std::uint64_t lines = v.ll.slotBytes / 16, small = 2 * lines + 4;
     const std::uint64_t E = (1ull << 32) + 7, start = E - small; // every small call's epoch, then E
-    const std::uint64_t big = std::min<std::uint64_t>(v.ll.slotBytes / 2, kernels::llMaxBytes(2)) & ~std::uint64_t(15);
+    const std::uint64_t big =
+        std::min({(v.ll.slotBytes - 16) / 2, kernels::llMaxBytes(2), o.slotBytes}) & ~std::uint64_t(15); // + the tag line
     g.setEpoch(start);
     g.plantLlLines(0, phaseOf(E), 1, 2, lines, std::uint32_t(E));
     Buffers b(2, big, 2 * big);

@@ -112,6 +112,78 @@ void testDaemonStop(const SimOptions& base, bool abort) {
     check(s < 2.0, tag(g) + ": " + what + " ends the waits early (" + std::to_string(s) + " s of a 10 s bound)");
 }
 
+namespace {
+
+// One call of a mismatch case: the gather or a sum of one dtype, `bytes` a
+// rank, forced onto the flag path or left to the launcher (the LL path here).
+struct Call {
+    int kind; // 0 gather, 1 f32 sum, 2 f16 sum, 3 bf16 sum
+    std::uint64_t bytes;
+    bool flagPath;
+    const char* name;
+};
+
+void launchCall(const kernels::DeviceGroupView& v, const DevBuf& send, const DevBuf& recv, const Call& c,
+                cudaStream_t stream) {
+    const kernels::CallTag t{c.kind == 0 ? kStatsAllGather : kStatsAllReduceSum, 1, c.bytes, c.flagPath ? 1u : 0u};
+    if (c.kind == 0) {
+        TPF_CUDA_CHECK(kernels::launchAllGather(v, send.p, recv.p, c.bytes, stream, &t));
+        return;
+    }
+    const kernels::DType d = c.kind == 1 ? kernels::DType::F32 : c.kind == 2 ? kernels::DType::F16 : kernels::DType::BF16;
+    TPF_CUDA_CHECK(kernels::launchAllReduceSum(v, send.p, recv.p, c.bytes / dtypeSize(d), d, stream, &t));
+}
+
+} // namespace
+
+// Rank 0 calls `odd`, every other rank `usual`, on a fresh group: every rank
+// fails the call with GroupMismatch naming a rank that disagrees with it (rank
+// 0: rank 1; the others: rank 0), long before the 10 s bound, every output
+// untouched. `timeout`: the two calls take different paths (LL and flag),
+// where neither sees the other's tag: every rank fails (Timeout), untouched.
+void testCallMismatch(const SimOptions& base, const Call& odd, const Call& usual, bool timeout) {
+    SimOptions o = base;
+    o.timeoutNs = timeout ? 50'000'000ull : 10'000'000'000ull;
+    SimGroup g(o);
+    if (timeout && g.view(0).ll.world == 0) return; // no LL path (TPF_GPU_LL_OFF): both calls take the flag path
+    const std::uint32_t W = o.world;
+    const std::uint64_t most = std::max(odd.bytes, usual.bytes);
+    RankBufs b(W, most);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::uint32_t r = 0; r < W; ++r) launchCall(g.view(r), *b.send[r], *b.recv[r], r == 0 ? odd : usual, g.stream(r));
+    g.syncAll();
+    const double s = secondsSince(t0);
+    bool named = true, untouched = true;
+    std::string seen;
+    for (std::uint32_t r = 0; r < W; ++r) {
+        const auto f = g.failure(r);
+        seen += " " + std::string(errcName(f.error)) + "/" + std::to_string(f.missingPeer);
+        named &= timeout ? f.error != Errc::Ok : f.error == Errc::GroupMismatch && f.missingPeer == (r == 0 ? 1u : 0u);
+        named &= f.epoch == 1;
+        untouched &= allPoison(b.recv[r]->download(W * most));
+    }
+    const std::string what = tag(g) + ": rank 0 " + odd.name + ", the others " + usual.name;
+    check(named, what + (timeout ? ": every rank fails the call" : ": GroupMismatch naming the other side on every rank") +
+                     " (error/rank:" + seen + ")");
+    check(untouched, what + ": every output untouched");
+    check(timeout || s < 2.0, what + ": decided at once (" + std::to_string(s) + " s of a 10 s bound)");
+}
+
+void testCallMismatches(const SimOptions& o) {
+    const std::uint64_t big = std::min<std::uint64_t>(kernels::llMaxBytes(o.world), o.slotBytes);
+    const Call g4{0, 4096, false, "gathers 4 KiB"}, g8{0, 8192, false, "gathers 8 KiB"};
+    const Call gBig{0, big, false, "gathers the LL path's largest"}, gHalf{0, big / 2, false, "gathers half of it"};
+    const Call f16{2, 4096, false, "sums 4 KiB of f16"}, bf16{3, 4096, false, "sums 4 KiB of bf16"};
+    const Call f32{1, 4096, false, "sums 4 KiB of f32"};
+    const Call p4{0, 4096, true, "gathers 4 KiB on the flag path"}, p8{0, 8192, true, "gathers 8 KiB on the flag path"};
+    testCallMismatch(o, g4, g8, false);     // the smaller rank finds a data line at its tag line
+    testCallMismatch(o, gBig, gHalf, false); // the larger rank finds filler; several blocks at W > 2
+    testCallMismatch(o, f16, bf16, false);  // same bytes, another dtype
+    testCallMismatch(o, g4, f32, false);    // same bytes, another op
+    testCallMismatch(o, p8, p4, false);     // the flag path's tag word
+    testCallMismatch(o, p4, g4, true);      // one path each: Timeout, nothing written
+}
+
 // `calls` calls per rank back to back, gathers and f32 sums alternating over
 // sizes that change the grid from call to call; a fill kernel before and a
 // verify kernel after each call, all on the rank's stream, no host sync.

@@ -183,7 +183,8 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   tag=-pergpu
   w=$ngpu
   for route in ipc proxy; do
-    for scen in data odd gatherv graph b2b kill stall; do
+    for scen in data odd gatherv graph b2b kill stall mismatch; do
+      [ $scen = mismatch ] && [ $route != ipc ] && continue # the proxy route carries no call tag
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
       ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; judge $?
       show "$st gpu-pergpu route=$route W=$w scenario=$scen" "$logdir/tpf-gpurank-$scen-$route-w$w$tag.log"
@@ -248,7 +249,8 @@ t0=$SECONDS
 for route in ipc proxy; do
   [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && break
   for w in 2 4 8; do
-    for scen in data odd gatherv graph b2b kill stall; do
+    for scen in data odd gatherv graph b2b kill stall mismatch; do
+      [ $scen = mismatch ] && [ $route != ipc ] && continue # the proxy route carries no call tag
       tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
       ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; judge $?
       echo "$st gpu-multiprocess route=$route W=$w scenario=$scen"

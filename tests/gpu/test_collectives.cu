@@ -129,6 +129,7 @@ void runSuite(Wire wire, std::uint32_t W) {
     testSum(o, Elem::BF16);
     testGraph(o);
     testTimeout(o);
+    if (wire == Wire::Ipc) testCallMismatches(o); // the proxy route does not carry the call's tag
     testDaemonStop(o, /*abort=*/true);
     testDaemonStop(o, /*abort=*/false);
     testBackToBack(o, 2000);

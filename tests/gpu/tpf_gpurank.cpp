@@ -20,6 +20,8 @@
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
 //   stall      the last rank never posts call 3: the others get Timeout naming it
+//   mismatch   ipc route: the last rank gathers 8 KiB, the others 4 KiB: GroupMismatch on every rank
+//              naming the other side, within 1 s, nothing written; the next call fails with it too
 //   chaos      --calls calls back to back (gather / f32 sum, 4 KiB and 64 KiB, each checked; a failed
 //              call must leave its 0xa5 output untouched) or until one fails; READY after 5
 //              calls; SIGUSR1 makes the rank abort the group. Prints outcome=none|ERRC, the failed call's
@@ -321,6 +323,35 @@ int scenarioGatherV(Group& g, cudaStream_t st, Buffers2 b) {
     if (s.code() != Errc::GroupMismatch) return report(false, "mismatched counts gave " + std::string(errcName(s.code())) + ": " +
                                                                   (s ? std::string() : s.error().detail));
     return report(true, "calls=" + std::to_string(calls) + " replays=64 mismatch=GroupMismatch (" + s.error().detail + ")");
+}
+
+// Ipc route: the last rank gathers 8 KiB where the others gather 4 KiB.
+// Every rank's check() says GroupMismatch naming a rank of the other side,
+// within a second of a 5 s timeout, every output untouched; the group stays
+// failed (the next call returns the same error at once).
+int scenarioMismatch(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    const std::uint64_t size = g.rank() == W - 1 ? 8192 : 4096, span = 8192 * W + 64;
+    std::vector<std::uint8_t> out(span);
+    CK(cudaMemsetAsync(b.recv, 0xa5, span, st));
+    CK(cudaStreamSynchronize(st));
+    const auto t0 = std::chrono::steady_clock::now();
+    ST(g.allGather(b.send, b.recv, size, st));
+    CK(cudaMemcpyAsync(out.data(), b.recv, span, cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const Status c = g.check();
+    for (std::uint8_t x : out)
+        if (x != 0xa5) return report(false, "a mismatched allGather wrote its output");
+    if (c.code() != Errc::GroupMismatch)
+        return report(false, "mismatched sizes gave " + std::string(errcName(c.code())) + (c ? "" : ": " + c.error().detail));
+    const std::string other = "rank " + std::to_string(g.rank() == W - 1 ? 0 : W - 1) + " ";
+    if (c.error().detail.find(other) == std::string::npos)
+        return report(false, "the GroupMismatch does not name " + other + ": " + c.error().detail);
+    if (s > 1.0) return report(false, "the mismatch took " + std::to_string(s) + " s to decide");
+    const Status again = g.allGather(b.send, b.recv, size, st);
+    if (again.code() != Errc::GroupMismatch) return report(false, "the call after the mismatch did not fail with it");
+    return report(true, "mismatch=GroupMismatch in " + std::to_string(s) + " s (" + c.error().detail + ")");
 }
 
 // Proxy route: calls back to back until one fails; run.sh kills the daemon
@@ -777,6 +808,7 @@ int main(int argc, char** argv) {
     if (a.scenario == "idle") return scenarioIdle(g, st, b);
     if (a.scenario == "odd") return scenarioOdd(g, st, b);
     if (a.scenario == "gatherv") return scenarioGatherV(g, st, b);
+    if (a.scenario == "mismatch") return scenarioMismatch(g, st, b);
     if (a.scenario == "graph") return scenarioGraph(g, st, b);
     if (a.scenario == "b2b") return scenarioB2b(g, st, b);
     if (a.scenario == "kill") return scenarioFault(g, st, b, true);
