@@ -12,6 +12,7 @@
 
 #include "client/impl.hpp"
 #include "common/byte_size.hpp"
+#include "proto/bootstrap.hpp"
 
 extern char** environ;
 
@@ -126,6 +127,7 @@ namespace {
 std::atomic<int> sabotagedRank{-1};
 std::vector<std::uint32_t> nodesOfRanks; // set before any open, by test programs only
 std::atomic<bool> countDeviceCalls{true};
+std::atomic<std::uint16_t> announcedProtocol{bootstrap_proto::kDataProtocol};
 } // namespace
 void setProbeSabotage(int rank) { sabotagedRank.store(rank, std::memory_order_relaxed); }
 int probeSabotage() { return sabotagedRank.load(std::memory_order_relaxed); }
@@ -133,4 +135,6 @@ void setTestNodes(std::vector<std::uint32_t> nodes) { nodesOfRanks = std::move(n
 const std::vector<std::uint32_t>& testNodes() { return nodesOfRanks; }
 void setDeviceStats(bool on) { countDeviceCalls.store(on, std::memory_order_relaxed); }
 bool deviceStats() { return countDeviceCalls.load(std::memory_order_relaxed); }
+void setDataProtocol(std::uint16_t protocol) { announcedProtocol.store(protocol, std::memory_order_relaxed); }
+std::uint16_t dataProtocol() { return announcedProtocol.load(std::memory_order_relaxed); }
 } // namespace tpf::testing

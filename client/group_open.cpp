@@ -62,6 +62,12 @@ Fallback fallbackOf(const Group::Impl& g) {
     return g.env.fallback.value_or(Fallback::Nccl);
 }
 
+// Round 0's record of this rank, flags and envErrc still 0.
+OpenIntent intentOf(std::uint32_t rank, std::uint32_t world, std::uint64_t maxBytes) {
+    // testing::dataProtocol: kDataProtocol, or what a test makes this rank say.
+    return OpenIntent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, testing::dataProtocol(), 0};
+}
+
 // Round 0's verdict: a caller's mistake or a bad environment on any rank
 // fails the open on every rank (no fallback: it is not the fabric's fault).
 Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, const Error& envError) {
@@ -70,6 +76,12 @@ Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, co
         const std::string who = "rank " + std::to_string(r);
         if (i.magic != kIntentMagic || i.version != kIntentVersion)
             return Error{Errc::GroupMismatch, "bootstrap " + who + " sent no tpfabric open record (is another program using this bootstrap?)"};
+        if (i.dataProtocol != all[g.rank].dataProtocol)
+            return Error{Errc::VersionMismatch,
+                         who + "'s libtpfabric speaks data protocol " + std::to_string(i.dataProtocol) + ", rank " +
+                             std::to_string(g.rank) + "'s " + std::to_string(all[g.rank].dataProtocol) +
+                             (std::min(i.dataProtocol, all[g.rank].dataProtocol) == 0 ? " (0: a release before the field)" : "") +
+                             ": their calls would not understand each other; give every rank the same libtpfabric release"};
         if (i.world != g.world)
             return Error{Errc::GroupMismatch, who + " opens with world " + std::to_string(i.world) + ", rank " +
                                                   std::to_string(g.rank) + " with world " + std::to_string(g.world)};
@@ -250,7 +262,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
         // of waiting for this one until their deadline.
         const std::uint32_t bootWorld = boot.world();
         if (bootWorld >= 2 && bootWorld <= kMaxWorld && boot.rank() < bootWorld) {
-            const OpenIntent intent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, 0, 0};
+            const OpenIntent intent = intentOf(rank, world, maxBytes);
             std::vector<OpenIntent> all(bootWorld);
             (void)boot.allGather(&intent, all.data(), sizeof intent);
         }
@@ -271,7 +283,7 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     // Round 0: intents. Nobody has contacted a daemon yet. World 1 too: its
     // bootstrap's one-record exchange checks the caller's bootstrap, and
     // TPF_DISABLE turns it off as any group.
-    OpenIntent intent{kIntentMagic, kIntentVersion, 0, rank, world, maxBytes, 0, 0, 0};
+    OpenIntent intent = intentOf(rank, world, maxBytes);
     if (!env) intent.envErrc = std::uint16_t(Errc::ConfigError);
     if (impl->env.disable) intent.flags |= kIntentDisabled;
     if (fallbackOf(*impl) == Fallback::Error)

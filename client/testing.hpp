@@ -36,6 +36,11 @@ const std::vector<std::uint32_t>& testNodes();
 /// (to measure what counting costs).
 void setDeviceStats(bool on);
 bool deviceStats();
+/// Groups opened after setDataProtocol(p) announce data protocol p in round
+/// 0 (bootstrap_proto::kDataProtocol by default), as another libtpfabric
+/// release would.
+void setDataProtocol(std::uint16_t protocol);
+std::uint16_t dataProtocol();
 
 /// The group's counts in its command ring, as the daemon reads them.
 const RankStats& ringStats(const Group& g);

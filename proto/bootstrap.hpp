@@ -43,6 +43,12 @@ enum IntentFlags : std::uint16_t {
     /// the open's options (what the refusal names). Older libraries leave it 0.
     kIntentFallbackFromEnv = 16,
 };
+/// What the ranks' calls put into each other's memory (OpenIntent::
+/// dataProtocol); ranks of one group must speak the same one. 1: Device
+/// calls carry the call's tag (callTagOf, kernels/collectives.hpp), which a
+/// peer of 0 (the libraries before it, which leave the field 0) neither
+/// writes nor checks: its peers' first call would end in Timeout.
+inline constexpr std::uint16_t kDataProtocol = 1;
 struct OpenIntent {
     std::uint32_t magic;    ///< kIntentMagic
     std::uint16_t version;  ///< kIntentVersion
@@ -51,12 +57,13 @@ struct OpenIntent {
     std::uint32_t world;    ///< the world it opens with
     std::uint64_t maxBytes; ///< its maxBytes argument (ranks may differ: the group agrees the minimum)
     std::uint16_t envErrc;  ///< 0, or ConfigError: a TPF_* variable of this rank is invalid
-    std::uint16_t reserved0;
+    std::uint16_t dataProtocol; ///< kDataProtocol (0 from libraries before the field)
     std::uint32_t reserved1;
 };
 static_assert(sizeof(OpenIntent) == 32);
 static_assert(offsetof(OpenIntent, maxBytes) == 16);
 static_assert(offsetof(OpenIntent, envErrc) == 24);
+static_assert(offsetof(OpenIntent, dataProtocol) == 26);
 static_assert(std::is_trivially_copyable_v<OpenIntent>);
 
 /// Round 1: every rank's card. 72 bytes.

@@ -157,6 +157,23 @@ TEST_CASE("open: host and device buffers: GroupMismatch on every rank, naming bo
     requireOpenFailed(r, 2, "GroupMismatch", {"rank 1 opens with device buffers, rank 2 with host buffers"});
 }
 
+TEST_CASE("open: a rank of another libtpfabric release: VersionMismatch on every rank, naming it") {
+    Daemon d;
+    { // protocol 0: a release before the field, whose records carry 0 there
+        auto r = start(d, {{0, 3, {}}, {1, 3, {"--data-protocol", "0"}}, {2, 3, {}}});
+        const std::string tail = " (0: a release before the field): their calls would not understand each other; give every "
+                                 "rank the same libtpfabric release";
+        requireOpenFailed(r, 0, "VersionMismatch", {"rank 1's libtpfabric speaks data protocol 0, rank 0's 1" + tail});
+        requireOpenFailed(r, 1, "VersionMismatch", {"rank 0's libtpfabric speaks data protocol 1, rank 1's 0" + tail});
+        requireOpenFailed(r, 2, "VersionMismatch", {"rank 1's libtpfabric speaks data protocol 0, rank 2's 1" + tail});
+    }
+    { // a newer release on rank 0, device buffers alike
+        auto r = start(d, {{0, 2, {"--data-protocol", "7", "--buffers", "device"}}, {1, 2, {"--buffers", "device"}}});
+        requireOpenFailed(r, 0, "VersionMismatch", {"rank 1's libtpfabric speaks data protocol 1, rank 0's 7: their calls"});
+        requireOpenFailed(r, 1, "VersionMismatch", {"rank 0's libtpfabric speaks data protocol 7, rank 1's 1: their calls"});
+    }
+}
+
 TEST_CASE("open: different max bytes agree the smallest on every rank") {
     Daemon d;
     auto r = start(d, {{0, 3, {"--max-bytes", "65536"}}, {1, 3, {"--max-bytes", "8192"}}, {2, 3, {"--max-bytes", "32768"}}});

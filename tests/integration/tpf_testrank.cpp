@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "client/reduce.hpp"
+#include "client/testing.hpp"
 #include "common/shm.hpp"
 #include "pattern.hpp"
 #include <tpfabric/tpfabric.hpp>
@@ -74,6 +75,7 @@ struct Args {
     bool exitBeforeOpen = false;          // _exit(0) after creating the bootstrap
     bool abortThenClose = false;          // after --abort-at: abort again, close, abort once more
     bool checkFds = false;                // count fds before open and after close()
+    std::int32_t dataProtocol = -1;       // announce this data protocol at open (testing::setDataProtocol)
 };
 
 // Open file descriptors of this process.
@@ -340,7 +342,9 @@ int main(int argc, char** argv) {
     app.add_flag("--exit-before-open", a.exitBeforeOpen, "exit right after creating the bootstrap");
     app.add_flag("--abort-then-close", a.abortThenClose, "after --abort-at: abort again, close, abort once more");
     app.add_flag("--check-fds", a.checkFds, "print FDS: fds before open and after close()");
+    app.add_option("--data-protocol", a.dataProtocol, "announce this data protocol at open, as another release would");
     CLI11_PARSE(app, argc, argv);
+    if (a.dataProtocol >= 0) setDataProtocol(std::uint16_t(a.dataProtocol));
 
     const std::uint64_t t0 = monotonicNs();
     auto boot = TcpBootstrap::create(a.bootstrapRank >= 0 ? std::uint32_t(a.bootstrapRank) : a.rank,
