@@ -20,7 +20,7 @@ enum tpf_status_code {
     TPF_CAP_MISMATCH = 7,            /**< a size above the agreed cap */
     TPF_NON_ONE_TO_ONE_PAIRING = 8,  /**< HCAs of two nodes do not pair one to one by subnet */
     TPF_BAD_MESSAGE = 9,             /**< malformed record: length, count, field out of range */
-    TPF_VERSION_MISMATCH = 10,       /**< protocol version outside the accepted range */
+    TPF_VERSION_MISMATCH = 10,       /**< protocol version outside the accepted range (daemon, or another rank's library) */
     TPF_BAD_MAGIC = 11,              /**< not our protocol, or another record layout */
     TPF_TRUNCATED = 12,              /**< fewer bytes than a header or count promises */
     TPF_TOO_LARGE = 13,              /**< a length above the protocol's maximum */

@@ -29,7 +29,7 @@ enum class Errc : std::uint16_t {
     CapMismatch = TPF_CAP_MISMATCH,                       ///< a size above the agreed cap, or caps that cannot agree
     NonOneToOnePairing = TPF_NON_ONE_TO_ONE_PAIRING,      ///< HCAs of two nodes do not pair one to one by subnet
     BadMessage = TPF_BAD_MESSAGE,                         ///< malformed record: length, count, field out of range
-    VersionMismatch = TPF_VERSION_MISMATCH,               ///< protocol version outside the accepted range
+    VersionMismatch = TPF_VERSION_MISMATCH,               ///< protocol version outside the accepted range (daemon, or another rank's library)
     BadMagic = TPF_BAD_MAGIC,                             ///< wrong magic: not our protocol, or another record layout
     Truncated = TPF_TRUNCATED,                            ///< fewer bytes than the header or a count promises
     TooLarge = TPF_TOO_LARGE,                             ///< a length above the protocol's maximum

@@ -131,7 +131,7 @@ class BadMessage(Error):
 
 
 class VersionMismatch(Error):
-    """Library and daemon speak different protocol versions: run one release."""
+    """Library and daemon, or the libraries of two ranks, speak different protocol versions: run one release."""
 
     code, name = 10, "VersionMismatch"
 
