@@ -238,7 +238,8 @@ int main(int argc, char** argv) {
         ->delimiter(',')->check(CLI::IsMember({"direct", "proxy"}))->capture_default_str();
     run->add_option("--json", a.jsonPath, "also write every number to this file");
     run->add_flag("--markdown", a.markdown, "print the table as Markdown");
-    run->footer("Exit status: 0 measured; 1 no daemon (or --daemon did not start), a rank failed or timed out, or wrong data.");
+    run->footer("Exit status: 0 measured; 1 no daemon (or --daemon did not start), a rank failed or timed out, or wrong "
+                "data; 2 bad usage (a line on stderr names the problem).");
 
     RankPlan plan;
     std::uint32_t rankNo = 0;
@@ -271,6 +272,9 @@ int main(int argc, char** argv) {
     reduce->add_option("--world", reduceWorlds, "rows to add")->delimiter(',')->check(CLI::Range(1, 16))->capture_default_str();
     reduce->add_option("--sizes", reduceSizes, "bytes per row (multiples of 16)")->delimiter(',')->capture_default_str();
     reduce->add_flag("--markdown", reduceMarkdown, "print the table as Markdown");
+    reduce->footer("Exit status: 0 measured; 2 bad usage (a line on stderr names the problem).");
+    app.footer("Exit status: 0 measured (or --help, --version); 1 run: no daemon, a rank failed or timed out, or wrong "
+               "data; 2 bad usage (a line on stderr names the problem).");
 
     int floorFd = -1;
     std::uint64_t floorIters = 0, floorWarmup = 0;
@@ -281,7 +285,25 @@ int main(int argc, char** argv) {
     peer->add_option("--iters", floorIters)->required();
     peer->add_option("--warmup", floorWarmup);
 
-    CLI11_PARSE(app, argc, argv);
+    // A usage error, as tpfabricd's and tpfabricctl's: two lines on stderr, exit 2.
+    const auto usageError = [](const std::string& line) {
+        std::fprintf(stderr, "tpf-bench: %s\n", line.c_str());
+        std::fprintf(stderr, "Run 'tpf-bench --help' (or 'tpf-bench run --help') for the commands and options.\n");
+        return 2;
+    };
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e); // --help, --version
+        if (app.get_subcommands().empty()) { // CLI11 says only "A subcommand is required", even when a word was given
+            const auto rest = app.remaining();
+            if (!rest.empty() && !rest.front().empty() && rest.front()[0] != '-')
+                return usageError("unknown command '" + rest.front() + "'; the commands are run, reduce");
+            if (!rest.empty()) return usageError("unknown option " + rest.front() + " before a command; the commands are run, reduce");
+            return usageError("a command is required: run, reduce");
+        }
+        return usageError(e.what());
+    }
     try {
         if (*run) return runCommand(a);
         if (*reduce) return runReduceBench(reduceWorlds, parseSizes(reduceSizes), reduceMarkdown);
@@ -291,8 +313,8 @@ int main(int argc, char** argv) {
             return runRank(plan, rankNo, reportFd);
         }
         if (*peer) return runFloorPeer(floorFd, floorSizes, floorIters, floorWarmup);
-    } catch (const CLI::Error& e) {
-        return app.exit(e);
+    } catch (const CLI::Error& e) { // --sizes or --ops that parse but make no sense
+        return usageError(e.what());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "tpf-bench: %s\n", e.what());
         return 1;
