@@ -16,6 +16,7 @@
 #include "bench/bench.hpp"
 #include "bench/launch.hpp"
 #include "common/byte_size.hpp"
+#include "common/cli_usage.hpp"
 #include "tpf_config.h"
 
 using namespace tpf;
@@ -287,22 +288,13 @@ int main(int argc, char** argv) {
 
     // A usage error, as tpfabricd's and tpfabricctl's: two lines on stderr, exit 2.
     const auto usageError = [](const std::string& line) {
-        std::fprintf(stderr, "tpf-bench: %s\n", line.c_str());
-        std::fprintf(stderr, "Run 'tpf-bench --help' (or 'tpf-bench run --help') for the commands and options.\n");
-        return 2;
+        return cli::usageError("tpf-bench", line, "Run 'tpf-bench --help' (or 'tpf-bench run --help') for the commands and options.");
     };
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e); // --help, --version
-        if (app.get_subcommands().empty()) { // CLI11 says only "A subcommand is required", even when a word was given
-            const auto rest = app.remaining();
-            if (!rest.empty() && !rest.front().empty() && rest.front()[0] != '-')
-                return usageError("unknown command '" + rest.front() + "'; the commands are run, reduce");
-            if (!rest.empty()) return usageError("unknown option " + rest.front() + " before a command; the commands are run, reduce");
-            return usageError("a command is required: run, reduce");
-        }
-        return usageError(e.what());
+        return usageError(cli::parseErrorLine(app, e));
     }
     try {
         if (*run) return runCommand(a);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/byte_size.hpp"
+#include "common/cli_usage.hpp"
 #include "ctl/metrics_render.hpp"
 #include "ctl/status_client.hpp"
 #include "ctl/status_print.hpp"
@@ -169,23 +170,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         // --help and --version exit 0; every usage error exits 2, named, as the layout checks do.
         if (e.get_exit_code() == 0) return app.exit(e);
-        std::string line = e.what();
-        if (app.get_subcommands().empty()) {
-            // CLI11 says only "A subcommand is required", even when a word was given.
-            std::string commands;
-            for (const CLI::App* c : app.get_subcommands([](const CLI::App*) { return true; }))
-                commands += (commands.empty() ? "" : ", ") + c->get_name();
-            const auto rest = app.remaining();
-            if (!rest.empty() && !rest.front().empty() && rest.front()[0] != '-')
-                line = "unknown command '" + rest.front() + "'; the commands are " + commands;
-            else if (!rest.empty())
-                line = "unknown option " + rest.front() + " before a command; the commands are " + commands;
-            else
-                line = "a command is required: " + commands;
-        }
-        std::fprintf(stderr, "tpfabricctl: %s\n", line.c_str());
-        std::fprintf(stderr, "Run 'tpfabricctl --help' for the commands and options.\n");
-        return 2;
+        return tpf::cli::usageError("tpfabricctl", tpf::cli::parseErrorLine(app, e),
+                                    "Run 'tpfabricctl --help' for the commands and options.");
     }
     if (*help) {
         // Not app.help(): with `help` selected it would print help's own.

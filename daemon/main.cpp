@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/cli_usage.hpp"
 #include "common/shm.hpp"
 #include "daemon/config/config.hpp"
 #include "daemon/control/server.hpp"
@@ -304,9 +305,7 @@ int main(int argc, char** argv) {
                "restart: RestartPreventExitStatus=2). A start-up failure is one line on stderr or in the journal, "
                "whatever the log level.");
     const auto usageError = [](const std::string& line) {
-        std::fprintf(stderr, "tpfabricd: %s\n", line.c_str());
-        std::fprintf(stderr, "Run 'tpfabricd --help' for the options.\n");
-        return 2;
+        return tpf::cli::usageError("tpfabricd", line, "Run 'tpfabricd --help' for the options.");
     };
     try {
         app.parse(argc, argv);

@@ -1,0 +1,37 @@
+// Usage errors of the command-line programs (tpfabricd, tpfabricctl,
+// tpf-bench), one shape for all: two lines on stderr, "PROG: the problem"
+// and a pointer to --help, exit status 2 (docs/operations.md). Header-only;
+// the programs link CLI11 themselves.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace tpf::cli {
+
+/// Prints the two lines and returns 2, the exit status of bad usage.
+inline int usageError(const char* prog, const std::string& line, const char* helpLine) {
+    std::fprintf(stderr, "%s: %s\n", prog, line.c_str());
+    std::fprintf(stderr, "%s\n", helpLine);
+    return 2;
+}
+
+/// The line for a parse error of a program that takes a command: CLI11 says
+/// only "A subcommand is required", even when a word was given, so name the
+/// word and the commands (hidden ones, of group "", left out); `e.what()`
+/// once a command was selected.
+inline std::string parseErrorLine(const CLI::App& app, const CLI::ParseError& e) {
+    if (!app.get_subcommands().empty()) return e.what();
+    std::string commands;
+    for (const CLI::App* c : app.get_subcommands([](const CLI::App* s) { return !s->get_group().empty(); }))
+        commands += (commands.empty() ? "" : ", ") + c->get_name();
+    const auto rest = app.remaining();
+    if (!rest.empty() && !rest.front().empty() && rest.front()[0] != '-')
+        return "unknown command '" + rest.front() + "'; the commands are " + commands;
+    if (!rest.empty()) return "unknown option " + rest.front() + " before a command; the commands are " + commands;
+    return "a command is required: " + commands;
+}
+
+} // namespace tpf::cli
