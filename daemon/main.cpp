@@ -10,10 +10,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -159,21 +157,8 @@ int run(DaemonConfig cfg, bool foreground) {
         verbsHcas.push_back(*h);
     }
     PeerService peers(io, cfg, nodeId, negotiations);
-    if (auto s = peers.start(); !s) {
-        // Exit 1, tried again: a port another process holds, or an address
-        // that is not up yet at boot (--check-config refuses one that is no
-        // address of this host).
-        const std::string port = std::to_string(cfg.peerPort);
-        const std::string& why = s.error().detail;
-        return startFailed(s.error(), s.code() == Errc::ConfigError ? ""
-                                      : why.ends_with(std::strerror(EADDRINUSE))
-                                          ? "another process holds the port (ss -ltnp 'sport = :" + port +
-                                                "'); stop it or choose another peer.port; systemd tries again every 2 s"
-                                      : why.ends_with(std::strerror(EADDRNOTAVAIL))
-                                          ? "peer.listen " + cfg.peerListen + " is not an address of this host (yet): "
-                                                "ip -brief address; systemd tries again every 2 s"
-                                          : "check peer.listen and peer.port");
-    }
+    // The message names the remedy (a port held, an address not up yet).
+    if (auto s = peers.start(); !s) return startFailed(s.error());
     proxy.setHcas(verbsHcas);
     negotiations.attach(verbsHcas, &peers);
     const auto endpoint = endpointBytes(cfg.peerListen, hcas);

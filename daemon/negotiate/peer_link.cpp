@@ -271,9 +271,22 @@ Status PeerService::start() {
     if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(64, ec);
-    if (ec)
-        return Error{Errc::SystemError, "peer.listen: cannot listen on " + cfg_.peerListen + ":" + std::to_string(cfg_.peerPort) +
-                                            ": " + ec.message()};
+    if (ec) {
+        // Exit 1 and tried again by systemd: a port another process holds, or
+        // an address not up yet at boot (--check-config refuses one that is
+        // no address of this host). The remedy rides in the message.
+        const std::string port = std::to_string(cfg_.peerPort);
+        const std::string remedy =
+            ec == boost::asio::error::address_in_use
+                ? "another process holds the port (ss -ltnp 'sport = :" + port +
+                      "'); stop it or choose another peer.port; systemd tries again every 2 s"
+            : ec == boost::system::errc::address_not_available
+                ? "peer.listen " + cfg_.peerListen + " is not an address of this host (yet): ip -brief address; "
+                                                     "systemd tries again every 2 s"
+                : "check peer.listen and peer.port";
+        return Error{Errc::SystemError, "peer.listen: cannot listen on " + cfg_.peerListen + ":" + port + ": " + ec.message() +
+                                            " (" + remedy + ")"};
+    }
     spdlog::info("peer daemons: listening on {}:{}{}", cfg_.peerListen, cfg_.peerPort, key_ ? ", cluster key required" : "");
     acceptNext();
     return okStatus();

@@ -16,7 +16,8 @@
 # anything starts, by a start and by --check-config alike, and a failed start
 # says why on stderr even at --log-level off. One daemon runs for a moment
 # (its start-up lines, a check while it serves, tpfabricctl's permissions) and
-# is stopped; nothing here keeps one running.
+# is stopped (a second one on its peer port exits 1, naming the port's
+# holder); nothing here keeps one running.
 # Usage: test_cli.sh TPFABRICD TPFABRICCTL   (TPF_SOURCE_ROOT: the source tree)
 set -u
 d=$1 ctl=$2
@@ -187,7 +188,9 @@ expect 2 "^tpfabricctl: --socket: an empty path names no socket" "$ctl" --socket
 expect 2 "^tpfabricctl: --socket: an empty path names no socket" "$ctl" metrics --socket ""
 
 # One daemon, for a moment: its first line says which daemon starts, before the HCAs'.
-printf '[daemon]\nsocket_group = "%s"\n' "$(id -gn)" >"$tmp/run.conf"
+# It also listens for peer daemons on 127.0.0.1, on a port of this test's own.
+port=$((20000 + $$ % 20000))
+printf '[daemon]\nsocket_group = "%s"\n[peer]\nlisten = "127.0.0.1"\nport = %s\n' "$(id -gn)" "$port" >"$tmp/run.conf"
 "$d" --foreground --config "$tmp/run.conf" --socket "$tmp/run.sock" >"$tmp/run.log" 2>&1 &
 dpid=$!
 i=0
@@ -210,6 +213,15 @@ else
     # --check-config while a daemon serves the socket: valid, with a note (a restart stops that daemon first).
     expect 0 "note: another tpfabricd is serving .*run\.sock: a start exits 1 while it runs" \
         "$d" --check-config "$tmp/good.conf" --socket "$tmp/run.sock"
+    # A second daemon on another socket but the same peer port: exit 1 (tried
+    # again by systemd), naming the port's holder as the thing to look at.
+    printf '[peer]\nlisten = "127.0.0.1"\nport = %s\n' "$port" >"$tmp/port.conf"
+    expect 1 "peer\.listen: cannot listen on 127\.0\.0\.1:$port: .*\(another process holds the port \(ss -ltnp 'sport = :$port'\); stop it or choose another peer\.port" \
+        timeout 10 "$d" --foreground --config "$tmp/port.conf" --socket "$tmp/port.sock"
+    if [ -e "$tmp/port.sock" ]; then
+        echo "FAIL: a refused start left $tmp/port.sock behind"
+        fails=$((fails + 1))
+    fi
     # Permission denied: tpfabricctl names what refused, with its actual owner and group
     # (socket_group here is not tpfabric). Needs root, to try it as nobody.
     if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null 2>&1; then
