@@ -47,6 +47,7 @@ bool ControlDispatch::handle(const MsgHeader& h, ByteView payload, std::vector<U
         if (role_ != 0) return refuse(Errc::BadMessage, "second Hello");
         auto m = decodeFixed<Hello>(payload, "Hello");
         if (!m) return refuse(m.code(), m.error().detail);
+        if (const std::string why = to_.busyFor(m->role); !why.empty()) return refuse(Errc::Busy, why);
         role_ = m->role;
         to_.reply(encode(kHelloReply, h.seq, to_.helloReply()));
         return true;

@@ -27,6 +27,10 @@ public:
     /// Close once the replies are written (the client said Close).
     virtual void finish() = 0;
     virtual client_proto::HelloReply helloReply() = 0;
+    /// Why a client whose Hello says `role` is refused Busy, "" when it is
+    /// served (a connection admitted over daemon.max_clients serves only
+    /// control clients: tpfabricctl still reads a full daemon's status).
+    virtual std::string busyFor(std::uint32_t role) { (void)role; return {}; }
     virtual client_proto::NodeCard nodeCard() = 0;
     virtual std::string statusJson() = 0;
     /// The group table, on behalf of this client.

@@ -25,8 +25,9 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 constexpr std::size_t kMaxQueuedOutput = 16 * 1024 * 1024; // a client that never reads is dropped
 } // namespace
 
-Connection::Connection(Server& server, Local::socket socket, std::uint64_t id)
-    : server_(server), socket_(std::move(socket)), id_(id), partial_(socket_.get_executor()) {
+Connection::Connection(Server& server, Local::socket socket, std::uint64_t id, std::string overLimit)
+    : server_(server), socket_(std::move(socket)), id_(id), overLimit_(std::move(overLimit)),
+      partial_(socket_.get_executor()) {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
@@ -113,6 +114,7 @@ void Connection::finish() {
 }
 
 HelloReply Connection::helloReply() { return server_.hello_; }
+std::string Connection::busyFor(std::uint32_t role) { return role == kRoleControl ? std::string() : overLimit_; }
 NodeCard Connection::nodeCard() { return server_.nodeCard_(); }
 std::string Connection::statusJson() { return server_.statusJson_(); }
 void Connection::join(const GroupOpen& m) { server_.groups_.join(*this, m); }
@@ -280,7 +282,15 @@ void Server::accept() {
         ucred cred{};
         socklen_t len = sizeof cred;
         const bool known = ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
-        if (const std::string why = fullFor(known ? cred.uid : ~0u); !why.empty()) {
+        std::string why = fullFor(known ? cred.uid : ~0u);
+        std::size_t reserved = 0;
+        for (const auto& [id, c] : connections_) reserved += c->overLimit();
+        if (!why.empty() && reserved < kControlReserve) {
+            // Kept for a control client: its Hello decides (a rank's is refused Busy, by the same words).
+            auto c = std::make_shared<Connection>(*this, std::move(socket), nextId_++, std::move(why));
+            connections_[c->id()] = c;
+            c->start();
+        } else if (!why.empty()) {
             // Told in a reply, then closed: the client reports Busy, not a lost daemon.
             spdlog::warn("refusing a client (pid {}, uid {}): Busy: {}", known ? cred.pid : -1, known ? cred.uid : ~0u, why);
             ErrorReply e{};
@@ -301,10 +311,16 @@ void Server::accept() {
 }
 
 std::string Server::fullFor(std::uint32_t uid) const {
-    if (connections_.size() >= cfg_.maxClients)
-        return "tpfabricd serves " + std::to_string(connections_.size()) + " clients, its limit (daemon.max_clients)";
+    // Counted without the connections kept for control clients beyond the limits.
+    std::size_t n = 0;
     std::uint32_t mine = 0;
-    for (const auto& [id, c] : connections_) mine += c->uid() == uid;
+    for (const auto& [id, c] : connections_)
+        if (!c->overLimit()) {
+            ++n;
+            mine += c->uid() == uid;
+        }
+    if (n >= cfg_.maxClients)
+        return "tpfabricd serves " + std::to_string(n) + " clients, its limit (daemon.max_clients)";
     if (mine >= cfg_.maxClientsPerUid)
         return "uid " + std::to_string(uid) + " has " + std::to_string(mine) +
                " connections to tpfabricd, its share (daemon.max_clients_per_uid)";

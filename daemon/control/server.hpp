@@ -27,7 +27,11 @@ class Server;
 /// One client connection: its socket, and the group table's MemberLink for it.
 class Connection : public MemberLink, private ControlRequests, public std::enable_shared_from_this<Connection> {
 public:
-    Connection(Server& server, boost::asio::local::stream_protocol::socket socket, std::uint64_t id);
+    /// `overLimit`: why the daemon is full (daemon.max_clients or
+    /// max_clients_per_uid) when this connection was admitted beyond it, as
+    /// one of the few kept for control clients; "" for an ordinary one.
+    Connection(Server& server, boost::asio::local::stream_protocol::socket socket, std::uint64_t id,
+               std::string overLimit = {});
     void start();
     void shutdown(); ///< close now (daemon stopping)
 
@@ -37,6 +41,7 @@ public:
     std::int32_t pid() const override { return pid_; }
     std::uint32_t uid() const override { return uid_; }
     std::uint64_t id() const { return id_; }
+    bool overLimit() const { return !overLimit_.empty(); }
 
 private:
     struct Outgoing {
@@ -52,6 +57,7 @@ private:
     void refuse(Errc code, const std::string& why) override; ///< ErrorReply, log, close after flush
     void finish() override;
     client_proto::HelloReply helloReply() override;
+    std::string busyFor(std::uint32_t role) override;
     client_proto::NodeCard nodeCard() override;
     std::string statusJson() override;
     void join(const client_proto::GroupOpen& m) override;
@@ -72,6 +78,7 @@ private:
     std::int32_t pid_ = -1;
     std::uint32_t uid_ = ~0u;
     std::uint32_t gid_ = ~0u;
+    std::string overLimit_; ///< admitted beyond the limits for a control client: why it was full
     ControlDispatch dispatch_{*this};
     bool closing_ = false;   ///< no more input; close once output is flushed
     bool closed_ = false;
@@ -116,6 +123,10 @@ private:
     /// Why a new client of `uid` may not connect now (daemon.max_clients or
     /// daemon.max_clients_per_uid), "" when it may.
     std::string fullFor(std::uint32_t uid) const;
+    /// Connections admitted beyond the limits while they are full, for
+    /// control clients only (a rank's Hello on one is refused Busy): an
+    /// operator's tpfabricctl status reads a full daemon and names who holds it.
+    static constexpr std::size_t kControlReserve = 2;
     void forget(std::uint64_t id);
 
     boost::asio::io_context& io_;

@@ -403,6 +403,21 @@ UniqueFd heldClient(const std::string& socket) {
     return std::move(*fd);
 }
 
+// The ErrorReply a rank's Hello gets on a daemon that is full (admitted on one
+// of the connections kept for control clients): "NAME: message", then closed.
+std::string refusalOnRankHello(const std::string& socket) {
+    auto fd = connectUnix(socket);
+    REQUIRE(fd.ok());
+    REQUIRE(sendMessage(fd->get(), encode(kHello, 1, Hello{kRoleRank, 0, 0}), {}, 2000).ok());
+    auto m = receiveMessage(fd->get(), kReplySpec, 5000);
+    if (!m) return "no reply: " + m.error().describe();
+    if (m->header.opcode != kErrorReply) return "opcode " + std::to_string(m->header.opcode);
+    auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
+    REQUIRE(e.ok());
+    CHECK(receiveMessage(fd->get(), kReplySpec, 3000).code() == Errc::DaemonLost); // closed after it
+    return e->message;
+}
+
 // The ErrorReply a fresh connection gets before any request: "NAME: message".
 std::string refusalOnConnect(const std::string& socket) {
     auto fd = connectUnix(socket);
@@ -446,16 +461,24 @@ TEST_CASE("idle clients are dropped and surplus clients are told Busy") {
         CHECK(d.stop() == 0);
         std::remove(cfg.c_str());
     }
-    SECTION("over daemon.max_clients: Busy, to a raw client, tpfabricctl and ranks") {
+    SECTION("over daemon.max_clients: Busy to ranks and raw clients; tpfabricctl still served") {
         const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 2\n");
         Daemon d({"--config", cfg});
         UniqueFd a = heldClient(d.socket()), b = heldClient(d.socket());
-        CHECK(refusalOnConnect(d.socket()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients)");
+        // A rank's Hello on a full daemon: Busy, by the same words as a refusal at connect.
+        CHECK(refusalOnRankHello(d.socket()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients)");
+        // tpfabricctl reads a full daemon's status (a connection kept for control clients)...
         Child ctl = spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", envPath("TPF_CTL"), "--socket", d.socket(), "status"});
         REQUIRE(waitAll({&ctl}, 20000));
         INFO(ctl.output);
-        CHECK(exitCode(ctl) == 1);
-        CHECK(ctl.output.find("refused Hello: Busy: tpfabricd serves 2 clients") != std::string::npos);
+        CHECK(exitCode(ctl) == 0);
+        CHECK(ctl.output.find("Clients: 3") != std::string::npos);
+        {
+            // ...up to two at once; past them a client is refused at connect.
+            UniqueFd c1 = heldClient(d.socket()), c2 = heldClient(d.socket());
+            CHECK(refusalOnConnect(d.socket()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients)");
+        }
+        ::usleep(100 * 1000);
         auto run = startRanks(d, 2, {"--iters", "10"});
         std::vector<Child*> all;
         for (auto& c : run.ranks) all.push_back(&c);
@@ -484,8 +507,8 @@ TEST_CASE("idle clients are dropped and surplus clients are told Busy") {
         const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 8\nmax_clients_per_uid = 2\n");
         Daemon d({"--config", cfg});
         UniqueFd a = heldClient(d.socket()), b = heldClient(d.socket());
-        CHECK(refusalOnConnect(d.socket()) == "Busy: uid " + std::to_string(::getuid()) +
-                                                  " has 2 connections to tpfabricd, its share (daemon.max_clients_per_uid)");
+        CHECK(refusalOnRankHello(d.socket()) == "Busy: uid " + std::to_string(::getuid()) +
+                                                    " has 2 connections to tpfabricd, its share (daemon.max_clients_per_uid)");
         a.reset();
         ::usleep(100 * 1000);
         CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
