@@ -134,10 +134,14 @@ Result<Message> request(Group::Impl& g, const Bytes& msg, std::uint16_t replyOp,
 Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Clock::time_point deadline) {
     const std::string path = socketPathOf(g);
     auto fd = connectUnix(path, msLeft(deadline));
-    if (!fd) // what to do, as tpfabricctl says it: the engine's log is where an operator reads this
+    if (!fd) { // what to do, as tpfabricctl says it: the engine's log is where an operator reads this
+        if (const std::string what = nonSocketAt(path); !what.empty())
+            return Error{fd.error().code, path + " is " + what + ", not a socket (TPF_SOCKET or the open's socket path "
+                                                                 "option names the daemon's socket: its daemon.socket)"};
         return Error{fd.error().code, fd.error().detail +
                                           " (is tpfabricd running? systemctl status tpfabricd; another socket: TPF_SOCKET or "
-                                          "the open's socket path option; TPF_DISABLE=1 opens no fabric group)"};
+                                          "the open's socket path option)"};
+    }
     g.socket.reset(std::move(*fd));
     auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, msLeft(deadline));
     if (!hello) return hello.error();
@@ -363,7 +367,9 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
     }
     std::vector<OpenCard> cards(world);
     if (auto s = boot.allGather(&mine, cards.data(), sizeof mine); !s) return s.error();
-    Error verdict{};
+    // This rank's own failure first: its log must name its own daemon's
+    // problem, not send its reader to another rank's node.
+    Error verdict = mine.errc != 0 ? local : Error{};
     for (std::uint32_t r = 0; r < world && verdict.code == Errc::Ok; ++r)
         if (cards[r].errc != 0) {
             Errc code = Errc::Unavailable;

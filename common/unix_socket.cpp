@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -128,6 +129,12 @@ Result<UniqueFd> connectUnix(const std::string& path, int timeoutMs) {
     const int flags = ::fcntl(fd.get(), F_GETFL);
     if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) return sysError(Errc::SystemError, "fcntl");
     return fd;
+}
+
+std::string nonSocketAt(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || S_ISSOCK(st.st_mode)) return {};
+    return S_ISREG(st.st_mode) ? "a regular file" : S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe";
 }
 
 Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeoutMs) {

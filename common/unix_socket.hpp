@@ -45,6 +45,12 @@ struct Message {
 /// retried until `timeoutMs` has passed, then reported as such.
 Result<UniqueFd> connectUnix(const std::string& path, int timeoutMs = 5000);
 
+/// What sits at `path` when it is there and is no socket ("a regular file",
+/// "a directory", "a device or pipe"), else "": connect() says "Connection
+/// refused" for a file or a directory, which sends people looking for a
+/// stopped daemon instead of a wrong TPF_SOCKET / --socket.
+std::string nonSocketAt(const std::string& path);
+
 /// Send all bytes (blocking, up to timeoutMs), `fds` attached to the first byte.
 Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeoutMs);
 

@@ -116,10 +116,8 @@ Error unreachable(const std::string& path, const Error& e) {
     struct stat st {};
     const int statErr = ::stat(path.c_str(), &st) == 0 ? 0 : errno;
     const std::string check = "check --socket / TPF_SOCKET: the daemon's daemon.socket";
-    if (statErr == 0 && !S_ISSOCK(st.st_mode)) {
-        const char* what = S_ISREG(st.st_mode) ? "a regular file" : S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe";
+    if (const std::string what = nonSocketAt(path); !what.empty())
         return fail(e.code, "cannot reach tpfabricd: " + path + " is " + what + ", not a socket (" + check + ")");
-    }
     if (statErr == ENOTDIR)
         return fail(e.code, "cannot reach tpfabricd at " + path + ": " + why + " (a directory of that path is a file; " +
                                 check + ")");

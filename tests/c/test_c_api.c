@@ -666,7 +666,7 @@ int main(void) {
     run_ranks("abort W=3", 3, rank_abort, 60000);
     run_ranks("callback fails W=2", 2, rank_callback_fails, 30000);
     static const char* const bad[][3] = {
-        {"TPF_DISABLE", "yes", "1 (keep every group on NCCL) and 0"},
+        {"TPF_DISABLE", "yes", "1 (keep every group off the fabric: NCCL takes a device group with a communicator, any other open is Unavailable) and 0"},
         {"TPF_FALLBACK", "ncll", "nccl, error"},
         {"TPF_GPU_ROUTE", "nvlink", "auto, ipc, proxy"},
         {"TPF_NCCL_ABOVE", "lots", "a byte size (4096, 64KiB, 1MiB) or never"},

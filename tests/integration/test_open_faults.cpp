@@ -255,16 +255,43 @@ TEST_CASE("open: a full daemon is Busy by name where the group may not fall back
     { // TPF_FALLBACK=error: Busy itself on both ranks. Before: Unavailable: Busy: ...
         auto r = start(d, {{0, 2, {}}, {1, 2, {}}}, {"--iters", "5"}, {{"TPF_FALLBACK", "error"}});
         requireOpenFailed(r, 0, "Busy", {"daemon refused: tpfabricd serves 2 clients", "(TPF_FALLBACK=error on rank 0)"}, true);
-        requireOpenFailed(r, 1, "Busy", {"rank 0 has no usable daemon (TPF_FALLBACK=error on rank 0)"}, true);
+        // each rank names its own refusal (both were refused), not rank 0's
+        requireOpenFailed(r, 1, "Busy", {"daemon refused: tpfabricd serves 2 clients", "(TPF_FALLBACK=error on rank 0)"}, true);
     }
     { // the default policy: Unavailable (the caller may take its own path), Busy in the detail
         auto r = start(d, {{0, 2, {}}, {1, 2, {}}}, {"--iters", "5"});
         requireOpenFailed(r, 0, "Unavailable", {"Busy: daemon refused: tpfabricd serves 2 clients"}, true);
-        requireOpenFailed(r, 1, "Unavailable", {"Busy: rank 0 has no usable daemon"}, true);
+        requireOpenFailed(r, 1, "Unavailable", {"Busy: daemon refused: tpfabricd serves 2 clients"}, true);
     }
     for (auto& h : holders) h.reset();
     CHECK(d.stop() == 0);
     std::remove(cfg.c_str());
+    ::rmdir(tmpl);
+}
+
+TEST_CASE("open: a socket path that names a directory or a file: each rank names what is there, its own first") {
+    // connect() says "Connection refused" for both, which sends an operator
+    // looking for a stopped daemon; and a rank whose own daemon is missing
+    // names its own path, not the first failing rank's.
+    char tmpl[] = "/tmp/tpf-opennotsock-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl));
+    const std::string dir = tmpl, file = dir + "/plain";
+    FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f);
+    std::fclose(f);
+    const std::string boot = "127.0.0.1:" + std::to_string(freePort());
+    Run r;
+    for (std::uint32_t rank = 0; rank < 2; ++rank)
+        r.run.ranks.push_back(spawn({envPath("TPF_TESTRANK"), "--socket", rank == 0 ? dir : file, "--bootstrap", boot, "--rank",
+                                     std::to_string(rank), "--world", "2", "--open-timeout-ms", std::to_string(kOpenTimeoutMs),
+                                     "--iters", "5"}));
+    std::vector<Child*> all;
+    for (auto& c : r.run.ranks) all.push_back(&c);
+    waitAll(all, kReapMs);
+    requireOpenFailed(r, 0, "Unavailable", {"DaemonUnreachable: " + dir + " is a directory, not a socket (TPF_SOCKET"}, true);
+    requireOpenFailed(r, 1, "Unavailable", {"DaemonUnreachable: " + file + " is a regular file, not a socket"}, true);
+    CHECK(r.line(1).find("rank 0") == std::string::npos);
+    std::remove(file.c_str());
     ::rmdir(tmpl);
 }
 
