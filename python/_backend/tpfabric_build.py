@@ -41,7 +41,11 @@ def version() -> str:
             for line in f:
                 if line.startswith("Version:"):
                     return line.split(":", 1)[1].strip()
-    raise RuntimeError("tpfabric_build: no version: neither ../meson.build nor PKG-INFO")
+    raise RuntimeError(
+        f"tpfabric_build: no version: neither {os.path.normpath(meson)} (the checkout's meson.build, one directory "
+        f"above python/) nor {pkg_info} (an sdist's) exists. Build from a whole checkout, or install the wheel "
+        f"that `pip wheel ./python` made there (docs/python.md, Installing)"
+    )
 
 
 def _metadata(ver: str) -> str:

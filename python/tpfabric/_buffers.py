@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import enum
 import operator
+import sys
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Union
 
 from . import _lib
 
-if TYPE_CHECKING:  # numpy is needed only by empty()/zeros()/aligned() and by callers passing arrays
-    import numpy as np
+# numpy is needed only by empty()/zeros()/aligned() and by callers passing arrays, so it is not
+# imported here: type checkers see numpy.ndarray, typing.get_type_hints() (which evaluates the
+# annotations at run time, as sphinx-autodoc-typehints and run-time validators do) sees Any.
+if TYPE_CHECKING:
+    from numpy import ndarray as NumpyArray
+else:
+    NumpyArray = Any
 
 ALIGNMENT = 16
 """Every buffer address must be a multiple of this many bytes."""
@@ -29,7 +35,12 @@ class DType(enum.IntEnum):
     BF16 = _lib.DTYPE_BF16
 
 
-DTypeLike = Union[DType, str]
+DTypeLike = Union[DType, str, Any]
+"""A DType, a name (``"float32"``, ``"f16"``, ``"bfloat16"``, ``"torch.float32"``), a numpy type or dtype
+(``np.float32``, ``np.dtype("float16")``, ml_dtypes' ``bfloat16``) or a torch dtype."""
+
+# The name of each DType's elements, as numpy and torch spell them.
+DTYPE_NAME = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16"}
 
 _DTYPE_NAMES = {
     "float32": DType.F32, "f32": DType.F32, "float": DType.F32,
@@ -45,13 +56,34 @@ _STORAGE = {
 }
 
 
+def _type_name(d: Any) -> str:
+    """The element type name of a numpy type or dtype object (``np.float32`` -> ``"float32"``), else ``str(d)``.
+
+    numpy is not imported for it: such an object exists only once numpy is.
+    A string is taken as it is (numpy reads ``"float"`` as float64, the sums' names as float32).
+    """
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(d, (type, np.dtype)):
+        try:
+            return str(np.dtype(d).name)
+        except (TypeError, ValueError):  # a type numpy does not know: its str() below
+            pass
+    return str(d)
+
+
 def as_dtype(d: DTypeLike) -> DType:
-    """``DType`` from a DType or a name (``"float32"``, ``"f16"``, ``"bfloat16"``, ...)."""
+    """``DType`` from a DType, a name (``"float32"``, ``"f16"``, ``"bfloat16"``, ...), a numpy type or
+    dtype (``np.float32``, ``np.dtype("float16")``) or a torch dtype (``torch.bfloat16``).
+
+    Raises ValueError naming ``d`` for any other element type.
+    """
     if isinstance(d, DType):
         return d
-    key = str(d).replace("torch.", "").replace("numpy.", "").lower()
+    name = _type_name(d)
+    key = name.replace("torch.", "").replace("numpy.", "").lower()
     if key not in _DTYPE_NAMES:
-        raise ValueError(f"dtype {d!r}: the sums take float32, float16 and bfloat16")
+        shown = repr(d) if isinstance(d, str) else name if name == str(d) else f"{name} ({d!r})"
+        raise ValueError(f"dtype {shown}: the sums take float32, float16 and bfloat16")
     return _DTYPE_NAMES[key]
 
 
@@ -111,7 +143,7 @@ def reduce_dtype(buf: HostBuffer, dtype: Optional[DTypeLike], what: str) -> DTyp
         return _DTYPE_NAMES[buf.dtype]
     d = as_dtype(dtype)
     if buf.dtype not in _STORAGE[d]:
-        raise ValueError(f"{what}: a {buf.dtype} array cannot hold {d.name} data (expected {' or '.join(_STORAGE[d])})")
+        raise ValueError(f"{what}: a {buf.dtype} array cannot hold {DTYPE_NAME[d]} data (expected {' or '.join(_STORAGE[d])})")
     return d
 
 
@@ -132,13 +164,13 @@ def _numpy(what: str) -> Any:
 
 def _numpy_dtype(np: Any, dtype: Any) -> Any:
     if isinstance(dtype, DType):
-        dtype = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16"}[dtype]
+        dtype = DTYPE_NAME[dtype]
     if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
         return np.dtype(np.uint16)  # numpy has no bfloat16: its bits, as the sums take them
     return np.dtype(dtype)
 
 
-def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> np.ndarray:
+def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> NumpyArray:
     """An uninitialised C-contiguous numpy array whose data starts on an ``align``-byte boundary.
 
     ``dtype="bfloat16"`` gives uint16 storage (numpy has no bfloat16); pass
@@ -161,7 +193,7 @@ def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
     return raw[skip : skip + max(nbytes, 1)][:nbytes].view(dt).reshape(shape_t)
 
 
-def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> np.ndarray:
+def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: int = 64) -> NumpyArray:
     """As :func:`empty`, filled with zeros."""
     _numpy("zeros()")
     a = empty(shape, dtype, align=align)
@@ -169,7 +201,7 @@ def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", *, align: in
     return a
 
 
-def aligned(a: np.ndarray, *, align: int = 64) -> np.ndarray:
+def aligned(a: NumpyArray, *, align: int = 64) -> NumpyArray:
     """``a`` itself when C-contiguous and 16-byte aligned, else an aligned copy (write results back yourself)."""
     if not hasattr(a, "flags") or not hasattr(a, "ctypes"):
         raise TypeError(f"aligned() takes a numpy array, not {type(a).__name__}")

@@ -9,6 +9,11 @@ renumbering cannot slip by.
 
 Mistakes made in Python before the library is called (a wrong dtype, sizes
 that do not match) raise :class:`ValueError` or :class:`TypeError` instead.
+
+``__all__`` (what ``from tpfabric import *`` brings) leaves out
+:class:`SystemError`, which would shadow the builtin of that name, and the
+helper :func:`error_class`: use ``tpfabric.SystemError`` and
+``tpfabric.errors.error_class``.
 """
 
 from __future__ import annotations
@@ -44,11 +49,9 @@ __all__ = [
     "PermissionDenied",
     "Closed",
     "ProbeFailed",
-    "SystemError",
     "InvalidArgument",
     "Busy",
-    "error_class",
-]
+]  # not SystemError (it would shadow the builtin under a star import) nor error_class: see above
 
 
 class Error(Exception):
@@ -215,7 +218,13 @@ class DaemonUnreachable(Error):
 
 
 class GroupMismatch(Error):
-    """Ranks of one group disagree (world, rank, all-gather-v counts)."""
+    """Ranks of one group disagree.
+
+    At open: world, rank, or host against device buffers (the open fails on
+    every rank). Within a call: a rank passed another size, dtype or op than
+    the others, or other all-gather-v counts; nothing is written, on every
+    rank, and the group is broken.
+    """
 
     code, name = 23, "GroupMismatch"
 
@@ -239,7 +248,12 @@ class ProbeFailed(Error):
 
 
 class SystemError(Error):  # noqa: A001 - the library's name; builtins.SystemError stays reachable
-    """An operating-system call failed (errno in the detail)."""
+    """An operating-system call failed (errno in the detail).
+
+    Named as the C ABI names the status (``TPF_SYSTEM_ERROR``, ``Errc::SystemError``), so it is
+    ``tpfabric.SystemError``; it is left out of ``__all__``, so that ``from tpfabric import *``
+    does not shadow Python's builtin :class:`SystemError` (which this class does not derive from).
+    """
 
     code, name = 27, "SystemError"
 

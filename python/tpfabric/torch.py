@@ -5,8 +5,8 @@
     import torch, torch.distributed as dist
     from tpfabric.torch import Communicator
 
+    torch.cuda.set_device(local_rank)     # first: init_process_group and Communicator use this device
     dist.init_process_group("nccl")
-    torch.cuda.set_device(local_rank)
     comm = Communicator()                 # collective: every rank of the group
     y = comm.all_reduce(x)                # in place, on torch.cuda.current_stream()
 
@@ -33,8 +33,13 @@ import logging
 import os
 from typing import Optional, Union
 
-import torch
-import torch.distributed as dist
+TORCH_HINT = "the Communicator needs PyTorch: apt-get install python3-torch or pip install torch (tpfabric.Group does not)"
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as e:  # as tpfabric.empty() without numpy: the fix, not only the missing name
+    raise ModuleNotFoundError(f"tpfabric.torch needs torch ({e}); {TORCH_HINT}", name="torch") from e
 
 from . import _lib
 from ._group import Group, _RawAllGather, forked_error, raise_status
@@ -128,6 +133,7 @@ class Communicator:
         self._nccl = "nccl" in self.backend
         self._g: Optional[Group] = None
         self._h: Optional[int] = None
+        self._cap = 0
         self._closed = False
         self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62}  # smallest size the library refused
         self.reason: Optional[str] = None
@@ -160,10 +166,11 @@ class Communicator:
             if not e.may_fall_back:
                 raise
             self.reason = e.detail
-            _log.warning("tpfabric: rank %d: fabric path unavailable (%s); torch.distributed takes this group's calls",
+            _log.warning("rank %d: fabric path unavailable (%s); torch.distributed takes this group's calls",
                          self.rank, e.detail)
         if self._g is not None:
             self._h = self._g._handle()
+            self._cap = self._g.agreed_cap  # read on every call: an attribute, not the Group's property
 
     def _device_of(self, device: Union[torch.device, str, int, None]) -> torch.device:
         if device is None:
@@ -223,7 +230,7 @@ class Communicator:
             t.device == self.device
             and t.is_contiguous()
             and t.data_ptr() % 16 == 0
-            and nbytes <= self._g.agreed_cap  # type: ignore[union-attr]
+            and nbytes <= self._cap
             and nbytes < self._refused[op]
         )
 
