@@ -74,8 +74,30 @@ def forked_error(pid: int, what: str = "group") -> Closed:
     )
 
 
-def raise_status(code: int, context: str = "") -> None:
-    """Raise the exception of ``code`` with this thread's ``tpf_last_error()`` (no-op for TPF_OK)."""
+# What to do after a failure, by code: appended to the library's detail.
+_BROKEN = "the group is broken: close() it and open a new one on every rank"
+_HINTS = {
+    2: "allocate with tpfabric.empty() or copy with tpfabric.aligned()",  # Misaligned
+    3: _BROKEN,  # Timeout
+    4: _BROKEN,  # PeerLost
+    5: _BROKEN,  # DaemonLost
+    6: _BROKEN,  # Aborted
+    7: "the call is above the group's agreed cap (agreed_cap: the least max_bytes of every rank and daemon); "
+       "the group stays usable: split the call, or open the group with a larger max_bytes on every rank",  # CapMismatch
+    23: _BROKEN,  # GroupMismatch
+}
+_OPEN_HINTS = {2: _HINTS[2]}  # an open that fails leaves no group to close or keep
+
+
+def raise_status(code: int, context: str = "", *, opened: bool = True) -> None:
+    """Raise the exception of ``code`` with this thread's ``tpf_last_error()`` (no-op for TPF_OK).
+
+    The message is the library's detail, which starts with the status name,
+    the ``context`` in parentheses, then what to do: for a call on an open
+    group (``opened``) that breaks it (Timeout, PeerLost, DaemonLost,
+    Aborted, GroupMismatch), close it and open a new one on every rank; for a
+    CapMismatch, that the group stays usable; for Misaligned, how to allocate.
+    """
     if code == _lib.OK:
         return
     detail = _lib.last_error()  # first: any later call into the library may replace it
@@ -83,15 +105,18 @@ def raise_status(code: int, context: str = "") -> None:
     name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
     if not detail.startswith(name):
         detail = f"{name}: {_L.tpf_strerror(code).decode()}"
+    elif detail.endswith(f" ({name})"):  # "PeerLost: rank 1 is gone (PeerLost)": the name once is enough
+        detail = detail[: -len(name) - 3]
     if context:
         detail = f"{detail} ({context})"
-    if code == 2:  # Misaligned
-        detail += "; allocate with tpfabric.empty() or copy with tpfabric.aligned()"
+    hint = (_HINTS if opened else _OPEN_HINTS).get(code)
+    if hint:
+        detail = f"{detail}; {hint}"
     raise cls(detail, code, name)
 
 
 class TcpBootstrap:
-    """The library's TCP bootstrap: rank 0 listens on ``host_port`` ("127.0.0.1:29500"), the others connect.
+    """The library's TCP bootstrap: rank 0 listens on ``host_port`` ("127.0.0.1:29650"), the others connect.
 
     For CPU tools and tests; engines pass their own all-gather instead. Only
     needed while a :class:`Group` opens: close it (or use ``with``) after.
@@ -108,7 +133,8 @@ class TcpBootstrap:
             raise OutOfRange(f"OutOfRange: bootstrap: world 0 outside 1..{MAX_WORLD}")
         if rank >= world:
             raise OutOfRange(f"OutOfRange: bootstrap: rank {rank} outside 0..{world - 1} (not below world {world})")
-        raise_status(_L.tpf_tcp_bootstrap_create(rank, world, host_port.encode(), timeout_ms, ctypes.byref(handle)))
+        raise_status(_L.tpf_tcp_bootstrap_create(rank, world, host_port.encode(), timeout_ms, ctypes.byref(handle)),
+                     opened=False)
         self._handle = handle.value
         self.rank, self.world = rank, world
 
@@ -232,7 +258,9 @@ class Group:
 
     A group is used by one thread at a time, of the process that opened it: in a fork()ed
     child every call raises :class:`tpfabric.Closed`, and close() leaves the parent's group
-    alone. Use it as a context manager, or call :meth:`close`.
+    alone. Use it as a context manager, or call :meth:`close`. After close(), every method but
+    close() raises :class:`tpfabric.Closed` before it looks at its arguments; :attr:`agreed_cap`
+    is then 0 and :attr:`path` ``"closed"``, as for :class:`tpfabric.torch.Communicator`.
     """
 
     def __init__(
@@ -296,7 +324,7 @@ class Group:
                 if isinstance(cause, _NotBytes):
                     raise TypeError(str(cause)) from None
                 try:
-                    raise_status(code)
+                    raise_status(code, opened=False)
                 except Error as e:
                     if isinstance(e, Unavailable):
                         e.may_fall_back = may_fall_back
@@ -312,10 +340,8 @@ class Group:
         # Read once: fixed for the group's life, and read on every call below.
         self.rank: int = int(_L.tpf_rank(self._h))
         self.world: int = int(_L.tpf_world(self._h))
-        self.agreed_cap: int = int(_L.tpf_agreed_cap(self._h))
-        """The largest shard (bytes) the fabric takes: the minimum over every rank's max_bytes and every daemon's."""
-        self.path: str = _L.tpf_path(self._h).decode()
-        """``"fabric"``, or ``"nccl"`` for a device group that fell back to its NCCL communicator."""
+        self._cap = int(_L.tpf_agreed_cap(self._h))
+        self._path = _L.tpf_path(self._h).decode()
 
     # -- state -----------------------------------------------------------------------------------------
     def _handle(self) -> int:
@@ -330,13 +356,27 @@ class Group:
         """Whether :meth:`close` was called."""
         return self._h is None
 
+    @property
+    def agreed_cap(self) -> int:
+        """The largest shard (bytes) the fabric takes: the minimum over every rank's max_bytes and every daemon's.
+
+        0 after :meth:`close`, as :attr:`tpfabric.torch.Communicator.agreed_cap`.
+        """
+        return 0 if self._h is None else self._cap
+
+    @property
+    def path(self) -> str:
+        """``"fabric"``, ``"nccl"`` for a device group that fell back to its NCCL communicator, or ``"closed"``
+        after :meth:`close` (as :attr:`tpfabric.torch.Communicator.path`)."""
+        return "closed" if self._h is None else self._path
+
     def fits(self, nbytes: int) -> bool:
         """``nbytes <= agreed_cap``: the same answer on every rank (Closed after :meth:`close`)."""
         self._handle()
         n = operator.index(nbytes)
         if n < 0:  # not "fits": a negative size is a mistake, as it is for every call that takes one
             raise ValueError(f"nbytes={n}: must not be negative")
-        return n <= self.agreed_cap
+        return n <= self._cap
 
     def route(self, peer: int) -> str:
         """How this rank reaches ``peer``: ``"self"``, ``"shm"``, ``"verbs"``, ``"ipc"`` (``"none"`` out of range)."""
@@ -391,13 +431,14 @@ class Group:
         otherwise); inp's bytes at most :attr:`agreed_cap`
         (:class:`tpfabric.CapMismatch`). A failed call writes nothing into out.
         """
+        h = self._handle()  # first: a closed group raises Closed whatever the arguments
         i = host_buffer(inp, "inp")
         o = host_buffer(out, "out", writable=True)
         if o.dtype != i.dtype:
             raise ValueError(f"out is {o.dtype}, inp {i.dtype}: all_gather takes one dtype")
         if o.nbytes != self.world * i.nbytes:
             raise ValueError(f"out has {o.nbytes} bytes, expected world * {i.nbytes} = {self.world * i.nbytes}")
-        raise_status(_L.tpf_all_gather(self._handle(), i.ptr, o.ptr, i.nbytes))
+        raise_status(_L.tpf_all_gather(h, i.ptr, o.ptr, i.nbytes))
 
     def all_reduce_sum(self, out: Any, inp: Any, dtype: Optional[DTypeLike] = None) -> None:
         """``out`` = the sum over ranks of ``inp``, added in rank order, bit-identical on every rank.
@@ -405,13 +446,15 @@ class Group:
         float32, float16 or bfloat16 (numpy: a uint16 array with
         ``dtype="bfloat16"``); f16/bf16 accumulate in f32 and round once.
         ``out`` may be ``inp``. Host groups; buffers as for :meth:`all_gather`.
+        ``dtype`` as :data:`DTypeLike`: ``"bfloat16"``, ``np.float16``, ``torch.float32``, ...
         """
+        h = self._handle()
         i = host_buffer(inp, "inp")
         o = host_buffer(out, "out", writable=True)
         d = reduce_dtype(i, dtype, "inp")
         if o.dtype != i.dtype or o.nbytes != i.nbytes:
             raise ValueError(f"out ({o.count} x {o.dtype}) must match inp ({i.count} x {i.dtype})")
-        raise_status(_L.tpf_all_reduce_sum(self._handle(), i.ptr, o.ptr, i.count, int(d)))
+        raise_status(_L.tpf_all_reduce_sum(h, i.ptr, o.ptr, i.count, int(d)))
 
     def all_gather_v(self, out: Any, inp: Any, counts: Sequence[int]) -> None:
         """All-gather with a length per rank: ``counts[r]`` elements from rank r, packed in rank order into ``out``.
@@ -423,6 +466,7 @@ class Group:
         number of entries, a negative one, one too large for the C ABI's
         size_t in bytes (ValueError), one not an integer (TypeError).
         """
+        h = self._handle()
         i = host_buffer(inp, "inp")
         o = host_buffer(out, "out", writable=True)
         elements = _element_counts(counts, self.world, "counts")
@@ -433,32 +477,49 @@ class Group:
             raise ValueError(f"inp has {i.count} elements, counts[{self.rank}] is {elements[self.rank]}")
         if o.count != sum(elements):
             raise ValueError(f"out has {o.count} elements, sum(counts) is {sum(elements)}")
-        raise_status(_L.tpf_all_gather_v(self._handle(), i.ptr, o.ptr, c))
+        raise_status(_L.tpf_all_gather_v(h, i.ptr, o.ptr, c))
 
     # -- raw pointers (device groups on a stream; host groups with stream None) -----------------------------
+    def _stream_of(self, stream: Optional[int]) -> Optional[int]:
+        """``stream`` for a device group; ValueError for one given to a host group, whose calls block on none."""
+        if stream is not None and self.buffers != "device":
+            raise ValueError(
+                f"stream={stream!r}: a host group's calls block and take no stream; stream is for "
+                f"buffers='device' groups (pass stream=None here)"
+            )
+        return stream
+
     def all_gather_raw(self, send: int, recv: int, nbytes: int, stream: Optional[int] = None) -> None:
-        """``tpf_all_gather`` (host group, ``stream`` None) or ``tpf_all_gather_async`` on ``stream`` (a cudaStream_t as an int)."""
-        nbytes = unsigned(nbytes, "nbytes", _U64)
+        """``tpf_all_gather`` (host group, ``stream`` None) or ``tpf_all_gather_async`` on ``stream`` (a cudaStream_t as an int).
+
+        Raises ValueError for a ``stream`` given to a host group.
+        """
+        h = self._handle()
+        nbytes, stream = unsigned(nbytes, "nbytes", _U64), self._stream_of(stream)
         if self.buffers == "device":
-            raise_status(_L.tpf_all_gather_async(self._handle(), send, recv, nbytes, stream))
+            raise_status(_L.tpf_all_gather_async(h, send, recv, nbytes, stream))
         else:
-            raise_status(_L.tpf_all_gather(self._handle(), send, recv, nbytes))
+            raise_status(_L.tpf_all_gather(h, send, recv, nbytes))
 
     def all_reduce_sum_raw(self, send: int, recv: int, count: int, dtype: DTypeLike, stream: Optional[int] = None) -> None:
         """``tpf_all_reduce_sum`` / ``tpf_all_reduce_sum_async`` as :meth:`all_gather_raw`."""
+        h = self._handle()
         d, count = int(as_dtype(dtype)), unsigned(count, "count", _U64)
+        stream = self._stream_of(stream)
         if self.buffers == "device":
-            raise_status(_L.tpf_all_reduce_sum_async(self._handle(), send, recv, count, d, stream))
+            raise_status(_L.tpf_all_reduce_sum_async(h, send, recv, count, d, stream))
         else:
-            raise_status(_L.tpf_all_reduce_sum(self._handle(), send, recv, count, d))
+            raise_status(_L.tpf_all_reduce_sum(h, send, recv, count, d))
 
     def all_gather_v_raw(self, send: int, recv: int, counts_bytes: Sequence[int], stream: Optional[int] = None) -> None:
         """``tpf_all_gather_v`` / ``tpf_all_gather_v_async``; ``counts_bytes`` in bytes, world entries, checked as ``counts``."""
+        h = self._handle()
         c = _counts(_element_counts(counts_bytes, self.world, "counts_bytes"), 1, "counts_bytes")
+        stream = self._stream_of(stream)
         if self.buffers == "device":
-            raise_status(_L.tpf_all_gather_v_async(self._handle(), send, recv, c, stream))
+            raise_status(_L.tpf_all_gather_v_async(h, send, recv, c, stream))
         else:
-            raise_status(_L.tpf_all_gather_v(self._handle(), send, recv, c))
+            raise_status(_L.tpf_all_gather_v(h, send, recv, c))
 
 
 class _RawAllGather:
