@@ -2,8 +2,13 @@
 
 Gathers byte-exact, sums bit-exact against refs.py's rank-order reference and
 identical on every rank, all-gather-v, and failures as named exceptions: a
-killed peer (PeerLost), abort (Aborted), misaligned buffers (Misaligned), a
-size above the cap (CapMismatch), TPF_DISABLE=1 on one rank (Unavailable on
+killed peer (PeerLost), abort (Aborted), a silent peer (Timeout), a killed
+daemon (DaemonLost), sizes that differ between ranks (GroupMismatch), each
+saying once in its message what it is and that the group must be reopened on
+every rank; misaligned buffers (Misaligned), a
+size above the cap (CapMismatch, saying the group stays usable), a closed
+group (Closed before any argument check), a stream given to a host group
+(ValueError), TPF_DISABLE=1 on one rank (Unavailable on
 every rank, no daemon contacted), no daemon (Unavailable), a bad TPF_*
 variable (ConfigError on every rank), a world above 16 on one rank over a
 TcpBootstrap (OutOfRange there, GroupMismatch on the others), a Python
@@ -24,6 +29,14 @@ import refs
 from tpf_testing import Daemon, free_port, in_child, run_ranks
 
 CAP = 65536
+BROKEN_HINT = "; the group is broken: close() it and open a new one on every rank"
+
+
+def assert_breaks(e: Exception, name: str) -> None:
+    """``e`` is a failure that broke the group: its name once, at the start, and the way back at the end."""
+    msg = str(e)
+    assert type(e).__name__ == name and msg.startswith(f"{name}: "), msg
+    assert msg.endswith(BROKEN_HINT) and msg.count(name) == 1, msg
 
 
 def _digest(*arrays: np.ndarray) -> str:
@@ -130,6 +143,18 @@ def rank_refusals(rank: int, world: int, sock: str, port: int) -> None:
         with pytest.raises(tpfabric.CapMismatch, match="^CapMismatch: 4100 bytes above the agreed cap of 4096") as c:
             g.all_gather(tpfabric.empty(world * 4100, "uint8"), tpfabric.empty(4100, "uint8"))
         assert (c.value.code, c.value.name) == (7, "CapMismatch")
+        assert str(c.value).endswith(
+            "; the call is above the group's agreed cap (agreed_cap: the least max_bytes of every rank and daemon); "
+            "the group stays usable: split the call, or open the group with a larger max_bytes on every rank"
+        ), str(c.value)
+        assert "broken" not in str(c.value) and str(c.value).count("CapMismatch") == 1
+        # A stream is for device groups: given to a host group it is refused, not ignored, before any call.
+        x = tpfabric.empty(64, "float32")
+        for raw in (lambda: g.all_gather_raw(x.ctypes.data, out.ctypes.data, 256, stream=1234),
+                    lambda: g.all_reduce_sum_raw(x.ctypes.data, x.ctypes.data, 64, "float32", stream=1234),
+                    lambda: g.all_gather_v_raw(x.ctypes.data, out.ctypes.data, [256] * world, stream=1234)):
+            with pytest.raises(ValueError, match=r"^stream=1234: a host group's calls block and take no stream"):
+                raw()
         with pytest.raises(tpfabric.CapMismatch):
             g.all_gather_v(tpfabric.empty(5000 * world, "uint8"), tpfabric.empty(5000, "uint8"), [5000] * world)
         g.check()  # refusals leave the group usable; every rank calls on
@@ -141,9 +166,18 @@ def rank_refusals(rank: int, world: int, sock: str, port: int) -> None:
         counts = [16] * world
         counts[0] = 16 + 16 * rank
         out[:] = 0xA5
-        with pytest.raises(tpfabric.GroupMismatch):
+        with pytest.raises(tpfabric.GroupMismatch) as m:
             g.all_gather_v(out[: sum(counts)], tpfabric.empty(counts[rank], "uint8"), counts)
+        assert_breaks(m.value, "GroupMismatch")
         assert (out == 0xA5).all()
+    # Closed: what a Communicator says (cap 0, path "closed"), and Closed before any argument is looked at.
+    assert (g.closed, g.agreed_cap, g.path, g.rank, g.world) == (True, 0, "closed", rank, world)
+    for call in (lambda: g.all_gather(out, [1, 2]), lambda: g.all_reduce_sum(out, out, dtype="int8"),
+                 lambda: g.all_gather_v(out, out, [-1]), lambda: g.all_gather_raw(0, 0, -1, stream=1),
+                 lambda: g.all_reduce_sum_raw(0, 0, 1, "float64"), lambda: g.all_gather_v_raw(0, 0, None),
+                 lambda: g.fits(-1), lambda: g.route(-1), g.check, g.abort):
+        with pytest.raises(tpfabric.Closed, match="^Closed: the group was closed$"):
+            call()
 
 
 def rank_size_mismatch(rank: int, world: int, sock: str, port: int, op: str) -> None:
@@ -161,9 +195,11 @@ def rank_size_mismatch(rank: int, world: int, sock: str, port: int, op: str) -> 
             else:
                 g.all_reduce_sum(out[:n], inp)
         assert f" of {n * 4} bytes" in str(e.value) and "passed another size" in str(e.value), str(e.value)
+        assert_breaks(e.value, "GroupMismatch")
         assert (out == 7.0).all()  # nothing written
-        with pytest.raises(tpfabric.GroupMismatch):
+        with pytest.raises(tpfabric.GroupMismatch) as again:
             g.check()  # the group is broken: reopen
+        assert_breaks(again.value, "GroupMismatch")
 
 
 @pytest.mark.parametrize("op", ["gather", "sum"])
@@ -190,9 +226,13 @@ def rank_killed(rank: int, world: int, sock: str, port: int) -> str:
         for call in range(1000):
             g.all_gather(out, inp)
     assert time.monotonic() - start < 5, "PeerLost took too long"
-    assert str(e.value).startswith("PeerLost") and e.value.code == 4
-    with pytest.raises(tpfabric.PeerLost):
+    assert e.value.code == 4
+    # "PeerLost: rank 2 is gone; the group is broken: ..." (the library's detail ends "(PeerLost)": said once)
+    assert str(e.value).startswith(f"PeerLost: rank {world - 1} is gone;"), str(e.value)
+    assert_breaks(e.value, "PeerLost")
+    with pytest.raises(tpfabric.PeerLost) as again:
         g.check()
+    assert_breaks(again.value, "PeerLost")
     with pytest.raises(tpfabric.PeerLost):  # broken stays broken
         g.all_gather(out, inp)
     g.close()
@@ -213,18 +253,101 @@ def rank_abort(rank: int, world: int, sock: str, port: int) -> None:
             g.all_gather(out, inp)
         if rank == 1:
             g.abort()
-            with pytest.raises(tpfabric.Aborted):
+            with pytest.raises(tpfabric.Aborted) as e:
                 g.check()
         else:
-            with pytest.raises(tpfabric.Aborted):
+            with pytest.raises(tpfabric.Aborted) as e:
                 for _ in range(1000):
                     g.all_gather(out, inp)
-            with pytest.raises(tpfabric.Aborted):
+            assert_breaks(e.value, "Aborted")
+            with pytest.raises(tpfabric.Aborted) as e:
                 g.check()
+        assert_breaks(e.value, "Aborted")
 
 
 def test_abort(daemon: Daemon) -> None:
     run_ranks(rank_abort, 3, daemon.socket, free_port())
+
+
+def rank_silent_peer(rank: int, world: int, sock: str, port: int) -> float:
+    import tpfabric
+
+    g = tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock, timeout_ms=500)
+    inp, out = tpfabric.zeros(64, "uint8"), tpfabric.empty(64 * world, "uint8")
+    g.all_gather(out, inp)
+    if rank == 1:  # makes no call while rank 0 waits (well past its 500 ms), then leaves
+        time.sleep(3)
+        g.close()
+        return 0.0
+    start = time.monotonic()
+    with pytest.raises(tpfabric.Timeout) as e:
+        g.all_gather(out, inp)
+    took = time.monotonic() - start
+    assert isinstance(e.value, TimeoutError) and "rank 1 did not deliver" in str(e.value), str(e.value)
+    assert_breaks(e.value, "Timeout")
+    with pytest.raises(tpfabric.Timeout) as again:
+        g.check()
+    assert_breaks(again.value, "Timeout")
+    g.close()
+    return took
+
+
+def test_silent_peer_times_out(daemon: Daemon) -> None:
+    took = run_ranks(rank_silent_peer, 2, daemon.socket, free_port())[0]
+    assert 0.4 < took < 2.5, f"Timeout after {took:.2f} s with timeout_ms=500"
+
+
+def rank_daemon_killed(rank: int, world: int, sock: str, port: int, daemon_pid: int) -> str:
+    import signal
+
+    import tpfabric
+
+    g = tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock, timeout_ms=5000)
+    inp, out = tpfabric.zeros(64, "uint8"), tpfabric.empty(64 * world, "uint8")
+    g.all_gather(out, inp)
+    if rank == 0:
+        os.kill(daemon_pid, signal.SIGKILL)
+    with pytest.raises(tpfabric.DaemonLost) as e:
+        for _ in range(100000):
+            g.all_gather(out, inp)
+    assert_breaks(e.value, "DaemonLost")
+    with pytest.raises(tpfabric.DaemonLost) as again:
+        g.check()
+    assert_breaks(again.value, "DaemonLost")
+    g.close()
+    return e.value.name
+
+
+def test_daemon_killed() -> None:
+    own = Daemon()  # not the module's: this one is killed
+    try:
+        assert run_ranks(rank_daemon_killed, 2, own.socket, free_port(), own.proc.pid) == ["DaemonLost"] * 2
+    finally:
+        rc = own.stop()
+    assert rc == -9, f"tpfabricd exited with {rc}, not by the SIGKILL:\n{own.log()}"
+
+
+def rank_dtype_objects(rank: int, world: int, sock: str, port: int) -> None:
+    import tpfabric
+
+    with tpfabric.Group(rank, world, 8192, f"127.0.0.1:{port}", socket_path=sock) as g:
+        # numpy's scalar types and dtypes name the sums' element types as the strings do.
+        for call, (dtype, make) in enumerate([(np.float32, refs.values_f32), (np.dtype("float32"), refs.values_f32),
+                                              (np.float16, refs.values_f16), (np.dtype(np.float16), refs.values_f16)]):
+            rows = [make(q, 20 + call, 1000) for q in range(world)]
+            out = tpfabric.empty(1000, rows[0].dtype)
+            g.all_reduce_sum(out, tpfabric.aligned(rows[rank]), dtype=dtype)
+            want = refs.sum_f32(rows) if rows[0].dtype == np.float32 else refs.sum_f16(rows)
+            assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), f"sum with dtype={dtype!r}"
+        x = tpfabric.aligned(refs.values_f32(rank, 30, 64))
+        out = tpfabric.empty(64, "float32")
+        g.all_reduce_sum_raw(x.ctypes.data, out.ctypes.data, 64, np.float32)
+        assert np.array_equal(out.view(np.uint32), refs.sum_f32([refs.values_f32(q, 30, 64) for q in range(world)]).view(np.uint32))
+        g.check()
+
+
+def test_dtype_objects(daemon: Daemon) -> None:
+    run_ranks(rank_dtype_objects, 2, daemon.socket, free_port())
 
 
 def rank_open_fails(rank: int, world: int, sock: str, port: int, want: str, text: str) -> str:

@@ -2,6 +2,9 @@
 and what the package refuses before the library is called (negative integers, ranks, worlds and max_bytes
 out of range, all-gather-v counts, object arrays, a bootstrap that is interrupted or returns no bytes), the
 Python exception of a failing bootstrap in the error's message, and the host path without numpy.
+Also: numpy and torch dtype objects as ``dtype=``, what ``from tpfabric import *`` brings, a closed
+group (Closed before any argument check, cap 0, path "closed"), a stream refused by a host group,
+run-time type hints, and ``import tpfabric.torch`` without torch.
 
 No daemon: a world-1 group is a plain copy, and a bootstrap that fails
 fails the open before any daemon is asked.
@@ -9,8 +12,10 @@ fails the open before any daemon is asked.
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -277,8 +282,10 @@ def test_world1_group_and_python_misuse() -> None:
         with pytest.raises(ValueError, match="numpy has no bfloat16"):
             g.all_reduce_sum(bf, bf)
         g.all_reduce_sum(bf, bf, dtype="bfloat16")
-        with pytest.raises(ValueError, match="cannot hold"):
+        with pytest.raises(ValueError, match=r"^inp: a float32 array cannot hold bfloat16 data \(expected bfloat16 or uint16 or int16\)$"):
             g.all_reduce_sum(out, inp, dtype="bfloat16")
+        with pytest.raises(ValueError, match=r"^inp: a float16 array cannot hold float32 data \(expected float32\)$"):
+            g.all_reduce_sum(tpfabric.empty(4, "float16"), tpfabric.empty(4, "float16"), dtype=np.float32)
         with pytest.raises(ValueError, match="sums take"):
             g.all_reduce_sum(np.zeros(4, np.int32), np.zeros(4, np.int32))
         with pytest.raises(ValueError, match="expected world"):
@@ -550,3 +557,132 @@ def test_every_header_function_has_a_prototype() -> None:
         f"in tpfabric.h only: {sorted(declared - set(_lib._PROTOTYPES))}; "
         f"in _lib only: {sorted(set(_lib._PROTOTYPES) - declared)}"
     )
+
+
+def test_dtype_accepts_numpy_and_torch_dtype_objects() -> None:
+    """``dtype=np.float32`` (a numpy scalar type), ``np.dtype(...)``, DType and names all name the sums' types."""
+    from tpfabric._buffers import as_dtype
+
+    F32, F16, BF16 = tpfabric.DType.F32, tpfabric.DType.F16, tpfabric.DType.BF16
+    for given, want in [(np.float32, F32), (np.float16, F16), (np.dtype("float32"), F32), (np.dtype(np.float16), F16),
+                        ("float32", F32), ("f16", F16), ("bf16", BF16), ("numpy.float32", F32), (F16, F16)]:
+        assert as_dtype(given) is want, given
+    for given, shown in [(np.float64, "float64 (<class 'numpy.float64'>)"), (np.dtype("int8"), "int8"),
+                         (float, "float64 (<class 'float'>)"), ("int8", "'int8'"), ("f4", "'f4'")]:
+        with pytest.raises(ValueError, match=rf"^dtype {re.escape(shown)}: the sums take float32, float16 and bfloat16$"):
+            as_dtype(given)
+    with _world1() as g:
+        for dtype in (np.float32, np.dtype("float32"), "float32"):
+            x = tpfabric.empty(8, "float32")
+            x[:] = np.arange(8)
+            out = tpfabric.zeros(8, "float32")
+            g.all_reduce_sum(out, x, dtype=dtype)
+            assert np.array_equal(out, x)
+            out[:] = 0
+            g.all_reduce_sum_raw(x.ctypes.data, out.ctypes.data, 8, dtype)
+            assert np.array_equal(out, x)
+        h = tpfabric.empty(8, "float16")
+        h[:] = 1.5
+        out16 = tpfabric.zeros(8, "float16")
+        g.all_reduce_sum(out16, h, dtype=np.float16)
+        assert np.array_equal(out16, h)
+        with pytest.raises(ValueError, match=r"^dtype float64 \(<class 'numpy.float64'>\): the sums take"):
+            g.all_reduce_sum(tpfabric.empty(8, "float64"), tpfabric.empty(8, "float64"), dtype=np.float64)
+
+
+def test_star_import_brings_only_the_api() -> None:
+    """``from tpfabric import *`` must not replace the importer's __version__ or the builtin SystemError."""
+    ns: dict = {"__version__": "the importer's", "__name__": "importer"}
+    exec("from tpfabric import *", ns)  # noqa: S102 - the star import under test, in its own namespace
+    assert ns["__version__"] == "the importer's"
+    assert "SystemError" not in ns and "error_class" not in ns and "annotations" not in ns
+    assert {"Group", "TcpBootstrap", "empty", "Error", "PeerLost", "Busy", "InvalidArgument"} <= set(ns)
+    assert set(tpfabric.__all__) == {k for k in ns if k != "__builtins__" and k != "__name__" and k != "__version__"}
+    # Still there by name: the C status's class, the helper, the version.
+    assert tpfabric.SystemError.code == 27 and tpfabric.SystemError is not builtins.SystemError
+    assert "SystemError" not in tpfabric.__all__ and "__all__" in (tpfabric.SystemError.__doc__ or "")
+    assert tpfabric.error_class(27) is tpfabric.SystemError and tpfabric.__version__ == tpfabric.library_version()
+    assert not hasattr(tpfabric, "annotations"), "the __future__ import leaks as a public name"
+    for name in tpfabric.__all__:
+        assert hasattr(tpfabric, name), name
+
+
+def test_closed_group_raises_closed_before_arguments() -> None:
+    """A closed group: Closed from every call whatever its arguments; cap 0 and path "closed", as a Communicator's."""
+    g = _world1()
+    assert (g.agreed_cap, g.path) == (4096, "fabric")
+    x = tpfabric.empty(8, "float32")
+    g.close()
+    assert (g.closed, g.agreed_cap, g.path, g.rank, g.world) == (True, 0, "closed", 0, 1)
+    assert repr(g) == "<tpfabric.Group rank 0 of 1 host closed>"
+    bad = [
+        lambda: g.all_gather(x, [1.0]),                              # TypeError on an open group
+        lambda: g.all_gather(tpfabric.empty(3, "float32"), x),       # out of the wrong size
+        lambda: g.all_reduce_sum(np.zeros(3), np.zeros(3)),          # float64
+        lambda: g.all_reduce_sum(x, x, dtype="int8"),
+        lambda: g.all_gather_v(x, x, [1, 2, 3]),
+        lambda: g.all_gather_raw(0, 0, -1),
+        lambda: g.all_reduce_sum_raw(0, 0, 8, "float64", stream=7),
+        lambda: g.all_gather_v_raw(0, 0, "counts"),
+        lambda: g.fits(-1),
+        lambda: g.route(-1),
+        g.check,
+        g.abort,
+    ]
+    for call in bad:
+        with pytest.raises(tpfabric.Closed, match="^Closed: the group was closed$"):
+            call()
+
+
+def test_host_group_refuses_a_stream() -> None:
+    """``stream=`` is for device groups: a host group raises ValueError naming it rather than ignoring it."""
+    with _world1() as g:
+        x, out = tpfabric.empty(16, "float32"), tpfabric.empty(16, "float32")
+        x[:] = 2.0
+        calls = [
+            lambda s: g.all_gather_raw(x.ctypes.data, out.ctypes.data, 64, stream=s),
+            lambda s: g.all_reduce_sum_raw(x.ctypes.data, out.ctypes.data, 16, "float32", stream=s),
+            lambda s: g.all_gather_v_raw(x.ctypes.data, out.ctypes.data, [64], stream=s),
+        ]
+        for call in calls:
+            out[:] = 0
+            with pytest.raises(ValueError, match=r"^stream=1234: a host group's calls block and take no stream; "
+                                                 r"stream is for buffers='device' groups \(pass stream=None here\)$"):
+                call(1234)
+            with pytest.raises(ValueError, match=r"^stream=0: "):  # 0, the default stream, is a stream too
+                call(0)
+            assert not out.any(), "a refused call wrote"
+            call(None)
+            assert (out == 2.0).all()
+
+
+def test_type_hints_resolve_at_run_time() -> None:
+    """typing.get_type_hints (sphinx-autodoc-typehints, run-time validators) works without numpy imported by the package."""
+    import typing
+
+    for fn in (tpfabric.empty, tpfabric.zeros, tpfabric.aligned, tpfabric.is_aligned, tpfabric.Group.all_reduce_sum,
+               tpfabric.Group.__init__, tpfabric.TcpBootstrap.__init__):
+        hints = typing.get_type_hints(fn)
+        assert "return" in hints, fn
+
+
+def test_torch_absent_says_how_to_install_it() -> None:
+    """``import tpfabric.torch`` without torch: an ImportError with the fix, as the host path's without numpy."""
+    code = """
+import sys
+sys.modules["torch"] = None  # what the import system does for a package that is not installed
+import tpfabric
+try:
+    import tpfabric.torch
+except ModuleNotFoundError as e:
+    assert isinstance(e, ImportError) and e.name == "torch" and e.__cause__ is not None
+    print(str(e))
+else:
+    raise AssertionError("tpfabric.torch imported without torch")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("tpfabric.torch needs torch ("), r.stdout
+    assert r.stdout.rstrip().endswith(
+        "; the Communicator needs PyTorch: apt-get install python3-torch or pip install torch (tpfabric.Group does not)"
+    ), r.stdout

@@ -212,9 +212,20 @@ def rank_comm_fallback(rank: int, world: int, sock: str, port: int, why: str) ->
     from tpfabric.torch import Communicator
 
     _init_gloo(rank, world, port)
+    import logging
+
+    warned: List[logging.LogRecord] = []
+    collect = logging.Handler(logging.WARNING)
+    collect.emit = warned.append  # type: ignore[method-assign]
+    logging.getLogger("tpfabric").addHandler(collect)
     comm = Communicator(max_bytes=16384, socket_path=sock)
+    logging.getLogger("tpfabric").removeHandler(collect)
     assert comm.path == "torch.distributed" and comm.agreed_cap == 0 and comm.disabled
     assert comm.reason is not None and why in comm.reason, comm.reason
+    # One WARNING on the "tpfabric" logger, which names the package: the message does not again.
+    assert [(r.name, r.levelname, r.getMessage()) for r in warned] == [
+        ("tpfabric", "WARNING", f"rank {rank}: fabric path unavailable ({comm.reason}); torch.distributed takes this group's calls")
+    ]
     count = _Counted()
     x = _ints(rank, 1000, torch.float32)
     assert not comm.should_use(x)
