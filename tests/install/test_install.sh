@@ -236,6 +236,17 @@ run_logged "examples/CMakeLists.txt configured with CMAKE_PREFIX_PATH=$dest$pref
 if [ -f "$tmp/cmake/build.ninja" ] || [ -f "$tmp/cmake/Makefile" ]; then
     check "CMake found the installed package" grep -qx "tpfabric_DIR:PATH=$lib/cmake/tpfabric" "$tmp/cmake/CMakeCache.txt"
     run_logged "examples built by CMake" "$tmp/cmake-build.log" cmake --build "$tmp/cmake"
+    # A C++17 engine that calls the C header through tpfabric::tpfabric stays C++17
+    # (the imported target sets no standard; the C++ headers need C++20 themselves).
+    mkdir -p "$tmp/cxx17"
+    printf '%s\n' 'cmake_minimum_required(VERSION 3.16)' 'project(cxx17 LANGUAGES CXX)' 'set(CMAKE_CXX_STANDARD 17)' \
+        'set(CMAKE_CXX_STANDARD_REQUIRED ON)' 'find_package(tpfabric 0.1 REQUIRED)' 'add_executable(engine17 engine.cpp)' \
+        'target_link_libraries(engine17 PRIVATE tpfabric::tpfabric)' >"$tmp/cxx17/CMakeLists.txt"
+    printf '%s\n' '#include <tpfabric/tpfabric.h>' \
+        'static_assert(__cplusplus >= 201703L && __cplusplus < 202002L, "tpfabric::tpfabric changed the C++ standard");' \
+        'int main() { return tpf_version() ? 0 : 1; }' >"$tmp/cxx17/engine.cpp"
+    run_logged "a C++17 CMake engine calling the C header through tpfabric::tpfabric stays C++17" "$tmp/cxx17.log" \
+        sh -c 'cmake -S "$1" -B "$1/b" -DCMAKE_PREFIX_PATH="$2" && cmake --build "$1/b"' sh "$tmp/cxx17" "$dest$prefix"
 fi
 # Rust: the installed example and the guide's snippet, against the installed library alone.
 rustc=$(command -v rustc || { [ -x "$HOME/.cargo/bin/rustc" ] && echo "$HOME/.cargo/bin/rustc"; })
