@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -148,7 +149,20 @@ struct Error {
     }
 };
 
-/// Value or named failure. Exceptions are kept for start-up and config.
+/// Thrown by Result::value() (and `*`, `->`) when the Result holds a failure:
+/// code that skipped the check learns which failure it skipped
+/// ("tpf::Result holds no value: SystemError: bootstrap: bind ...").
+class BadResultAccess : public std::logic_error {
+public:
+    explicit BadResultAccess(const Error& e) : std::logic_error("tpf::Result holds no value: " + e.describe()), error_(e) {}
+    const Error& error() const noexcept { return error_; }
+
+private:
+    Error error_;
+};
+
+/// Value or named failure. Exceptions are kept for start-up and config, and
+/// for value() on a failure (BadResultAccess).
 template <class T>
 class [[nodiscard]] Result {
 public:
@@ -158,9 +172,9 @@ public:
 
     bool ok() const noexcept { return v_.index() == 0; }
     explicit operator bool() const noexcept { return ok(); }
-    T& value() & { return std::get<0>(v_); }
-    const T& value() const& { return std::get<0>(v_); }
-    T&& value() && { return std::get<0>(std::move(v_)); }
+    T& value() & { return checked(), std::get<0>(v_); }
+    const T& value() const& { return checked(), std::get<0>(v_); }
+    T&& value() && { return checked(), std::get<0>(std::move(v_)); }
     T* operator->() { return &value(); }
     const T* operator->() const { return &value(); }
     T& operator*() & { return value(); }
@@ -169,6 +183,9 @@ public:
     Errc code() const noexcept { return ok() ? Errc::Ok : std::get<1>(v_).code; }
 
 private:
+    void checked() const {
+        if (v_.index() != 0) throw BadResultAccess(std::get<1>(v_));
+    }
     std::variant<T, Error> v_;
 };
 

@@ -1,7 +1,9 @@
 // libtpfabric — the client library a GPU worker links.
 //
 //   auto boot = tpf::TcpBootstrap::create(rank, world, "127.0.0.1:29500");
+//   if (!boot) return boot.error();                       // "SystemError: bind ...: Address already in use"
 //   auto group = tpf::Group::open(**boot, rank, world, 512 * 1024);
+//   if (!group) return group.error();                     // value() on a failure throws tpf::BadResultAccess
 //   tpf::Status s = group.value()->allGather(send, recv, bytes);   // recv: world * bytes
 //   s = group.value()->allReduceSum(send, recv, count, tpf::DType::BF16);
 //
