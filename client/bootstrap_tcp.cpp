@@ -144,7 +144,11 @@ Status Bootstrap::allGatherUntil(const void* mine, void* out, std::size_t bytes,
 
 Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, std::uint32_t world,
                                                            const std::string& hostPort, std::chrono::milliseconds timeout) {
-    if (world == 0 || rank >= world) return Error{Errc::OutOfRange, "bootstrap: rank " + std::to_string(rank) + " of " + std::to_string(world)};
+    if (world == 0)
+        return Error{Errc::OutOfRange, "bootstrap: world 0 (a group has 1 to " + std::to_string(kMaxWorld) + " ranks)"};
+    if (rank >= world)
+        return Error{Errc::OutOfRange, "bootstrap: rank " + std::to_string(rank) + " not below world " + std::to_string(world) +
+                                           " (ranks are 0.." + std::to_string(world - 1) + ")"};
     // The root's tables hold kMaxWorld ranks. A larger world elsewhere still
     // joins, so that the root refuses it by name to every rank.
     if (rank == 0 && world > kMaxWorld)

@@ -194,7 +194,8 @@ Status gpuCheck(Group::Impl& g) {
         break;
     default:
         why = f.missingPeer == kNoPeer ? std::string("reported by the daemon")
-                                       : "rank " + std::to_string(f.missingPeer) + " is gone (" + std::string(errcName(f.error)) + ")";
+                                       : "rank " + std::to_string(f.missingPeer) +
+                                             (f.error == Errc::PeerLost ? " is gone" : " failed the group");
     }
     return g.fail(Error{f.error, why});
 }

@@ -115,7 +115,8 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (code == Errc::Aborted) // the daemon names the aborter in missingPeer
             return fail(Error{code, who < world ? "rank " + std::to_string(who) + " aborted the group"
                                                 : std::string("a rank aborted the group")});
-        return fail(Error{code, "rank " + std::to_string(who) + " is gone (" + std::string(errcName(code)) + ")"});
+        // The code is describe()'s prefix already: "PeerLost: rank 3 is gone".
+        return fail(Error{code, "rank " + std::to_string(who) + (code == Errc::PeerLost ? " is gone" : " failed the group")});
     };
 
     for (std::uint64_t now = start; now < spinUntil; now = monotonicNs()) {

@@ -238,8 +238,11 @@ TPF_API const char* tpf_status_name(tpf_status status);
 /** What an operator should understand and do about a status, one sentence. */
 TPF_API const char* tpf_strerror(tpf_status status);
 /** The last failure of this thread, with its detail ("PeerLost: rank 3 is
- *  gone (PeerLost)"); "" when no call of this thread failed. Valid until the
- *  thread's next call into libtpfabric. */
+ *  gone"); "" when no call of this thread failed. Only a call that fails
+ *  replaces it (tpf_status_name, tpf_strerror, tpf_version and
+ *  tpf_last_error never do), and the text it replaces is freed: read it
+ *  after the call it describes, not in the same expression (the order in
+ *  which C evaluates a call's arguments is unspecified). */
 TPF_API const char* tpf_last_error(void);
 /** The library's release, "0.1.0" (compare with TPF_VERSION_STRING of the header). */
 TPF_API const char* tpf_version(void);

@@ -105,7 +105,7 @@ def raise_status(code: int, context: str = "", *, opened: bool = True) -> None:
     name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
     if not detail.startswith(name):
         detail = f"{name}: {_L.tpf_strerror(code).decode()}"
-    elif detail.endswith(f" ({name})"):  # "PeerLost: rank 1 is gone (PeerLost)": the name once is enough
+    elif detail.endswith(f" ({name})"):  # libraries before 2026-12-04: "PeerLost: rank 1 is gone (PeerLost)"
         detail = detail[: -len(name) - 3]
     if context:
         detail = f"{detail} ({context})"

@@ -236,7 +236,7 @@ TEST_CASE("open: one rank passes rank >= world or a world outside 1..16: OutOfRa
       // joins, and the others learn only that rank 2 is missing
         auto r = start(d, {{0, 3, {}}, {1, 3, {}}, {5, 3, {}}});
         for (std::size_t i = 0; i < 2; ++i) requireOpenFailed(r, i, "Timeout", {"rank 2 did not join the bootstrap"});
-        requireCreateFailed(r, 2, "OutOfRange", "bootstrap: rank 5 of 3");
+        requireCreateFailed(r, 2, "OutOfRange", "bootstrap: rank 5 not below world 3 (ranks are 0..2)");
     }
 }
 
