@@ -47,3 +47,18 @@ TEST_CASE("Result carries a value or a named error") {
     Status st{Errc::Timeout};
     CHECK(st.error().describe().rfind("Timeout: ", 0) == 0);
 }
+
+TEST_CASE("value() of a failed Result throws BadResultAccess naming the failure") {
+    Result<int> bad{Errc::SystemError, "bootstrap: bind 127.0.0.1:29500: Address already in use"};
+    try {
+        (void)bad.value();
+        FAIL("value() of a failure returned");
+    } catch (const BadResultAccess& e) {
+        CHECK(std::string(e.what()) == "tpf::Result holds no value: SystemError: bootstrap: bind 127.0.0.1:29500: Address already in use");
+        CHECK(e.error().code == Errc::SystemError);
+    }
+    CHECK_THROWS_AS(*bad, BadResultAccess);
+    CHECK_THROWS_AS(std::move(bad).value(), std::logic_error);
+    Result<int> ok = 7;
+    CHECK(ok.value() == 7);
+}
