@@ -251,11 +251,16 @@ int main(int argc, char** argv) {
     std::string configPath, checkPath, socket, logLevel;
     bool foreground = false;
     // An empty path would silently mean "no file" (or the default socket);
-    // leaving the flag out says that.
+    // leaving the flag out says that. A path that starts with '-' is the next
+    // flag taken as the value (--check-config --config FILE): say so.
     const auto namesAPath = [](std::string what, std::string unlessNone) {
         return CLI::Validator(
             [what, unlessNone](std::string& path) {
-                return path.empty() ? "an empty path names no " + what + unlessNone : std::string();
+                if (path.empty()) return "an empty path names no " + what + unlessNone;
+                if (path[0] == '-')
+                    return "got the flag '" + path + "' where a " + what + " path belongs: put the " + what +
+                           "'s path right after this flag (a " + what + " named so: ./" + path + ")";
+                return std::string();
             },
             "");
     };

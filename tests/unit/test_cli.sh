@@ -69,6 +69,9 @@ expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed; .* an absolute path"
 expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed" "$d" --check-config "$tmp/good.conf" --socket rel.sock
 expect 2 "^tpfabricd: --config: an empty path names no file" timeout 10 "$d" --config "" --socket "$tmp/f.sock"
 expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-config ""
+# A flag where a path belongs is the next flag taken as the value: named as such.
+expect 2 "^tpfabricd: --check-config: got the flag '--config' where a file path belongs" "$d" --check-config --config "$tmp/x.conf"
+expect 2 "^tpfabricd: --config: got the flag '--foreground' where a file path belongs" "$d" --config --foreground
 expect 2 "^tpfabricd: --socket: an empty path names no socket" timeout 10 "$d" --socket ""
 expect 2 "^tpfabricd: --socket: an empty path names no socket" "$d" --check-config "$tmp/good.conf" --socket ""
 expect 2 "^tpfabricd: --config and --check-config both name a file: .*give --check-config alone" \
