@@ -1,5 +1,6 @@
 // tpfabricd — one per node: owns regions, rings, HCAs and the proxy; serves
 // ranks and tpfabricctl on a Unix socket.
+#include <grp.h>
 #include <sodium.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -241,6 +242,30 @@ bool checkSocketLikeStart(const DaemonConfig& cfg) {
     return true;
 }
 
+// --check-config's notes on what a start would do short of failing: keys
+// that parse but that this host makes a start quietly serve less.
+void checkDegradedStart(const DaemonConfig& cfg) {
+    if (::getgrnam(cfg.socketGroup.c_str()) == nullptr)
+        std::fprintf(stderr,
+                     "tpfabricd: note: daemon.socket_group: no group '%s' on this host now: a start would leave the "
+                     "socket in the daemon's own group, so only its user and group could connect; the package's sysusers.d entry "
+                     "creates 'tpfabric' (systemd-sysusers), or set a group that exists\n",
+                     cfg.socketGroup.c_str());
+    if (!cfg.hcas.empty()) {
+        // The start's own discovery, its log lines silenced: the note says the outcome.
+        const auto level = spdlog::get_level();
+        spdlog::set_level(spdlog::level::off);
+        std::string why;
+        const bool none = discoverHcas(cfg, &why).empty();
+        spdlog::set_level(level);
+        if (none)
+            std::fprintf(stderr,
+                         "tpfabricd: note: verbs.hcas: a start here would find no usable HCA port (%s) and serve "
+                         "same-node groups only; check the names against `ibv_devices` / `rdma link`\n",
+                         why.c_str());
+    }
+}
+
 } // namespace
 } // namespace tpf::daemon
 
@@ -328,6 +353,7 @@ int main(int argc, char** argv) {
     if (checkOnly) {
         for (const auto& w : warnings) std::fprintf(stderr, "tpfabricd: warning: %s\n", w.c_str());
         if (!checkSocketLikeStart(cfg)) return 2;
+        checkDegradedStart(cfg);
         std::printf("tpfabricd: %s: configuration is valid\n", checkPath.c_str());
         return 0;
     }

@@ -69,6 +69,12 @@ expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed; .* an absolute path"
 expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed" "$d" --check-config "$tmp/good.conf" --socket rel.sock
 expect 2 "^tpfabricd: --config: an empty path names no file" timeout 10 "$d" --config "" --socket "$tmp/f.sock"
 expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-config ""
+# Keys with which a start runs but serves less: notes, exit 0.
+printf '[daemon]\nsocket_group = "tpf-no-such-group"\n[verbs]\nhcas = ["tpf_no_such_hca"]\n' >"$tmp/degraded.conf"
+expect 0 "note: daemon\.socket_group: no group 'tpf-no-such-group' on this host now" \
+    "$d" --check-config "$tmp/degraded.conf" --socket "$tmp/degraded.sock"
+expect 0 "note: verbs\.hcas: a start here would find no usable HCA port \(.*tpf_no_such_hca.*\) and serve same-node groups only" \
+    "$d" --check-config "$tmp/degraded.conf" --socket "$tmp/degraded.sock"
 # A flag where a path belongs is the next flag taken as the value: named as such.
 expect 2 "^tpfabricd: --check-config: got the flag '--config' where a file path belongs" "$d" --check-config --config "$tmp/x.conf"
 expect 2 "^tpfabricd: --config: got the flag '--foreground' where a file path belongs" "$d" --config --foreground
