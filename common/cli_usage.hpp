@@ -20,10 +20,18 @@ inline int usageError(const char* prog, const std::string& line, const char* hel
 
 /// The line for a parse error of a program that takes a command: CLI11 says
 /// only "A subcommand is required", even when a word was given, so name the
-/// word and the commands (hidden ones, of group "", left out); `e.what()`
-/// once a command was selected.
+/// word and the commands (hidden ones, of group "", left out); once a
+/// command was selected, words it does not take named in the order given
+/// (CLI11 lists them backwards), else `e.what()`.
 inline std::string parseErrorLine(const CLI::App& app, const CLI::ParseError& e) {
-    if (!app.get_subcommands().empty()) return e.what();
+    if (const auto selected = app.get_subcommands(); !selected.empty()) {
+        if (dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) return e.what();
+        std::string words;
+        for (const auto& w : app.remaining(true)) words += (words.empty() ? "" : " ") + w;
+        const std::string cmd = selected.front()->get_name();
+        const std::string prog = app.get_name().substr(app.get_name().find_last_of('/') + 1);
+        return cmd + " does not take '" + words + "' ('" + prog + " " + cmd + " --help' lists what it takes)";
+    }
     std::string commands;
     for (const CLI::App* c : app.get_subcommands([](const CLI::App* s) { return !s->get_group().empty(); }))
         commands += (commands.empty() ? "" : ", ") + c->get_name();

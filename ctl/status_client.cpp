@@ -85,8 +85,8 @@ std::string groupName(gid_t gid) {
 std::string permissionHint(const std::string& path) {
     // The group's members get in where the group has the permission; elsewhere only the owner (or sudo) does.
     const auto remedy = [](const struct stat& st, mode_t groupBit) {
-        return (st.st_mode & groupBit) ? "add your user to group " + groupName(st.st_gid) + " and log in again, or use sudo"
-                                       : std::string("its group may not either: use sudo");
+        if (!(st.st_mode & groupBit)) return std::string("its group may not either: use sudo");
+        return "add your user to group " + groupName(st.st_gid) + " and log in again, or use sudo";
     };
     // Each directory on the way needs search (x) permission; the first that refuses is the one to name.
     const std::filesystem::path p(path);
@@ -99,7 +99,15 @@ std::string permissionHint(const std::string& path) {
                    remedy(st, S_IXGRP);
     }
     struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) return "the socket (" + ownership(st) + ") refuses you: " + remedy(st, S_IWGRP);
+    if (::stat(path.c_str(), &st) == 0) {
+        // Group root: daemon.socket_group named no group when the daemon
+        // started (the socket kept root's), or names root; joining root is no remedy.
+        if (st.st_gid == 0 && (st.st_mode & S_IWGRP))
+            return "the socket (" + ownership(st) + ") refuses you: use sudo; or let daemon.socket_group name a group "
+                   "of yours (tpfabric, made by systemd-sysusers, is the default), which must exist when tpfabricd "
+                   "starts, and restart it";
+        return "the socket (" + ownership(st) + ") refuses you: " + remedy(st, S_IWGRP);
+    }
     return "you may not open the socket or a directory on its way: check their owners and groups (ls -ld), or use sudo";
 }
 
@@ -125,7 +133,9 @@ Error unreachable(const std::string& path, const Error& e) {
     if (why.ends_with(std::strerror(EACCES)) || why.ends_with(std::strerror(EPERM)))
         hint = permissionHint(path);
     else if (why.ends_with(std::strerror(ECONNREFUSED)))
-        hint = "nothing listens on that path, a stale socket? systemctl status tpfabricd; systemctl restart tpfabricd";
+        hint = "nothing listens on that path: a stale socket of a tpfabricd that died (one started by hand; under "
+               "systemd the socket goes with the daemon): start tpfabricd (it replaces the socket), or systemctl "
+               "status tpfabricd";
     return fail(e.code, "cannot reach tpfabricd at " + path + ": " + why + " (" + hint + ")");
 }
 

@@ -179,7 +179,7 @@ TEST_CASE("status: a path that is not a socket is named for what it is") {
         auto doc = ctl::fetchStatus(sock, 500);
         REQUIRE_FALSE(doc);
         INFO(doc.error().detail);
-        CHECK(has(doc.error().detail, ": connect: Connection refused (nothing listens on that path, a stale socket?"));
+        CHECK(has(doc.error().detail, ": connect: Connection refused (nothing listens on that path: a stale socket of a tpfabricd that died"));
         ::unlink(sock.c_str());
     }
     ::unlink(file.c_str());

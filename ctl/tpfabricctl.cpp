@@ -22,6 +22,11 @@ int runLayout(std::uint32_t world, const std::string& maxBytesText, std::uint32_
         std::fprintf(stderr, "tpfabricctl: --max-bytes: %s\n", cap.error().describe().c_str());
         return 2;
     }
+    if (*cap == 0) {
+        std::fprintf(stderr, "tpfabricctl: --max-bytes: 0 is no cap: give the bytes a rank sends per call (an open "
+                             "refuses 0), e.g. 4096 or 512KiB\n");
+        return 2;
+    }
     auto layout = tpf::Layout::of(world, tpf::slotBytesFor(*cap), stripes);
     if (!layout) {
         std::fprintf(stderr, "tpfabricctl: %s\n", layout.error().describe().c_str());
@@ -131,7 +136,7 @@ int main(int argc, char** argv) {
                                         : std::string();
                 },
                 ""))
-            ->group("Daemon options (before or after the command)");
+            ->group("Daemon options (of status and metrics, before or after the command)");
         to.add_option("--timeout-ms", timeoutMs, timeoutHelp)
             ->check(CLI::Validator(
                 [](std::string& v) {
@@ -141,7 +146,7 @@ int main(int argc, char** argv) {
                 ""))
             ->check(CLI::Range(1, 600000))
             ->capture_default_str()
-            ->group("Daemon options (before or after the command)");
+            ->group("Daemon options (of status and metrics, before or after the command)");
     };
     addDaemonOptions(app);
 

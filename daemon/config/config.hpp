@@ -31,7 +31,7 @@ struct DaemonConfig {
     std::uint32_t maxClientsPerUid = 128;      ///< daemon.max_clients_per_uid: connections at once of one uid, 1..65536
     std::uint32_t messageTimeoutMs = 5000;     ///< daemon.message_timeout_ms: a client's message (its first: from connecting) may stay incomplete this long, 100..600000
     std::uint32_t maxGroups = 64;              ///< daemon.max_groups: groups at once, 1..4096
-    std::uint64_t maxRegionBytes = 16ull << 30; ///< daemon.max_region_bytes: all regions together, 1MiB..1TiB
+    std::uint64_t maxRegionBytes = 16ull << 30; ///< daemon.max_region_bytes: all regions together, 1MiB..1024GiB
 
     // [proxy]
     int proxyCpu = -1;                         ///< proxy.cpu: pin the proxy thread to this CPU; -1 = do not pin

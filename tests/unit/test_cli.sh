@@ -140,7 +140,10 @@ expect 1 "^tpfabricctl: cannot reach tpfabricd: .*plain is a regular file, not a
 expect 1 "^tpfabricctl: cannot reach tpfabricd: .* is a directory, not a socket" env TPF_SOCKET="$tmp" "$ctl" metrics
 expect 2 "^tpfabricctl: " "$ctl" --no-such-flag
 expect 2 "^tpfabricctl: " "$ctl"
-expect 2 "^tpfabricctl: " "$ctl" status --json --bogus
+expect 2 "^tpfabricctl: status does not take '--bogus' \('tpfabricctl status --help' lists what it takes\)" "$ctl" status --json --bogus
+# layout takes no daemon options: the words named in the order given
+expect 2 "^tpfabricctl: layout does not take '--socket /x' \('tpfabricctl layout --help'" "$ctl" layout --socket /x
+expect 2 "^tpfabricctl: --max-bytes: 0 is no cap" "$ctl" layout --max-bytes 0
 expect 2 "^tpfabricctl: " "$ctl" layout --world 99
 
 # Daemon options before or after the command; no daemon at $tmp/none.sock.
@@ -243,7 +246,10 @@ else
         expect 1 "^tpfabricctl: .*Permission denied \(its directory $tmp \(owner root, group $group, mode 0700\) does not let you in: its group may not either: use sudo\)" \
             asNobody "$ctl" --socket "$tmp/run.sock" status
         chmod 0711 "$tmp"
-        expect 1 "^tpfabricctl: cannot reach tpfabricd at .*run\.sock: connect: Permission denied \(the socket \(owner root, group $group, mode 0660\) refuses you: add your user to group $group and log in again, or use sudo\)" \
+        remedy="add your user to group $group and log in again, or use sudo"
+        # group root: joining it is no remedy; the socket's group comes from daemon.socket_group
+        [ "$(id -g)" -eq 0 ] && remedy="use sudo; or let daemon\.socket_group name a group of yours .*and restart it"
+        expect 1 "^tpfabricctl: cannot reach tpfabricd at .*run\.sock: connect: Permission denied \(the socket \(owner root, group $group, mode 0660\) refuses you: $remedy\)" \
             asNobody "$ctl" --socket "$tmp/run.sock" status
         chmod 0700 "$tmp"
     else
