@@ -133,7 +133,13 @@ struct WorldControl {
 /// floor's p50 is its best burst's (a lower bound should not carry another
 /// job's burst of load), its p99 is over all its round trips.
 constexpr std::uint32_t kFloorBursts = 5;
-std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup);
+/// Its two processes run pinned to two CPUs of different physical cores (of
+/// one package where there are such), so that two SMT siblings sharing one
+/// core's caches never make the floor 10x lower in one run than the next;
+/// `pinning` says which CPUs, or why it was not pinned. The calling
+/// process's CPU affinity is restored before it returns.
+std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup,
+                                std::string& pinning);
 /// `tpf-bench floor-peer`: the answering side; memfd inherited as `fd`.
 int runFloorPeer(int fd, const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup);
 
@@ -151,6 +157,7 @@ struct Results {
     std::vector<std::uint32_t> worlds;
     std::uint64_t iters = 0, warmup = 0, pointMs = 0, minIters = 0;
     std::vector<Point> floor;                         ///< one per size
+    std::string floorPinning;                         ///< the floor's two CPUs, or why it was not pinned
     std::vector<std::pair<std::uint32_t, Point>> rows; ///< (world, point)
     double loadBefore = -1, loadAfter = -1;           ///< 1-minute load average (getloadavg)
     std::vector<WorldControl> control;                ///< one per world, in run order

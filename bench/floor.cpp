@@ -9,7 +9,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "bench/bench.hpp"
 #include "bench/launch.hpp"
@@ -71,9 +74,76 @@ bool spinFor(std::uint64_t* w, std::uint64_t want) {
     }
 }
 
+/// A number from a sysfs topology file of `cpu`, -1 when unreadable.
+int topology(int cpu, const char* what) {
+    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + what);
+    int v = -1;
+    return (f >> v) ? v : -1;
+}
+
+/// Two CPUs this process may run on, of different physical cores (one package
+/// preferred), or why there are none.
+std::optional<std::pair<int, int>> twoCores(std::string& whyNot) {
+    cpu_set_t allowed;
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        whyNot = std::string("sched_getaffinity: ") + std::strerror(errno);
+        return std::nullopt;
+    }
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    if (cpus.size() < 2) {
+        whyNot = "fewer than 2 CPUs allowed";
+        return std::nullopt;
+    }
+    const int a = cpus[0], coreA = topology(a, "core_id"), packageA = topology(a, "physical_package_id");
+    if (coreA < 0 || packageA < 0) {
+        whyNot = "no CPU topology in sysfs";
+        return std::nullopt;
+    }
+    std::optional<int> otherPackage;
+    for (std::size_t i = 1; i < cpus.size(); ++i) {
+        const int core = topology(cpus[i], "core_id"), package = topology(cpus[i], "physical_package_id");
+        if (package == packageA && core != coreA) return std::pair{a, cpus[i]};
+        if (package != packageA && package >= 0 && !otherPackage) otherPackage = cpus[i];
+    }
+    if (otherPackage) return std::pair{a, *otherPackage};
+    whyNot = "every allowed CPU is a thread of one physical core";
+    return std::nullopt;
+}
+
+bool pinTo(int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return ::sched_setaffinity(0, sizeof one, &one) == 0;
+}
+
 } // namespace
 
-std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup) {
+std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup,
+                                std::string& pinning) {
+    // Pinned as two processes on two physical cores: the peer inherits the
+    // second CPU at fork, this process then takes the first; restored at the end.
+    cpu_set_t before;
+    const bool haveBefore = ::sched_getaffinity(0, sizeof before, &before) == 0;
+    std::string whyNot;
+    const auto pair = haveBefore ? twoCores(whyNot) : std::nullopt;
+    if (!haveBefore) whyNot = std::string("sched_getaffinity: ") + std::strerror(errno);
+    struct Restore {
+        bool on;
+        cpu_set_t mask;
+        ~Restore() {
+            if (on) ::sched_setaffinity(0, sizeof mask, &mask);
+        }
+    } restore{haveBefore && pair.has_value(), before};
+    if (pair && !pinTo(pair->second)) {
+        whyNot = std::string("sched_setaffinity: ") + std::strerror(errno);
+        restore.on = false;
+    }
+    pinning = restore.on ? "pinned to CPUs " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
+                               " (two physical cores)"
+                         : "not pinned (" + whyNot + ")";
     const std::uint64_t maxSize = maxOf(sizes);
     const std::size_t bytes = regionBytes(maxSize);
     const int fd = ::memfd_create("tpf-bench-floor", MFD_CLOEXEC);
@@ -85,6 +155,7 @@ std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::ui
                                   std::to_string(warmup), "--sizes", joinSizes(sizes)};
     const pid_t peer = spawnSelf(args, fd);
     ::close(fd);
+    if (restore.on) pinTo(pair->first);
     auto fail = [&](const std::string& why) -> std::runtime_error {
         ::kill(peer, SIGKILL);
         ::waitpid(peer, nullptr, 0);

@@ -135,7 +135,8 @@ std::string formatTable(const Results& r, bool markdown) {
                  : std::string("not measured in this run (needs --world 16, 4KiB in --sizes, gather in --ops)")) + "\n";
     out += bullet + "floor: raw two-process shared-memory ping-pong, one way = round trip / 2; each leg copies the bytes in, "
                     "release-stores a flag, the other side spins (pause, sched_yield) and copies them out. No daemon, no futex. "
-                    "p50 = the best of " + std::to_string(kFloorBursts) + " interleaved bursts' p50, p99 over all round trips.\n";
+                    "p50 = the best of " + std::to_string(kFloorBursts) + " interleaved bursts' p50, p99 over all round trips; " +
+           (r.floorPinning.empty() ? std::string("not pinned") : r.floorPinning) + ".\n";
     out += bullet + "p50/p99: CLOCK_MONOTONIC around each call, every timed call of every rank pooled (calls = W x timed "
                     "calls per rank: up to " + std::to_string(r.iters) + " after up to " + std::to_string(r.warmup) +
            " warm-up calls" +
@@ -149,7 +150,7 @@ std::string formatTable(const Results& r, bool markdown) {
                " after it: anything above ~0 is other work competing for the same CPUs.\n";
     std::uint32_t maxWorld = 0;
     for (auto w : r.worlds) maxWorld = std::max(maxWorld, w);
-    out += bullet + "this machine has " + std::to_string(cpus) + " online CPU(s); nothing is pinned" +
+    out += bullet + "this machine has " + std::to_string(cpus) + " online CPU(s); the ranks and the daemon are not pinned" +
            (maxWorld > cpus ? "; W > " + std::to_string(cpus) +
                                   " oversubscribes it (plus the daemon's proxy thread), so those rows measure the "
                                   "scheduler as much as the data path."
@@ -192,7 +193,7 @@ nlohmann::json toJson(const Results& r) {
                          {"loadavg_1m_before", r.loadBefore}, {"loadavg_1m_after", r.loadAfter}}},
             {"iters", r.iters}, {"warmup", r.warmup}, {"point_ms", r.pointMs}, {"min_iters", r.minIters}, {"worlds", r.worlds}, {"sizes", r.sizes},
             {"units", "microseconds; p50/p99 nearest rank over all ranks' calls"},
-            {"floor", floor}, {"results", rows}, {"target", target}, {"target_wide", wide}};
+            {"floor", floor}, {"floor_pinning", r.floorPinning}, {"results", rows}, {"target", target}, {"target_wide", wide}};
     addControlJson(r, doc);
     addHostPathsJson(r, doc);
     return doc;

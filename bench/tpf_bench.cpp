@@ -132,7 +132,7 @@ int runCommand(const RunArgs& a) {
     try {
         std::fprintf(stderr, "tpf-bench: floor: shared-memory ping-pong, %zu sizes x %llu round trips\n", res.sizes.size(),
                      (unsigned long long)a.floorIters);
-        res.floor = measureFloor(res.sizes, a.floorIters, a.floorIters / 10);
+        res.floor = measureFloor(res.sizes, a.floorIters, a.floorIters / 10, res.floorPinning);
         if (daemonPid > 0) {
             std::fprintf(stderr, "tpf-bench: daemon with no group: %u ms\n", a.idleMs);
             settle();

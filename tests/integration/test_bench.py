@@ -8,7 +8,8 @@ against a tpfabricd it starts itself (--daemon), read back from its --json.
   run        W = 2 and 3, 64 B and 4 KiB, gather and both sums, exactly
              --iters timed calls a rank (--point-ms 0): every (op, W, size)
              row is in the JSON with W x iters samples and sane percentiles,
-             the floor beside each size, issue 16's targets judged (W = 2 4 KiB
+             the floor beside each size (its CPUs named, or why not pinned),
+             issue 16's targets judged (W = 2 4 KiB
              within 2x the floor; the W = 16 line says it was not measured),
              an open time for each W, and the Markdown on stdout says the same.
 Timing is not asserted (2 CPUs here): the numbers only have to exist and
@@ -87,6 +88,9 @@ def main():
     floors = {f["size"]: f for f in doc["floor"]}
     check(set(floors) == set(sizes) and all(f["samples"] == 200 and f["p50_us"] > 0 for f in floors.values()),
           f"a floor for each size, 200 round trips: {doc['floor']}")
+    pin = doc.get("floor_pinning", "")
+    check(pin.startswith("pinned to CPUs ") or pin.startswith("not pinned ("),
+          f"the floor's CPUs named, or why it was not pinned: {pin!r}")
     target = {t["op"]: t for t in doc["target"]}
     check(set(target) == set(ops) and all(t["limit"] == 2.0 and t["met"] == (t["ratio_p50"] <= 2.0)
                                           for t in target.values()),
