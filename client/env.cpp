@@ -77,7 +77,10 @@ Result<ClientEnv> readClientEnv() {
     if (const char* v = get("TPF_SOCKET")) env.socket = v;
     if (const char* v = get("TPF_DISABLE")) {
         if (std::strcmp(v, "1") == 0) env.disable = true;
-        else if (std::strcmp(v, "0") != 0) return bad("TPF_DISABLE", v, "1 (keep every group off the fabric: NCCL takes a device group with a communicator, any other open is Unavailable) and 0");
+        else if (std::strcmp(v, "0") != 0)
+            return bad("TPF_DISABLE", v,
+                       "1 (keep every group off the fabric: NCCL takes a device group with a communicator, any other "
+                       "open is Unavailable) and 0");
     }
     if (const char* v = get("TPF_FALLBACK")) {
         if (std::strcmp(v, "nccl") == 0) env.fallback = Fallback::Nccl;

@@ -248,8 +248,8 @@ void checkDegradedStart(const DaemonConfig& cfg) {
     if (::getgrnam(cfg.socketGroup.c_str()) == nullptr)
         std::fprintf(stderr,
                      "tpfabricd: note: daemon.socket_group: no group '%s' on this host now: a start would leave the "
-                     "socket in the daemon's own group, so only its user and group could connect; the package's sysusers.d entry "
-                     "creates 'tpfabric' (systemd-sysusers), or set a group that exists\n",
+                     "socket in the daemon's own group, so only its user and group could connect; the package's "
+                     "sysusers.d entry creates 'tpfabric' (systemd-sysusers), or set a group that exists\n",
                      cfg.socketGroup.c_str());
     if (!cfg.hcas.empty()) {
         // The start's own discovery, its log lines silenced: the note says the outcome.
