@@ -298,19 +298,19 @@ void reportAttach(Group::Impl& g, const GpuPath& p) {
 
 GpuPath::~GpuPath() {
     if (state) kernels::destroyDeviceState(state);
-    if (stats) (void)TPF_GPU(cudaFree(stats));
-    if (scratch) (void)TPF_GPU(cudaFree(scratch));
+    if (stats) TPF_GPU_CLEANUP(cudaFree(stats));
+    if (scratch) TPF_GPU_CLEANUP(cudaFree(scratch));
     auto unmap = [](DeviceMapping& m) {
         if (m.ptr) {
-            (void)TPF_GPU(drv().unmap(m.ptr, m.bytes));
-            (void)TPF_GPU(drv().addressFree(m.ptr, m.bytes));
+            TPF_GPU_CLEANUP(drv().unmap(m.ptr, m.bytes));
+            TPF_GPU_CLEANUP(drv().addressFree(m.ptr, m.bytes));
         }
-        if (m.handle) (void)TPF_GPU(drv().release(m.handle));
+        if (m.handle) TPF_GPU_CLEANUP(drv().release(m.handle));
     };
     for (auto& m : peers) unmap(m);
     unmap(own);
-    if (regionHost) (void)TPF_GPU(cudaHostUnregister(regionHost));
-    if (ringHost) (void)TPF_GPU(cudaHostUnregister(ringHost));
+    if (regionHost) TPF_GPU_CLEANUP(cudaHostUnregister(regionHost));
+    if (ringHost) TPF_GPU_CLEANUP(cudaHostUnregister(ringHost));
 }
 
 void GpuPathDeleter::operator()(GpuPath* p) const { delete p; }

@@ -27,8 +27,8 @@ Result<std::unique_ptr<NcclBootstrap>> NcclBootstrap::create(ncclComm_t comm) {
 NcclBootstrap::~NcclBootstrap() {
     // A wedged all-gather still owns the scratch: cudaFree would wait for it
     // (forever). Leak it; the stream is released once its work ends.
-    if (scratch_ && !wedged_) (void)TPF_GPU(cudaFree(scratch_));
-    if (stream_) (void)TPF_GPU(cudaStreamDestroy(stream_));
+    if (scratch_ && !wedged_) TPF_GPU_CLEANUP(cudaFree(scratch_));
+    if (stream_) TPF_GPU_CLEANUP(cudaStreamDestroy(stream_));
 }
 
 Status NcclBootstrap::allGather(const void* mine, void* out, std::size_t bytes) {
