@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -377,7 +378,11 @@ DaemonConfig loadConfig(const std::string& path) {
             cfg.origin[v.key] = v.origin();
         }
     }
-    cfg.source = path;
+    // Absolute, as status and the start-up line show it: a daemon started with
+    // --config cfg/run.toml says which file wherever it is read from.
+    std::error_code ec;
+    const auto full = std::filesystem::absolute(path, ec).lexically_normal();
+    cfg.source = ec ? path : full.string();
     return cfg;
 }
 
