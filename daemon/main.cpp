@@ -120,6 +120,7 @@ int run(DaemonConfig cfg, bool foreground) {
     // First, so that every later line (the HCAs' among them) follows the one that says which daemon this is.
     spdlog::info("tpfabricd {} starting: node {}, config {}, socket {}", TPF_VERSION, nodeId.hex(), cfg.source,
                  socketPath);
+    for (const auto& w : combinationWarnings(cfg)) spdlog::warn("{}", w);
     std::string hcasNoneReason;
     const auto hcas = discoverHcas(cfg, &hcasNoneReason);
 
@@ -345,6 +346,7 @@ int main(int argc, char** argv) {
         if (*socketFlag) applyFlag(cfg, "daemon.socket", "--socket", socket);
         if (*logLevelFlag) applyFlag(cfg, "daemon.log_level", "--log-level", logLevel);
         warnings = checkOnHost(cfg);
+        for (auto& w : combinationWarnings(cfg)) warnings.push_back(std::move(w));
         if (checkOnly) checkListenAddress(cfg);
     } catch (const ConfigError& e) {
         std::fprintf(stderr, "tpfabricd: %s\n", e.what());

@@ -462,6 +462,17 @@ std::vector<std::string> checkOnHost(const DaemonConfig& cfg) {
     return warnings;
 }
 
+std::vector<std::string> combinationWarnings(const DaemonConfig& cfg) {
+    std::vector<std::string> warnings;
+    // Only where the share was set: a lowered max_clients under the default share is no mistake.
+    if (cfg.maxClientsPerUid > cfg.maxClients && cfg.origin.count("daemon.max_clients_per_uid"))
+        warnings.push_back(setAt(cfg, "daemon.max_clients_per_uid") + "daemon.max_clients_per_uid: " +
+                           std::to_string(cfg.maxClientsPerUid) + " is above daemon.max_clients (" +
+                           std::to_string(cfg.maxClients) + "), so one user's share never binds; set it at most " +
+                           std::to_string(cfg.maxClients) + " (e.g. half, as the defaults 128 and 256)");
+    return warnings;
+}
+
 std::string resolveSocketPath(const DaemonConfig& cfg) {
     if (!cfg.socketPath.empty()) return cfg.socketPath;
     // systemd sets RUNTIME_DIRECTORY to a colon-separated list when several are configured.

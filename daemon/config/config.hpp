@@ -93,6 +93,11 @@ std::optional<PeerKey> readPeerKey(const DaemonConfig& cfg);
 /// but should be fixed (a key file readable by others).
 std::vector<std::string> checkOnHost(const DaemonConfig& cfg);
 
+/// Keys each valid alone whose combination makes one of them do nothing
+/// (daemon.max_clients_per_uid, where set, above daemon.max_clients), one line each:
+/// --check-config prints them as warnings, a start logs them.
+std::vector<std::string> combinationWarnings(const DaemonConfig& cfg);
+
 /// --check-config only: peer.listen ("" passes) is an address of this host
 /// now (a socket bound to it on port 0, then closed: the port itself is not
 /// tried, a running daemon holds it). Throws ConfigError naming the config

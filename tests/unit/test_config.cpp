@@ -665,3 +665,12 @@ TEST_CASE("peer.listen must be an address of this host; its port is not tried") 
                  "set one of its addresses (ip -brief address), \"0.0.0.0\" or \"::\" for every address, or \"\" "
                  "(peer negotiation off)");
 }
+
+TEST_CASE("a per-user share set above max_clients is a warning naming both; a default share under a lowered max_clients is none") {
+    auto c = load("[daemon]\nmax_clients = 10\nmax_clients_per_uid = 100\n");
+    const auto w = combinationWarnings(c);
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].find(":3: daemon.max_clients_per_uid: 100 is above daemon.max_clients (10)") != std::string::npos);
+    CHECK(combinationWarnings(load("[daemon]\nmax_clients = 10\n")).empty());
+    CHECK(combinationWarnings(load("[daemon]\nmax_clients = 10\nmax_clients_per_uid = 10\n")).empty());
+}
