@@ -403,32 +403,31 @@ UniqueFd heldClient(const std::string& socket) {
     return std::move(*fd);
 }
 
+// The ErrorReply `fd` gets next: "NAME: message"; the daemon closes it after.
+std::string refusalOn(int fd) {
+    auto m = receiveMessage(fd, kReplySpec, 5000);
+    if (!m) return "no reply: " + m.error().describe();
+    if (m->header.opcode != kErrorReply) return "opcode " + std::to_string(m->header.opcode);
+    auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
+    REQUIRE(e.ok());
+    CHECK(receiveMessage(fd, kReplySpec, 3000).code() == Errc::DaemonLost); // closed after it
+    return e->message;
+}
+
 // The ErrorReply a rank's Hello gets on a daemon that is full (admitted on one
-// of the connections kept for control clients): "NAME: message", then closed.
+// of the connections kept for control clients).
 std::string refusalOnRankHello(const std::string& socket) {
     auto fd = connectUnix(socket);
     REQUIRE(fd.ok());
     REQUIRE(sendMessage(fd->get(), encode(kHello, 1, Hello{kRoleRank, 0, 0}), {}, 2000).ok());
-    auto m = receiveMessage(fd->get(), kReplySpec, 5000);
-    if (!m) return "no reply: " + m.error().describe();
-    if (m->header.opcode != kErrorReply) return "opcode " + std::to_string(m->header.opcode);
-    auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
-    REQUIRE(e.ok());
-    CHECK(receiveMessage(fd->get(), kReplySpec, 3000).code() == Errc::DaemonLost); // closed after it
-    return e->message;
+    return refusalOn(fd->get());
 }
 
-// The ErrorReply a fresh connection gets before any request: "NAME: message".
+// The ErrorReply a fresh connection gets before any request.
 std::string refusalOnConnect(const std::string& socket) {
     auto fd = connectUnix(socket);
     REQUIRE(fd.ok());
-    auto m = receiveMessage(fd->get(), kReplySpec, 5000);
-    if (!m) return "no reply: " + m.error().describe();
-    if (m->header.opcode != kErrorReply) return "opcode " + std::to_string(m->header.opcode);
-    auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");
-    REQUIRE(e.ok());
-    CHECK(receiveMessage(fd->get(), kReplySpec, 3000).code() == Errc::DaemonLost); // closed after it
-    return e->message;
+    return refusalOn(fd->get());
 }
 
 std::string writeConfig(const std::string& dir, const std::string& text) {
