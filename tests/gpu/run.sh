@@ -92,10 +92,14 @@ start_mps() {
   nvidia-cuda-mps-control -d
 }
 dpid=
+# stop_mps: the suite's daemon and the MPS daemon, once (cleanup, and before the host bench).
+stop_mps() {
+  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null; dpid=
+  if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; mps_dir=; fi
+}
 cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
   [ -n "${xpid:-}" ] && kill "$xpid" 2>/dev/null && wait "$xpid" 2>/dev/null
-  if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; fi
+  stop_mps
   echo "gpu: $n_pass passed, $n_fail failed, $n_skip skipped"
 }
 trap cleanup EXIT
@@ -392,8 +396,7 @@ fi
 # few seconds to settle: the targets are stated for idle host CPUs, and 16
 # host ranks on 16 vCPUs feel any process still awake.
 if [ -x "$bin/tpf-bench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_GPU_NO_HOST_BENCH:-}" ]; then
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null; dpid=
-  if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; mps_dir=; fi
+  stop_mps
   sleep "${TPF_GPU_HOST_SETTLE:-5}"
   echo "== host path (tpf-bench run, $(nproc) host CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), MPS stopped): $(date -u +%FT%TZ)"
   timeout 300 "$bin/tpf-bench" run --daemon "$bin/tpfabricd" --world ${TPF_GPU_HOST_W:-2,4,8,16} \
