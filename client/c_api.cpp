@@ -47,8 +47,13 @@ thread_local std::optional<Bootstrap::Clock::time_point> callbackDeadline;
 // The engine's all-gather, as a Bootstrap.
 class CallbackBootstrap final : public Bootstrap {
 public:
+    // The callback places each record at its caller's own rank, which only
+    // the engine's communicator knows: `rank` is what tpf_group_open was
+    // given. One outside the world still takes part in round 0 as a rank of
+    // it (Group::open refuses it OutOfRange, and the others hear which
+    // bootstrap rank opened as what instead of waiting for it).
     CallbackBootstrap(std::uint32_t rank, std::uint32_t world, tpf_allgather_fn fn, void* ctx)
-        : rank_(rank), world_(world), fn_(fn), ctx_(ctx) {}
+        : rank_(rank < world ? rank : 0), world_(world), fn_(fn), ctx_(ctx) {}
     std::uint32_t rank() const override { return rank_; }
     std::uint32_t world() const override { return world_; }
     // The open cannot interrupt a callback: it tells it the deadline instead.

@@ -68,7 +68,9 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     Impl& g = *impl_;
     if (g.broken()) return g.failure;
     if (!g.gpu) return hostGroup();
-    const std::size_t bytes = count * dtypeSize(type);
+    const auto sized = sumBytes(count, type, g.agreedCap);
+    if (!sized) return sized.error();
+    const std::size_t bytes = *sized;
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allReduceSum: send and recv must be 16-byte aligned"};
     GpuPath& p = *g.gpu;
     if (count == 0) return okStatus();

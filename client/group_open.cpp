@@ -94,6 +94,8 @@ Status checkIntents(const Group::Impl& g, const std::vector<OpenIntent>& all, co
                                                   std::to_string(i.rank) + "?)"};
         if (i.maxBytes == 0) // that rank itself fails OutOfRange
             return Error{Errc::GroupMismatch, who + " opens with max_bytes 0"};
+        if (i.envErrc == std::uint16_t(Errc::InvalidArgument)) // that rank itself fails InvalidArgument
+            return Error{Errc::GroupMismatch, who + " opens with invalid Options (its error names them)"};
         if ((i.flags & kIntentDevice) != (all[g.rank].flags & kIntentDevice))
             return Error{Errc::GroupMismatch, who + " opens with " + ((i.flags & kIntentDevice) ? "device" : "host") +
                                                   " buffers, rank " + std::to_string(g.rank) + " with " +
@@ -256,6 +258,11 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
         argError = Error{Errc::OutOfRange, "rank " + std::to_string(rank) + " not below world " + std::to_string(world)};
     else if (maxBytes == 0)
         argError = Error{Errc::OutOfRange, "max_bytes is 0: pass the largest shard, in bytes, this rank will pass"};
+    else if (options.timeout.count() <= 0 || options.openTimeout.count() <= 0 || options.spin.count() < 0)
+        argError = Error{Errc::InvalidArgument,
+                         "Options: timeout " + std::to_string(options.timeout.count()) + " ms, openTimeout " +
+                             std::to_string(options.openTimeout.count()) + " ms, spin " + std::to_string(options.spin.count()) +
+                             " us: both timeouts must be positive and spin not negative (defaults 5000 ms, 30000 ms, 20 us)"};
     else if (boot.rank() != rank || boot.world() != world)
         argError = Error{Errc::GroupMismatch, "rank " + std::to_string(rank) + " opens with world " + std::to_string(world) +
                                                   " over a bootstrap of world " + std::to_string(boot.world()) + " (as its rank " +
@@ -266,7 +273,8 @@ Result<std::unique_ptr<Group>> Group::open(Bootstrap& caller, std::uint32_t rank
         // of waiting for this one until their deadline.
         const std::uint32_t bootWorld = boot.world();
         if (bootWorld >= 2 && bootWorld <= kMaxWorld && boot.rank() < bootWorld) {
-            const OpenIntent intent = intentOf(rank, world, maxBytes);
+            OpenIntent intent = intentOf(rank, world, maxBytes);
+            if (argError.code == Errc::InvalidArgument) intent.envErrc = std::uint16_t(Errc::InvalidArgument);
             std::vector<OpenIntent> all(bootWorld);
             (void)boot.allGather(&intent, all.data(), sizeof intent);
         }

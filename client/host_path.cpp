@@ -34,8 +34,24 @@ void Group::Impl::noteForked() {
 }
 
 Status Group::Impl::fail(Error e) {
-    if (failure.code == Errc::Ok) failure = std::move(e);
+    const std::lock_guard lock(failMutex);
+    if (std::atomic_ref(failure.code).load(std::memory_order_relaxed) == Errc::Ok) {
+        failure.detail = std::move(e.detail);
+        std::atomic_ref(failure.code).store(e.code, std::memory_order_release);
+    }
     return failure;
+}
+
+Error Group::Impl::sharedFailure() const {
+    auto& c = control();
+    Errc code;
+    if (!errcFromWire(std::atomic_ref(c.error).load(std::memory_order_acquire), code) || code == Errc::Ok)
+        code = std::atomic_ref(c.abort).load(std::memory_order_acquire) ? Errc::Aborted : Errc::PeerLost;
+    const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
+    if (code == Errc::Aborted) // the daemon names the aborter in missingPeer
+        return Error{code, who < world ? "rank " + std::to_string(who) + " aborted the group" : std::string("a rank aborted the group")};
+    // The code is describe()'s prefix already: "PeerLost: rank 3 is gone".
+    return Error{code, "rank " + std::to_string(who) + (code == Errc::PeerLost ? " is gone" : " failed the group")};
 }
 
 void Group::Impl::record(StatsOp op, std::uint64_t startNs, std::size_t bytes, bool ok) {
@@ -108,16 +124,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (!brokenSeenNs) brokenSeenNs = now;
         return now - brokenSeenNs >= kBrokenGraceNs;
     };
-    auto reportFailure = [&]() -> Status {
-        Errc code;
-        if (!errcFromWire(std::atomic_ref(c.error).load(std::memory_order_acquire), code)) code = Errc::PeerLost;
-        const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
-        if (code == Errc::Aborted) // the daemon names the aborter in missingPeer
-            return fail(Error{code, who < world ? "rank " + std::to_string(who) + " aborted the group"
-                                                : std::string("a rank aborted the group")});
-        // The code is describe()'s prefix already: "PeerLost: rank 3 is gone".
-        return fail(Error{code, "rank " + std::to_string(who) + (code == Errc::PeerLost ? " is gone" : " failed the group")});
-    };
+    auto reportFailure = [&]() -> Status { return fail(sharedFailure()); };
 
     for (std::uint64_t now = start; now < spinUntil; now = monotonicNs()) {
         for (int i = 0; i < 64; ++i) {
@@ -269,7 +276,9 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     Impl& g = *impl_;
     if (g.broken()) return g.failure;
     if (!aligned(send) || !aligned(recv)) return Error{Errc::Misaligned, "allReduceSum buffers must be 16-byte aligned"};
-    const std::size_t bytes = count * dtypeSize(type);
+    const auto sized = sumBytes(count, type, g.agreedCap);
+    if (!sized) return sized.error();
+    const std::size_t bytes = *sized;
     if (!fits(bytes))
         return Error{Errc::CapMismatch, std::to_string(bytes) + " bytes above the agreed cap of " + std::to_string(g.agreedCap)};
     if (g.world == 1) {

@@ -3,7 +3,9 @@
 
 #include <array>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "client/env.hpp"
@@ -49,7 +51,12 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     bool ringsProxy = true;                     ///< some peer is reached through the proxy: ring for each call
     std::uint64_t daemonCheckedNs = 0;          ///< when a host-direct call last looked at the daemon's socket
 
-    Error failure;   ///< sticky; code Ok while healthy
+    /// Sticky; code Ok while healthy. Written once, by fail() (first
+    /// failure wins), which may run on a thread in abort() while another
+    /// blocks in a call: the detail is written before the code is released,
+    /// and broken() acquires the code before a caller copies the whole.
+    Error failure;
+    std::mutex failMutex; ///< serialises fail()'s writers
     bool closed = false;
     pid_t openedBy = ::getpid();                  ///< the process that opened the group
     std::uint32_t openedAt = forkGeneration();    ///< forkGeneration() then: another one here is a fork()ed child
@@ -99,9 +106,17 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// The call may not go on: a sticky failure, or (first noted here) a
     /// fork()ed child's copy of the group, Closed naming the parent.
     bool broken() {
-        if (forked() && failure.code != Errc::Closed) noteForked();
-        return failure.code != Errc::Ok;
+        if (forked() && std::atomic_ref(failure.code).load(std::memory_order_acquire) != Errc::Closed) noteForked();
+        // A rank's abort breaks the group for every rank at once, also for
+        // calls this rank could still complete (the aborter staged its row).
+        if (std::atomic_ref(failure.code).load(std::memory_order_acquire) == Errc::Ok && region.data() &&
+            std::atomic_ref(control().abort).load(std::memory_order_acquire))
+            (void)fail(sharedFailure());
+        return std::atomic_ref(failure.code).load(std::memory_order_acquire) != Errc::Ok;
     }
+    /// The daemon's record of a group-wide failure (ControlBlock error and
+    /// missingPeer) as a call reports it: "rank 1 aborted the group".
+    Error sharedFailure() const;
     void noteForked();
     /// allGatherV's arguments, before anything is staged: world counts, send
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.
@@ -134,6 +149,16 @@ inline void* fallbackComm(const Options& o, Bootstrap& boot) { return o.ncclComm
 /// device view, set up ipc peers and run the load-time probe. Collective:
 /// every rank calls it and every rank gets the same verdict.
 Status gpuAttach(Group::Impl& g, Bootstrap& boot);
+/// `count` elements of `type` in bytes; CapMismatch when that is more than
+/// size_t holds (above every cap: refused before anything is read or routed).
+inline Result<std::size_t> sumBytes(std::size_t count, DType type, std::uint64_t agreedCap) {
+    std::size_t bytes = 0;
+    if (__builtin_mul_overflow(count, dtypeSize(type), &bytes))
+        return Error{Errc::CapMismatch, "allReduceSum of " + std::to_string(count) + " elements is more bytes than size_t " +
+                                            "holds, above the agreed cap of " + std::to_string(agreedCap)};
+    return bytes;
+}
+
 /// What a kernel recorded (readFailure), made the group's sticky failure.
 Status gpuCheck(Group::Impl& g);
 /// The device's call counts into the ring's RankStats (check() and close()).

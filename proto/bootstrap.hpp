@@ -56,7 +56,7 @@ struct OpenIntent {
     std::uint32_t rank;     ///< the rank this process opens as
     std::uint32_t world;    ///< the world it opens with
     std::uint64_t maxBytes; ///< its maxBytes argument (ranks may differ: the group agrees the minimum)
-    std::uint16_t envErrc;  ///< 0, or ConfigError: a TPF_* variable of this rank is invalid
+    std::uint16_t envErrc;  ///< 0; ConfigError: a TPF_* variable of this rank is invalid; InvalidArgument: its Options are
     std::uint16_t dataProtocol; ///< kDataProtocol (0 from libraries before the field)
     std::uint32_t reserved1;
 };

@@ -96,7 +96,7 @@ constexpr std::string_view errcMessage(Errc e) noexcept {
     switch (e) {
     case Errc::Ok: return "success";
     case Errc::Unsupported: return "not supported by this build or machine; the call goes to NCCL or must be avoided";
-    case Errc::Misaligned: return "buffer address or size is not aligned as the API requires (16 bytes); align the buffer";
+    case Errc::Misaligned: return "a buffer address is not 16-byte aligned as the API requires (sizes need no alignment); align the buffer";
     case Errc::Timeout: return "a peer did not deliver within the timeout; check that every rank reached the same call";
     case Errc::PeerLost: return "a rank of the group or its node died; reopen the group";
     case Errc::DaemonLost: return "the local tpfabricd went away; restart it (systemctl restart tpfabricd) and reopen";

@@ -13,7 +13,9 @@
  *   tpf_group_close(g);
  *
  * Threads: a group is used by one thread at a time; different groups may be
- * used from different threads. Link with -ltpfabric (pkg-config libtpfabric,
+ * used from different threads. The one exception is tpf_abort, which may be
+ * called from another thread while a call of the group blocks (a shutdown
+ * request): that call then ends TPF_ABORTED. Link with -ltpfabric (pkg-config libtpfabric,
  * or CMake find_package(tpfabric) and tpfabric::tpfabric).
  * docs/integration.md is the guide. */
 #ifndef TPFABRIC_H
@@ -163,7 +165,9 @@ TPF_API tpf_status tpf_all_reduce_sum(tpf_group* group, const void* send, void* 
 
 /** Device buffers (TPF_BUFFERS_DEVICE) on `stream` (a cudaStream_t; NULL the
  *  legacy default stream): enqueues kernels only, capturable in a CUDA graph.
- *  TPF_MISALIGNED / TPF_CAP_MISMATCH come back at once and launch nothing;
+ *  TPF_MISALIGNED / TPF_CAP_MISMATCH come back at once and launch nothing,
+ *  as does TPF_UNSUPPORTED on a group opened with host buffers (or a
+ *  library built without CUDA);
  *  a failed wait is recorded on the device and returned by tpf_check after
  *  the stream synchronised. Above the agreed cap, or after a fallback, the
  *  call goes to NCCL on the same stream where options.nccl_comm was given. */

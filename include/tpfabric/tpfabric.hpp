@@ -124,11 +124,12 @@ enum class Fallback {
 struct Options {
     /// Daemon socket; "" = $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock.
     std::string socketPath;
-    /// Bound on every wait of a collective.
+    /// Bound on every wait of a collective; positive (open refuses 0 or
+    /// less with InvalidArgument).
     std::chrono::milliseconds timeout{5000};
-    /// Bound on opening (all local ranks joining at their daemon).
+    /// Bound on opening (all local ranks joining at their daemon); positive.
     std::chrono::milliseconds openTimeout{30000};
-    /// Busy-poll this long before sleeping in a wait (host path).
+    /// Busy-poll this long before sleeping in a wait (host path); 0 or more.
     std::chrono::microseconds spin{20};
     /// Default: $TPF_FALLBACK ("nccl" or "error"), else Nccl.
     std::optional<Fallback> fallback;
@@ -236,7 +237,9 @@ public:
     /// to NCCL (no abort there: broken here only); Closed after close().
     /// tpf_abort() answers the same. Not queued behind this rank's posted
     /// calls: a peer still waiting for this rank's last shard may end that
-    /// call Aborted too.
+    /// call Aborted too. A group is used by one thread at a time, except
+    /// abort(): it may come from another thread while a call of the group
+    /// blocks (a shutdown request), which then ends Aborted.
     Status abort();
     /// Leave the group (also done by the destructor): every fd and mapping of
     /// the group is released before it returns. Every call must have finished

@@ -100,6 +100,13 @@ static tpf_status store_allgather(void* ctx, const void* mine, void* out, size_t
     return TPF_OK;
 }
 
+/* Counts its calls in *(int*)ctx and fails each: a bootstrap whose peers are gone. */
+static tpf_status counting_allgather(void* ctx, const void* mine, void* out, size_t bytes) {
+    (void)mine, (void)out, (void)bytes;
+    ++*(int*)ctx;
+    return TPF_PEER_LOST;
+}
+
 /* ---- the daemon and the ranks ------------------------------------------ */
 
 static char top[64];
@@ -477,6 +484,34 @@ static int rank_bad_env(uint32_t rank, uint32_t world, const char* dir) {
     return 0;
 }
 
+/* The last rank passes rank world + 2 through the same callback (its store
+ * rank is its own): OutOfRange there, GroupMismatch naming its bootstrap rank
+ * on the others, at once rather than at their open timeout. */
+static int rank_bad_rank(uint32_t rank, uint32_t world, const char* dir) {
+    struct file_store store;
+    tpf_group* g = NULL;
+    const int last = rank == world - 1;
+    const uint64_t start = now_ms();
+    memset(&store, 0, sizeof store);
+    snprintf(store.dir, sizeof store.dir, "%s", dir);
+    store.rank = rank;
+    store.world = world;
+    store.fail_at = -1;
+    tpf_open_options o;
+    tpf_open_options_init(&o);
+    o.socket_path = socket_path;
+    o.open_timeout_ms = 20000;
+    CHECK_STATUS(tpf_group_open(last ? world + 2 : rank, world, 4096, store_allgather, &store, &o, &g),
+                 last ? TPF_OUT_OF_RANGE : TPF_GROUP_MISMATCH);
+    CHECK(g == NULL, "a failed open left a group");
+    char want[96];
+    if (last) snprintf(want, sizeof want, "rank %u not below world %u", world + 2, world);
+    else snprintf(want, sizeof want, "bootstrap rank %u opens as rank %u, not below world %u", world - 1, world + 2, world);
+    CHECK(strstr(tpf_last_error(), want) != NULL, "last error %s, wanted %s", tpf_last_error(), want);
+    CHECK(now_ms() - start < 10000, "the open took %llu ms", (unsigned long long)(now_ms() - start));
+    return 0;
+}
+
 /* TPF_DISABLE=1 on the last rank: a host group is Unavailable on every rank, and no daemon is asked. */
 static int rank_disabled(uint32_t rank, uint32_t world, const char* dir) {
     if (rank == world - 1) setenv("TPF_DISABLE", "1", 1);
@@ -559,7 +594,13 @@ static void single_process_checks(void) {
     CHECK_STATUS(tpf_group_open(0, 2, 4096, store_allgather, NULL, &o, NULL), TPF_INVALID_ARGUMENT);
     CHECK_STATUS(tpf_group_open(0, 0, 4096, store_allgather, NULL, &o, &g), TPF_OUT_OF_RANGE);
     CHECK_STATUS(tpf_group_open(0, 17, 4096, store_allgather, NULL, &o, &g), TPF_OUT_OF_RANGE);
-    CHECK_STATUS(tpf_group_open(3, 2, 4096, store_allgather, NULL, &o, &g), TPF_OUT_OF_RANGE);
+    /* A rank outside the world still takes part in the first exchange (so that
+       the others hear which rank opened as what): one call of the callback,
+       whose failure does not hide the caller's own mistake. */
+    int calls = 0;
+    CHECK_STATUS(tpf_group_open(3, 2, 4096, counting_allgather, &calls, &o, &g), TPF_OUT_OF_RANGE);
+    CHECK(calls == 1, "rank 3 of 2 called the bootstrap %d times, not once", calls);
+    CHECK(strstr(tpf_last_error(), "rank 3 not below world 2") != NULL, "last error %s", tpf_last_error());
     tpf_open_options bad = o;
     bad.struct_size = 0;
     CHECK_STATUS(tpf_group_open(0, 2, 4096, store_allgather, NULL, &bad, &g), TPF_INVALID_ARGUMENT);
@@ -665,6 +706,7 @@ int main(void) {
     run_ranks("killed peer W=3", 3, rank_killed, 60000);
     run_ranks("abort W=3", 3, rank_abort, 60000);
     run_ranks("callback fails W=2", 2, rank_callback_fails, 30000);
+    run_ranks("rank outside the world W=3", 3, rank_bad_rank, 30000);
     static const char* const bad[][3] = {
         {"TPF_DISABLE", "yes", "1 (keep every group off the fabric: NCCL takes a device group with a communicator, any other open is Unavailable) and 0"},
         {"TPF_FALLBACK", "ncll", "nccl, error"},

@@ -1,8 +1,13 @@
 // Faults across real processes: a killed rank, abort from each rank, a rank
 // that never posts, two groups side by side, misaligned and oversize calls.
 // The rest of the fault matrix (docs/reliability.md): test_fault_matrix.cpp.
+#include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "catch.hpp"
@@ -114,6 +119,57 @@ TEST_CASE("abort from each rank ends every rank's waits with Aborted") {
     }
 }
 
+// A rank that gave up on a late peer (Timeout) and aborted: the late peer's
+// call finds the aborter's row of that call already staged, and still ends
+// Aborted, nothing written: an abort breaks the group on every rank, not
+// only the waits under way when it lands (before, the late call completed
+// Ok and only the next one failed).
+TEST_CASE("abort after a Timeout: the late rank's call ends Aborted though every row is there") {
+    Daemon d;
+    char dir[] = "/tmp/tpf-abortlate-XXXXXX";
+    REQUIRE(::mkdtemp(dir));
+    const std::string go = std::string(dir) + "/go";
+    auto run = startRanks(d, 2, {"--iters", "20", "--sizes", "256"},
+                          {{0, {"--timeout-ms", "300", "--abort-on-failure"}},
+                           {1, {"--timeout-ms", "10000", "--pause-at", "10", "--go-file", go}}});
+    REQUIRE(waitAll({&run.ranks[0]}, 60000));
+    INFO("rank 0: " << run.ranks[0].output);
+    CHECK(run.ranks[0].output.find("ABORT rank=0 status=Ok") != std::string::npos);
+    CHECK(run.line(0).find("error=Timeout calls=10 ") != std::string::npos);
+    // The daemon has recorded the abort before the late rank goes on.
+    bool broken = false;
+    for (int i = 0; i < 200 && !broken; ++i) {
+        const auto status = nlohmann::json::parse(statusJson(d.socket()));
+        for (const auto& g : status["groups"]) broken = broken || g["state"] == "broken";
+        if (!broken) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    REQUIRE(broken);
+    std::fclose(std::fopen(go.c_str(), "w"));
+    REQUIRE(waitAll({&run.ranks[1]}, 60000));
+    INFO("rank 1: " << run.line(1));
+    CHECK(run.line(1).find("error=Aborted calls=10 ") != std::string::npos);
+    CHECK(run.line(1).find("detail=rank 0 aborted the group") != std::string::npos);
+    CHECK(exitCode(run.ranks[1]) == 1); // 3: the failed call wrote into its output
+    std::filesystem::remove_all(dir);
+}
+
+// The one call that may come from another thread: an engine's shutdown
+// request aborts while its calls' thread is blocked in a call.
+TEST_CASE("abort from a second thread ends the call blocked in the first with Aborted, long before the timeout") {
+    Daemon d;
+    auto run = startRanks(d, 2, {"--iters", "100", "--sizes", "256", "--timeout-ms", "20000"},
+                          {{0, {"--abort-after-ms", "1500"}}, {1, {"--stall-at", "5"}}});
+    REQUIRE(waitAll({&run.ranks[0]}, 60000));
+    const std::string line = run.line(0);
+    INFO("rank 0: " << run.ranks[0].output);
+    CHECK(run.ranks[0].output.find("ABORT rank=0 status=Ok") != std::string::npos);
+    CHECK(line.find("error=Aborted calls=5 ") != std::string::npos);
+    CHECK(field(line, "elapsed_ms") < 15000); // the abort, not the timeout
+    CHECK(exitCode(run.ranks[0]) == 1);
+    ::kill(run.ranks[1].pid, SIGKILL);
+    waitAll({&run.ranks[1]}, 5000);
+}
+
 TEST_CASE("a rank that never posts: the others end with Timeout naming it") {
     Daemon d;
     const std::uint32_t world = 3, silent = 1, timeoutMs = 800;
@@ -178,6 +234,13 @@ TEST_CASE("misaligned buffers and sizes above the cap are refused by name, the g
     CHECK(groups[0]->allGather(buf[0], buf[0] + 8, 16).code() == tpf::Errc::Misaligned);
     CHECK(groups[1]->allGather(buf[1], buf[1] + 8192, 4096 + 101).code() == tpf::Errc::CapMismatch);
     CHECK_FALSE(groups[1]->fits(4096 + 101));
+    // A count whose bytes wrap size_t (2^62 + 1 f32: 4 bytes once wrapped) is
+    // above the cap too, refused before a byte is read or written.
+    std::memset(buf[1] + 8192, 0xa5, 64);
+    const tpf::Status huge = groups[1]->allReduceSum(buf[1], buf[1] + 8192, (std::size_t(1) << 62) + 1, tpf::DType::F32);
+    CHECK(huge.code() == tpf::Errc::CapMismatch);
+    CHECK(huge.error().detail.find("more bytes than size_t holds") != std::string::npos);
+    CHECK(std::all_of(buf[1] + 8192, buf[1] + 8192 + 64, [](std::uint8_t b) { return b == 0xa5; }));
     // Neither refusal broke the group: a real call still works on both.
     tpf::Status s1{tpf::Errc::Closed};
     std::thread t([&] { s1 = groups[1]->allGather(buf[1], buf[1] + 8192, 4096 + 100); });
@@ -186,6 +249,7 @@ TEST_CASE("misaligned buffers and sizes above the cap are refused by name, the g
     CHECK(s0.ok());
     CHECK(s1.ok());
     CHECK(groups[0]->check().ok());
+    CHECK(groups[1]->check().ok());
 }
 
 // An orderly leave ends the group only after the leaver's last epoch E: a

@@ -240,6 +240,13 @@ TEST_CASE("open: one rank passes rank >= world or a world outside 1..16: OutOfRa
     }
 }
 
+TEST_CASE("open: invalid Options on one rank (a timeout of 0): InvalidArgument there, GroupMismatch naming it elsewhere") {
+    Daemon d;
+    auto r = start(d, {{0, 3, {}}, {1, 3, {"--timeout-ms", "0"}}, {2, 3, {}}});
+    for (std::size_t i : {0u, 2u}) requireOpenFailed(r, i, "GroupMismatch", {"rank 1 opens with invalid Options"});
+    requireOpenFailed(r, 1, "InvalidArgument", {"Options: timeout 0 ms", "must be positive"});
+}
+
 TEST_CASE("open: a full daemon is Busy by name where the group may not fall back, Unavailable where it may") {
     char tmpl[] = "/tmp/tpf-openbusy-XXXXXX";
     REQUIRE(::mkdtemp(tmpl));

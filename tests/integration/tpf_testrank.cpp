@@ -74,6 +74,8 @@ struct Args {
     bool skipOpen = false;                // create the bootstrap, never call Group::open
     bool exitBeforeOpen = false;          // _exit(0) after creating the bootstrap
     bool abortThenClose = false;          // after --abort-at: abort again, close, abort once more
+    bool abortOnFailure = false;          // after a failed call: abort() (ABORT line), then the RESULT line
+    std::uint32_t abortAfterMs = 0;       // a second thread calls abort() this long after open (ABORT line)
     bool checkFds = false;                // count fds before open and after close()
     std::int32_t dataProtocol = -1;       // announce this data protocol at open (testing::setDataProtocol)
 };
@@ -177,6 +179,10 @@ int runCalls(const Args& a, Group& g) {
     Aligned send(maxSize), recv(outBytes), expect(maxSize);
     std::uint64_t calls = 0;
     std::uint64_t start = monotonicNs();
+    const auto says = [&](const char* what, const Status& s) {
+        line("%s rank=%u status=%s detail=%s\n", what, a.rank, std::string(errcName(s.code())).c_str(),
+             s ? "" : s.error().detail.c_str());
+    };
     // A failed call writes nothing into its output.
     auto failed = [&](const Status& s) {
         for (std::size_t i = 0; i < outBytes; ++i)
@@ -185,6 +191,7 @@ int runCalls(const Args& a, Group& g) {
                      std::string(errcName(s.code())).c_str(), i);
                 return 3;
             }
+        if (a.abortOnFailure) says("ABORT", g.abort());
         const int rc = finish(a, s, calls, start);
         // --hold-ms holds a failed rank's group open too (after its RESULT
         // line): a refusal that does not break the group (CapMismatch) must
@@ -197,10 +204,6 @@ int runCalls(const Args& a, Group& g) {
         if (std::int64_t(it) == a.forkAt) forkAChild(a, g);
         if (std::int64_t(it) == a.abortAt) {
             start = monotonicNs();
-            const auto says = [&](const char* what, const Status& s) {
-                line("%s rank=%u status=%s detail=%s\n", what, a.rank, std::string(errcName(s.code())).c_str(),
-                     s ? "" : s.error().detail.c_str());
-            };
             says("ABORT", g.abort());
             if (a.abortThenClose) {
                 says("ABORT-AGAIN", g.abort());
@@ -341,6 +344,8 @@ int main(int argc, char** argv) {
     app.add_flag("--skip-open", a.skipOpen, "create the bootstrap, print BOOTSTRAP, hold --hold-ms, never open");
     app.add_flag("--exit-before-open", a.exitBeforeOpen, "exit right after creating the bootstrap");
     app.add_flag("--abort-then-close", a.abortThenClose, "after --abort-at: abort again, close, abort once more");
+    app.add_flag("--abort-on-failure", a.abortOnFailure, "after a failed call: abort() (ABORT line), then RESULT");
+    app.add_option("--abort-after-ms", a.abortAfterMs, "a second thread calls abort() this long after open (ABORT line)");
     app.add_flag("--check-fds", a.checkFds, "print FDS: fds before open and after close()");
     app.add_option("--data-protocol", a.dataProtocol, "announce this data protocol at open, as another release would");
     CLI11_PARSE(app, argc, argv);
@@ -364,7 +369,19 @@ int main(int argc, char** argv) {
     const double openMs = double(monotonicNs() - openStart) / 1e6;
     if (!group) return finish(a, group.error(), 0, t0, openMs);
     line("OPEN rank=%u cap=%llu open_ms=%.1f\n", a.rank, (unsigned long long)(*group)->agreedCap(), openMs);
+    // --abort-after-ms: the shutdown request of an engine, from a thread of
+    // its own while the calls' thread may be blocked in one (joined before
+    // the group goes).
+    std::jthread aborter;
+    if (a.abortAfterMs)
+        aborter = std::jthread([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(a.abortAfterMs));
+            const Status s = (*group)->abort();
+            line("ABORT rank=%u status=%s detail=%s\n", a.rank, std::string(errcName(s.code())).c_str(),
+                 s ? "" : s.error().detail.c_str());
+        });
     const int rc = runCalls(a, **group);
+    if (aborter.joinable()) aborter.join();
     if (a.checkFds) {
         (*group)->close(); // the Group object lives on: close() alone must release everything
         line("FDS rank=%u before=%d after=%d\n", a.rank, fdsBefore, countFds());
