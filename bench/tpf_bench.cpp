@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "bench/launch.hpp"
 #include "common/byte_size.hpp"
 #include "common/cli_usage.hpp"
+#include "common/unix_socket.hpp"
 #include "tpf_config.h"
 
 using namespace tpf;
@@ -100,6 +103,11 @@ int runCommand(const RunArgs& a) {
         res.daemonHow = "started by tpf-bench, pid " + std::to_string(daemonPid);
     } else {
         struct stat st{};
+        if (::stat(socket.c_str(), &st) != 0 && (errno == EACCES || errno == EPERM)) {
+            std::fprintf(stderr, "tpf-bench: cannot reach the tpfabricd socket at %s: %s (%s)\n", socket.c_str(),
+                         std::strerror(errno), tpf::permissionHint(socket).c_str());
+            return 1;
+        }
         if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
             std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground, "
                                  "or let tpf-bench start one: --daemon PATH)\n",

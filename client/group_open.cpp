@@ -140,9 +140,11 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Cl
         if (const std::string what = nonSocketAt(path); !what.empty())
             return Error{fd.error().code, path + " is " + what + ", not a socket (TPF_SOCKET or the open's socket path "
                                                                  "option names the daemon's socket: its daemon.socket)"};
-        return Error{fd.error().code, fd.error().detail +
-                                          " (is tpfabricd running? systemctl status tpfabricd; another socket: TPF_SOCKET or "
-                                          "the open's socket path option)"};
+        const std::string& why = fd.error().detail;
+        if (why.ends_with(std::strerror(EACCES)) || why.ends_with(std::strerror(EPERM)))
+            return Error{fd.error().code, why + " (" + permissionHint(path) + ")"};
+        return Error{fd.error().code, why + " (is tpfabricd running? systemctl status tpfabricd; another socket: TPF_SOCKET or "
+                                            "the open's socket path option)"};
     }
     g.socket.reset(std::move(*fd));
     auto hello = request(g, encode(kHello, g.seq++, Hello{kRoleRank, 0, 0}), kHelloReply, msLeft(deadline));

@@ -1,6 +1,8 @@
 #include "common/unix_socket.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,7 +10,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 
 #include "common/shm.hpp"
 
@@ -129,6 +134,56 @@ Result<UniqueFd> connectUnix(const std::string& path, int timeoutMs) {
     const int flags = ::fcntl(fd.get(), F_GETFL);
     if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) return sysError(Errc::SystemError, "fcntl");
     return fd;
+}
+
+namespace {
+
+/// "owner root, group tpfabric, mode 0660", by name where the name is known.
+std::string ownership(const struct stat& st) {
+    const passwd* pw = ::getpwuid(st.st_uid);
+    const group* gr = ::getgrgid(st.st_gid);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+    return "owner " + (pw ? std::string(pw->pw_name) : "uid " + std::to_string(st.st_uid)) + ", group " +
+           (gr ? std::string(gr->gr_name) : "gid " + std::to_string(st.st_gid)) + ", mode " + mode;
+}
+
+std::string groupName(gid_t gid) {
+    const group* gr = ::getgrgid(gid);
+    return gr ? std::string(gr->gr_name) : std::to_string(gid);
+}
+
+} // namespace
+
+// What to do about EACCES: name what refused us (a directory on the way, else
+// the socket) with its actual owner and group, which socket_group may have changed.
+std::string permissionHint(const std::string& path) {
+    // The group's members get in where the group has the permission; elsewhere only the owner (or sudo) does.
+    const auto remedy = [](const struct stat& st, mode_t groupBit) {
+        if (!(st.st_mode & groupBit)) return std::string("its group may not either: use sudo");
+        return "add your user to group " + groupName(st.st_gid) + " and log in again, or use sudo";
+    };
+    // Each directory on the way needs search (x) permission; the first that refuses is the one to name.
+    const std::filesystem::path p(path);
+    std::filesystem::path dir;
+    for (auto it = p.begin(); it != p.end() && std::next(it) != p.end(); ++it) {
+        dir /= *it;
+        struct stat st {};
+        if (::access(dir.c_str(), X_OK) != 0 && errno == EACCES && ::stat(dir.c_str(), &st) == 0)
+            return "its directory " + dir.string() + " (" + ownership(st) + ") does not let you in: " +
+                   remedy(st, S_IXGRP);
+    }
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+        // Group root: daemon.socket_group named no group when the daemon
+        // started (the socket kept root's), or names root; joining root is no remedy.
+        if (st.st_gid == 0 && (st.st_mode & S_IWGRP))
+            return "the socket (" + ownership(st) + ") refuses you: use sudo; or let daemon.socket_group name a group "
+                   "of yours (tpfabric, made by systemd-sysusers, is the default), which must exist when tpfabricd "
+                   "starts, and restart it";
+        return "the socket (" + ownership(st) + ") refuses you: " + remedy(st, S_IWGRP);
+    }
+    return "you may not open the socket or a directory on its way: check their owners and groups (ls -ld), or use sudo";
 }
 
 std::string nonSocketAt(const std::string& path) {

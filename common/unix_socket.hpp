@@ -51,6 +51,12 @@ Result<UniqueFd> connectUnix(const std::string& path, int timeoutMs = 5000);
 /// stopped daemon instead of a wrong TPF_SOCKET / --socket.
 std::string nonSocketAt(const std::string& path);
 
+/// What to do when connecting to `path` was refused permission (EACCES,
+/// EPERM): names what refused (the first directory on the way without search
+/// permission, else the socket) with its owner, group and mode, and the
+/// remedy ("add your user to group tpfabric and log in again, or use sudo").
+std::string permissionHint(const std::string& path);
+
 /// Send all bytes (blocking, up to timeoutMs), `fds` attached to the first byte.
 Status sendMessage(int fd, ByteView bytes, std::span<const int> fds, int timeoutMs);
 

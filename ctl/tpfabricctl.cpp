@@ -167,8 +167,7 @@ int main(int argc, char** argv) {
 
     std::string helpTopic;
     auto* help = app.add_subcommand("help", "print this help, or a command's (tpfabricctl help status)");
-    help->add_option("command", helpTopic, "layout, status or metrics")
-        ->check(CLI::IsMember({"layout", "status", "metrics"}));
+    help->add_option("command", helpTopic, "layout, status or metrics");
 
     try {
         app.parse(argc, argv);
@@ -179,6 +178,10 @@ int main(int argc, char** argv) {
                                     "Run 'tpfabricctl --help' for the commands and options.");
     }
     if (*help) {
+        if (!helpTopic.empty() && helpTopic != "layout" && helpTopic != "status" && helpTopic != "metrics")
+            return tpf::cli::usageError("tpfabricctl",
+                                        "help: unknown command '" + helpTopic + "'; the commands are layout, status, metrics, help",
+                                        "Run 'tpfabricctl --help' for the commands and options.");
         // Not app.help(): with `help` selected it would print help's own.
         std::cout << (helpTopic.empty() ? app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal)
                                         : app.get_subcommand(helpTopic)->help(app.get_name()));

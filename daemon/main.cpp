@@ -202,6 +202,7 @@ int run(DaemonConfig cfg, bool foreground) {
         if (ec) return;
         spdlog::info("signal {}: stopping", sig);
         notify("STOPPING=1");
+        groups.stopping();
         server.stop();
         peers.stop();
         proxy.stop();

@@ -116,7 +116,8 @@ bool hasControl(std::string_view s) {
 }
 
 std::string absolutePathOrEmpty(const Value& v, const std::string& emptyMeans, std::size_t maxLen) {
-    const std::string allowed = "\"\" (" + emptyMeans + ") or an absolute path" +
+    // A flag (no file) takes no "": its usage refuses an empty value before this.
+    const std::string allowed = (v.file.empty() ? "an absolute path" : "\"\" (" + emptyMeans + ") or an absolute path") +
                                 (maxLen ? " of at most " + std::to_string(maxLen) + " bytes" : "");
     std::string s = text(v, allowed);
     if (s.empty()) return s;

@@ -55,6 +55,7 @@ void Connection::waitReadable() {
 void Connection::onReadable() {
     if (closed_) return;
     // Read what is there, collecting fds.
+    bool hungUp = false;
     for (;;) {
         const std::size_t old = inbuf_.size();
         inbuf_.resize(old + kReadChunk);
@@ -65,16 +66,25 @@ void Connection::onReadable() {
             if (std::size_t(n) < kReadChunk) break;
             continue;
         }
-        if (n == 0) return close();
+        if (n == 0) {
+            hungUp = true;
+            break;
+        }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         spdlog::warn("client {} (pid {}): recvmsg: {}", id_, pid_, std::strerror(errno));
         return close();
     }
-    // Handle every whole message.
+    // Handle every whole message (also those a client sent right before it hung up).
     const std::size_t used = dispatch_.feed(ByteView(inbuf_), infds_);
     if (dispatch_.ended()) return;
     inbuf_.erase(inbuf_.begin(), inbuf_.begin() + std::ptrdiff_t(used));
+    if (hungUp) {
+        if (!inbuf_.empty()) // bad input is logged, also when it is too short to refuse by its header
+            spdlog::warn("client {} (pid {}, uid {}): closed the connection with {} byte(s) of an incomplete message",
+                         id_, pid_, uid_, inbuf_.size());
+        return close();
+    }
     if (used > 0 && !greeted_) { // the wait for a first message is over; a next one gets its own
         greeted_ = true;
         if (partialSince_) partial_.cancel();
@@ -210,6 +220,18 @@ Server::Server(asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups
 
 Server::~Server() { stop(); }
 
+namespace {
+
+// "socket path P: its directory D is not writable by this daemon (uid U): Read-only file system (...)".
+std::string unwritable(const std::string& named, const std::string& dir, int err) {
+    return named + ": its directory " + dir + " is not writable by this daemon (uid " + std::to_string(::geteuid()) +
+           "): " + std::strerror(err) +
+           " (choose a directory it may write; under the tpfabricd unit only /run/tpfabric is writable, "
+           "ProtectSystem=strict)";
+}
+
+} // namespace
+
 Status checkSocketPath(const std::string& path) {
     constexpr std::size_t kMaxPath = sizeof(sockaddr_un::sun_path) - 1; // sun_path ends in a NUL
     const std::string named = "socket path " + path;
@@ -226,6 +248,10 @@ Status checkSocketPath(const std::string& path) {
         return {Errc::ConfigError, named + ": its directory " + dir + " " + why +
                                        " (tpfabricd creates no directory; systemd's RuntimeDirectory= makes /run/tpfabric)"};
     }
+    // The socket is made (and a stale one replaced) in that directory: a
+    // start that cannot would fail every retry alike, so it is a bad path
+    // (exit 2), not a passing condition (exit 1, restarted every 2 s).
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) return {Errc::ConfigError, unwritable(named, dir, errno)};
     if (::lstat(path.c_str(), &st) != 0) {
         if (errno == ENOENT) return okStatus();
         return {Errc::ConfigError, named + ": " + std::strerror(errno)};
@@ -252,14 +278,23 @@ Status checkSocketPath(const std::string& path) {
 Status Server::listen(const std::string& path) {
     if (auto s = checkSocketPath(path); !s) return s;
     // What is left there is a stale socket; nothing else is ever removed.
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && ::unlink(path.c_str()) != 0 && errno != ENOENT)
         return {Errc::SystemError, "removing the stale socket " + path + ": " + std::strerror(errno)};
     boost::system::error_code ec;
     acceptor_.open(Local(), ec);
     if (!ec) acceptor_.bind(Local::endpoint(path), ec);
     if (!ec) acceptor_.listen(128, ec);
-    if (ec) return {Errc::SystemError, "listening on " + path + ": " + ec.message()};
+    if (ec) {
+        const int err = ec.value();
+        if (ec.category() == boost::system::system_category() && (err == EACCES || err == EROFS || err == EPERM))
+            return {Errc::ConfigError, unwritable("socket path " + path, std::filesystem::path(path).parent_path().string(), err)};
+        return {Errc::SystemError, "listening on " + path + ": " + ec.message()};
+    }
     path_ = path;
+    // Ours until stop(): only this inode is removed then (another daemon
+    // may have replaced a socket removed by hand).
+    if (::lstat(path.c_str(), &st) == 0) pathId_ = {st.st_dev, st.st_ino};
     if (const group* gr = ::getgrnam(cfg_.socketGroup.c_str())) {
         if (::chown(path.c_str(), ~0u, gr->gr_gid) != 0)
             spdlog::warn("socket {}: cannot give it to group {}: {}", path, cfg_.socketGroup, std::strerror(errno));
@@ -338,7 +373,11 @@ void Server::stop() {
     acceptor_.close(ec);
     auto all = connections_;
     for (auto& [id, c] : all) c->shutdown();
-    if (!path_.empty()) ::unlink(path_.c_str());
+    if (path_.empty()) return;
+    struct stat st {};
+    if (::lstat(path_.c_str(), &st) != 0) return; // removed by hand: nothing of ours there
+    if (std::pair{st.st_dev, st.st_ino} == pathId_) ::unlink(path_.c_str());
+    else spdlog::warn("socket {} is no longer the one this daemon made (another daemon's?): left in place", path_);
 }
 
 } // namespace tpf::daemon

@@ -4,6 +4,8 @@
 // connection closed; nothing else is disturbed.
 #pragma once
 
+#include <sys/types.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -13,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/fd.hpp"
@@ -137,6 +140,7 @@ private:
     std::function<client_proto::NodeCard()> nodeCard_;
     boost::asio::local::stream_protocol::acceptor acceptor_;
     std::string path_;
+    std::pair<dev_t, ino_t> pathId_{}; ///< the socket file listen() made (stop() removes only it)
     std::uint64_t nextId_ = 1;
     std::map<std::uint64_t, std::shared_ptr<Connection>> connections_;
 };

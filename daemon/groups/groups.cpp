@@ -46,10 +46,17 @@ void GroupTable::refuseAll(Group& g, Errc code, const std::string& why) {
 void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     const auto& f = m.fixed;
     const GroupId id = GroupId::of(f.groupId);
-    if (findByLink(link)) return refuse(link, Errc::GroupMismatch, "this connection already joined a group");
+    // Each refusal of this rank in the journal too, where the refusal alert
+    // (tpfabric_open_refusals_total) leads an operator.
+    const auto refuseJoin = [&](Errc code, const std::string& why) {
+        spdlog::warn("group {}: refused rank {} (pid {}, uid {}): {}: {}", shortId(id), f.rank, link.pid(), link.uid(),
+                     errcName(code), why);
+        refuse(link, code, why);
+    };
+    if (findByLink(link)) return refuseJoin(Errc::GroupMismatch, "this connection already joined a group");
     const auto& me = m.roster[f.rank];
     if (!nodeId_.is(me.nodeId))
-        return refuse(link, Errc::GroupMismatch, "rank " + std::to_string(f.rank) +
+        return refuseJoin(Errc::GroupMismatch, "rank " + std::to_string(f.rank) +
                                                      "'s roster entry names another node than this daemon");
     auto it = groups_.find(id);
     if (it != groups_.end() && it->second.closingAt) {
@@ -64,7 +71,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
             const std::string why = "daemon serves its maximum of " + std::to_string(cfg_.maxGroups) +
                                     " groups (daemon.max_groups)";
             negotiations_.tellRefused(id, m.roster, Errc::Unavailable, why);
-            return refuse(link, Errc::Unavailable, why);
+            return refuseJoin(Errc::Unavailable, why);
         }
         Group g;
         g.id = id;
@@ -86,24 +93,23 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     }
     Group& g = it->second;
     if (g.state != State::Pending)
-        return refuse(link, Errc::GroupMismatch, "group " + shortId(id) + " is already " +
+        return refuseJoin(Errc::GroupMismatch, "group " + shortId(id) + " is already " +
                                                      (g.state == State::Open ? "open" : "broken"));
     if (f.world != g.world || m.roster.size() != g.roster.size() ||
         std::memcmp(m.roster.data(), g.roster.data(), g.roster.size() * sizeof(RosterEntry)) != 0) {
         const std::string why = "rank " + std::to_string(f.rank) + " disagrees with the group's world or roster";
-        refuse(link, Errc::GroupMismatch, why);
+        refuseJoin(Errc::GroupMismatch, why);
         return refuseAll(g, Errc::GroupMismatch, why), eraseIfEmpty(id);
     }
     // A group belongs to the uid that opened it; root may join any.
     if (!g.members.empty() && link.uid() != 0 && link.uid() != g.ownerUid) {
-        spdlog::warn("group {}: refused rank {} of uid {}: the group belongs to uid {}", shortId(id), f.rank, link.uid(),
-                     g.ownerUid);
-        return refuse(link, Errc::PermissionDenied, "group " + shortId(id) + " belongs to another user");
+        return refuseJoin(Errc::PermissionDenied,
+                          "group " + shortId(id) + " belongs to another user (uid " + std::to_string(g.ownerUid) + ")");
     }
     if (g.members.empty()) g.ownerUid = link.uid();
     if (g.everJoined >> f.rank & 1u) {
         const std::string why = "rank " + std::to_string(f.rank) + " joined twice";
-        refuse(link, Errc::GroupMismatch, why);
+        refuseJoin(Errc::GroupMismatch, why);
         return refuseAll(g, Errc::GroupMismatch, why), eraseIfEmpty(id);
     }
     g.everJoined |= 1u << f.rank;
@@ -275,7 +281,10 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
                                                : (others & ~g->directPeers(rank, g->members[rank])) != 0);
     if (ring) lifetime_.rankLeft(readStats(ring->view.stats()));
     g->members.erase(rank);
-    spdlog::info("group {}: rank {} {}", shortId(id), rank, orderly ? "left" : "is gone (connection closed without Close)");
+    spdlog::info("group {}: rank {} {}", shortId(id), rank,
+                 orderly     ? "left"
+                 : stopping_ ? "dropped: the daemon is stopping (the rank sees DaemonLost)"
+                             : "is gone (connection closed without Close)");
     if (g->state == State::Pending || g->state == State::Negotiating) {
         // The group can no longer complete: tell the ranks already waiting.
         if (g->state == State::Negotiating)

@@ -58,6 +58,9 @@ public:
     /// (closingAt) until the proxy drained it, so that the other daemons learn
     /// it closed only after its last shards landed there.
     void leave(MemberLink& link, bool orderly);
+    /// The daemon is stopping (SIGTERM, SIGINT): the connections it drops
+    /// from now on are logged as its own doing, not as ranks that died.
+    void stopping() { stopping_ = true; }
     /// A rank reports that its open did not take the fabric path (metrics only).
     void openReport(MemberLink& link, const client_proto::OpenReport& m);
     /// A member of an open group shares its device region fd: forwarded as
@@ -213,6 +216,7 @@ private:
     Negotiations& negotiations_;
     std::map<GroupId, Group> groups_;
     std::uint32_t nextHandle_ = 1;
+    bool stopping_ = false;
     std::uint64_t tableVersion_ = 0;
     std::vector<PendingBreak> pendingBreaks_;
     Lifetime lifetime_; ///< counters since start, for metrics

@@ -154,6 +154,8 @@ TEST_CASE("hostile clients are refused by name while a live group keeps working"
     CHECK(log.find("refused: VersionMismatch") != std::string::npos);
     CHECK(log.find("refused: TooLarge") != std::string::npos);
     CHECK(log.find("refused: BadMessage: 1 file descriptor(s) sent where none belong") != std::string::npos);
+    // Junk too short for a header, and a truncated message, then a hang-up: logged as well.
+    CHECK(log.find("byte(s) of an incomplete message") != std::string::npos);
     CHECK(d.stop() == 0);
 }
 

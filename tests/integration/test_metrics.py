@@ -256,6 +256,11 @@ def main():
         check(all(rc == 1 and lines and "error=Unavailable" in lines[0] for rc, lines in res), f"group D: refused {res}")
         live.refused["Unavailable"] = 2
         live.fallbacks[("Unavailable", "unavailable")] = 2.0
+        # Each refusal in the journal too, naming the rank and why: where the refusal alert leads.
+        log.flush()
+        with open(os.path.join(work, "daemon.log")) as f:
+            refusals = [l for l in f if "refused rank" in l and "Unavailable: daemon serves its maximum of 1 groups (daemon.max_groups)" in l]
+        check(len(refusals) == 2, f"the daemon logged group D's two refusals: {refusals}")
         # D's reports precede its connections' close: once only C's ranks and this scrape are left, both are in.
         samples = wait_until(sock, lambda s: value(s, "tpfabric_clients") == 3, "group D's connections are gone")
         check_counters(samples, live, "D refused while C is open")

@@ -14,7 +14,9 @@
 # what refused it permission; its daemon options (--socket, --timeout-ms) go
 # before or after the command; tpfabricd's socket path is checked before
 # anything starts, by a start and by --check-config alike, and a failed start
-# says why on stderr even at --log-level off. One daemon runs for a moment
+# says why on stderr even at --log-level off; a socket directory the daemon
+# may not write exits 2 (never retried), and a stopping daemon removes only
+# the socket it made. One daemon runs for a moment
 # (its start-up lines, a check while it serves, tpfabricctl's permissions) and
 # is stopped (a second one on its peer port exits 1, naming the port's
 # holder); nothing here keeps one running.
@@ -65,7 +67,7 @@ expect 2 "cannot read config file" "$d" --config "$tmp/missing.conf"
 # (`timeout`, a socket in $tmp: a daemon that starts anyway fails the check, 124, not the run.)
 expect 2 "^tpfabricd: --log-level: .warning. is not allowed" timeout 10 "$d" --socket "$tmp/f.sock" --log-level warning
 expect 2 "^tpfabricd: --log-level: .err. is not allowed" timeout 10 "$d" --socket "$tmp/f.sock" --log-level err
-expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed; .* an absolute path" timeout 10 "$d" --socket rel.sock
+expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed; an absolute path of at most 107 bytes$" timeout 10 "$d" --socket rel.sock
 expect 2 "^tpfabricd: --socket: .rel\.sock. is not allowed" "$d" --check-config "$tmp/good.conf" --socket rel.sock
 expect 2 "^tpfabricd: --config: an empty path names no file" timeout 10 "$d" --config "" --socket "$tmp/f.sock"
 expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-config ""
@@ -133,6 +135,7 @@ expect 0 "Usage:" "$ctl" --help
 expect 0 "Subcommands:" "$ctl" help
 expect 0 "Usage: .*tpfabricctl status" "$ctl" help status
 expect 2 "^tpfabricctl: unknown command 'bogus'; the commands are layout, status, metrics, help" "$ctl" bogus
+expect 2 "^tpfabricctl: help: unknown command 'bogus'; the commands are layout, status, metrics, help" "$ctl" help bogus
 expect 2 "^tpfabricctl: a command is required: layout, status, metrics, help" "$ctl"
 printf 'not a socket\n' >"$tmp/plain"
 expect 1 "^tpfabricctl: cannot reach tpfabricd: .*plain is a regular file, not a socket \(check --socket / TPF_SOCKET" \
@@ -179,6 +182,22 @@ expect 2 "^tpfabricd: socket path .*no-such-dir/d\.sock: its directory .*no-such
 if [ ! -e /run/tpfabric ]; then
     expect 0 "note: socket path /run/tpfabric/tpfabricd\.sock: its directory /run/tpfabric does not exist now; the unit's RuntimeDirectory= makes it" \
         env -u RUNTIME_DIRECTORY "$d" --check-config "$tmp/good.conf"
+fi
+# A socket directory this daemon may not write: exit 2 (a retry cannot fix
+# it: under the unit, exit 1 would restart it every 2 s), by --check-config
+# and by a start alike. As root, checked for the user nobody.
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null 2>&1; then
+    ro=$(mktemp -d "${TMPDIR:-/tmp}/tpf_cli_ro.XXXXXX")
+    chmod 755 "$ro"
+    : >"$ro/empty.conf"
+    chmod 644 "$ro/empty.conf"
+    expect 2 "^tpfabricd: socket path $ro/d\.sock: its directory $ro is not writable by this daemon \(uid [0-9]+\): Permission denied \(choose a directory it may write; under the tpfabricd unit only /run/tpfabric is writable" \
+        setpriv --reuid=65534 --regid=65534 --clear-groups "$d" --check-config "$ro/empty.conf" --socket "$ro/d.sock"
+    expect 2 "ConfigError: socket path $ro/d\.sock: its directory $ro is not writable by this daemon" \
+        setpriv --reuid=65534 --regid=65534 --clear-groups timeout 10 "$d" --foreground --config "$ro/empty.conf" --socket "$ro/d.sock"
+    rm -rf "$ro"
+else
+    echo "skip: an unwritable socket directory (needs root and setpriv)"
 fi
 # A failed start is one line on stderr whatever the log level.
 expect 2 "no-such-dir does not exist" timeout 10 "$d" --log-level off --socket "$tmp/no-such-dir/d.sock"
@@ -258,6 +277,50 @@ else
 fi
 kill -INT "$dpid" 2>/dev/null
 wait "$dpid"
+
+# A stopping daemon removes only the socket it made: after its socket was
+# removed by hand and a second daemon took the path, stopping the first
+# leaves the second one reachable (and says so in its log).
+listening() { # LOG: wait up to 10 s for the daemon's "listening on" line
+    i=0
+    while [ $i -lt 100 ] && ! grep -q "listening on" "$1"; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    grep -q "listening on" "$1"
+}
+"$d" --foreground --socket "$tmp/swap.sock" >"$tmp/a.log" 2>&1 &
+apid=$!
+if listening "$tmp/a.log"; then
+    rm -f "$tmp/swap.sock"
+    "$d" --foreground --socket "$tmp/swap.sock" >"$tmp/b.log" 2>&1 &
+    bpid=$!
+    if listening "$tmp/b.log"; then
+        kill -TERM "$apid"
+        wait "$apid"
+        expect 0 "." "$ctl" --socket "$tmp/swap.sock" status
+        if ! grep -q "socket .*swap\.sock is no longer the one this daemon made (another daemon's?): left in place" "$tmp/a.log"; then
+            echo "FAIL: the first daemon did not say it left the second's socket: $(cat "$tmp/a.log")"
+            fails=$((fails + 1))
+        fi
+    else
+        echo "FAIL: the second daemon did not start: $(cat "$tmp/b.log")"
+        fails=$((fails + 1))
+        kill -TERM "$apid"
+        wait "$apid"
+    fi
+    kill -TERM "$bpid"
+    wait "$bpid"
+    if [ -e "$tmp/swap.sock" ]; then
+        echo "FAIL: the second daemon left its socket behind"
+        fails=$((fails + 1))
+    fi
+else
+    echo "FAIL: tpfabricd did not start: $(cat "$tmp/a.log")"
+    fails=$((fails + 1))
+    kill -TERM "$apid" 2>/dev/null
+    wait "$apid"
+fi
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails check(s) failed"
