@@ -337,10 +337,17 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
             s = g.fail(Error{Errc::GroupMismatch, "rank " + std::to_string(q) + " called another op than rank " +
                                                       std::to_string(g.rank) + "'s allGatherV (every rank of a call passes the same op)"});
         else if (h.countsHash != mine.countsHash || h.rowBytes != counts[q])
-            s = g.fail(Error{Errc::GroupMismatch, "allGatherV: rank " + std::to_string(q) + " passed other counts than rank " +
-                                                      std::to_string(g.rank) + " (its row is " + std::to_string(h.rowBytes) +
-                                                      " bytes; counts[" + std::to_string(q) + "] here is " +
-                                                      std::to_string(counts[q]) + ")"});
+            // Only its own row's length travels, with a hash of its counts:
+            // name the row when that is what differs, else say the counts do.
+            s = g.fail(Error{Errc::GroupMismatch,
+                             "allGatherV: rank " + std::to_string(q) + " passed other counts than rank " +
+                                 std::to_string(g.rank) +
+                                 (h.rowBytes != counts[q]
+                                      ? " (its row is " + std::to_string(h.rowBytes) + " bytes; counts[" + std::to_string(q) +
+                                            "] here is " + std::to_string(counts[q]) + ")"
+                                      : " (its own row agrees, counts[" + std::to_string(q) + "] = " +
+                                            std::to_string(counts[q]) + ": another entry differs)") +
+                                 "; every rank passes the same counts"});
     }
     if (s) {
         if (counts[g.rank]) std::memmove(out + offset[g.rank], send, counts[g.rank]); // first, as in allGather

@@ -116,9 +116,21 @@ def host_buffer(x: Any, what: str, *, writable: bool = False) -> HostBuffer:
                 "the collectives take arrays of plain numbers or bytes (float, int, uint, bool, fixed-size "
                 "records without objects): serialise objects to a uint8 array first"
             )
+        # A byte-swapped array (">f4" here) has numpy's name of the native one:
+        # summed, its bytes would be read as native numbers (wrong sums, no error).
+        if not getattr(dtype, "isnative", True):
+            raise ValueError(
+                f"{what}: a {dtype.str} array is not in this machine's byte order; "
+                f"convert it first: x.astype(x.dtype.newbyteorder('='))"
+            )
         flags = getattr(x, "flags", None)
         if flags is not None and not flags["C_CONTIGUOUS"]:
-            raise ValueError(f"{what}: the array is not C-contiguous (np.ascontiguousarray, or tpfabric.aligned)")
+            fix = (
+                "pass a C-contiguous array (tpfabric.empty()): the results go into this very array, so a copy would take them"
+                if writable
+                else "np.ascontiguousarray, or tpfabric.aligned"
+            )
+            raise ValueError(f"{what}: the array is not C-contiguous ({fix})")
         ptr, readonly = iface["data"]
         if writable and readonly:
             raise ValueError(f"{what}: the array is read-only")
@@ -127,7 +139,12 @@ def host_buffer(x: Any, what: str, *, writable: bool = False) -> HostBuffer:
         if x.device.type != "cpu":
             raise ValueError(f"{what}: a {x.device} tensor on a host group (use tpfabric.torch.Communicator)")
         if not x.is_contiguous():
-            raise ValueError(f"{what}: the tensor is not contiguous (.contiguous())")
+            fix = (
+                "pass a contiguous tensor (torch.empty()): the results go into this very tensor, so a copy would take them"
+                if writable
+                else ".contiguous()"
+            )
+            raise ValueError(f"{what}: the tensor is not contiguous ({fix})")
         n, size = int(x.numel()), int(x.element_size())
         return HostBuffer(int(x.data_ptr()), n * size, n, size, str(x.dtype).replace("torch.", ""))
     raise TypeError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(x).__name__}")

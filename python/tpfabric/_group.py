@@ -77,7 +77,8 @@ def forked_error(pid: int, what: str = "group") -> Closed:
 # What to do after a failure, by code: appended to the library's detail.
 _BROKEN = "the group is broken: close() it and open a new one on every rank"
 _HINTS = {
-    2: "allocate with tpfabric.empty() or copy with tpfabric.aligned()",  # Misaligned
+    # Misaligned: numpy arrays; a torch tensor of its own storage (torch.empty) is 64-byte aligned, a view may not be
+    2: "allocate with tpfabric.empty() or copy with tpfabric.aligned() (numpy), or torch.empty() / .clone() (torch)",
     3: _BROKEN,  # Timeout
     4: _BROKEN,  # PeerLost
     5: _BROKEN,  # DaemonLost
@@ -105,7 +106,7 @@ def raise_status(code: int, context: str = "", *, opened: bool = True) -> None:
     name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
     if not detail.startswith(name):
         detail = f"{name}: {_L.tpf_strerror(code).decode()}"
-    elif detail.endswith(f" ({name})"):  # libraries before 2026-12-04: "PeerLost: rank 1 is gone (PeerLost)"
+    elif detail.endswith(f" is gone ({name})"):  # libraries before 2026-12-04: "PeerLost: rank 1 is gone (PeerLost)"
         detail = detail[: -len(name) - 3]
     if context:
         detail = f"{detail} ({context})"
@@ -237,8 +238,8 @@ class Group:
             anything else is a TypeError).
         buffers: ``"host"`` (numpy arrays, CPU tensors) or ``"device"`` (CUDA
             pointers on a stream: the ``*_raw`` methods; needs a CUDA build).
-        socket_path: the daemon's socket (default ``$TPF_SOCKET``, else
-            ``/run/tpfabric/tpfabricd.sock``).
+        socket_path: the daemon's socket, a str, bytes or ``os.PathLike``
+            (default ``$TPF_SOCKET``, else ``/run/tpfabric/tpfabricd.sock``).
         timeout_ms, open_timeout_ms, spin_us, max_blocks: as ``tpf_open_options`` (0: the default).
         fallback: ``"default"``, ``"nccl"`` or ``"error"`` (``tpf_open_options.fallback``).
         gpu_route: ``"default"``, ``"auto"``, ``"ipc"`` or ``"proxy"``.
@@ -271,7 +272,7 @@ class Group:
         bootstrap: Union[TcpBootstrap, str, AllGatherFn],
         *,
         buffers: str = "host",
-        socket_path: Optional[str] = None,
+        socket_path: Optional[Union[str, bytes, os.PathLike]] = None,
         timeout_ms: int = 0,
         open_timeout_ms: int = 0,
         spin_us: int = 0,
@@ -289,7 +290,9 @@ class Group:
         opts.buffers = _choice(_BUFFERS, buffers, "buffers")
         opts.fallback = _choice(_FALLBACK, fallback, "fallback")
         opts.gpu_route = _choice(_GPU_ROUTE, gpu_route, "gpu_route")
-        socket_bytes = socket_path.encode() if socket_path else None
+        if socket_path is not None and not isinstance(socket_path, (str, bytes, os.PathLike)):
+            raise TypeError(f"socket_path: a str, bytes or os.PathLike, got {type(socket_path).__name__}")
+        socket_bytes = os.fsencode(socket_path) if socket_path else None
         opts.socket_path = socket_bytes
         opts.timeout_ms, opts.open_timeout_ms, opts.spin_us, opts.max_blocks = timeout_ms, open_timeout_ms, spin_us, max_blocks
         self.buffers = buffers

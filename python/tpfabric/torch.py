@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import time
 from typing import Optional, Union
 
 TORCH_HINT = "the Communicator needs PyTorch: apt-get install python3-torch or pip install torch (tpfabric.Group does not)"
@@ -51,6 +52,7 @@ _log = logging.getLogger("tpfabric")
 _L = _lib.lib
 _OK, _MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT = 0, 2, 7, 28
 _REFUSED = (_MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT)  # returned at once, nothing launched, group usable
+_NO_DEADLINE = 0xFFFFFFFF  # tpf_bootstrap_time_left_ms() outside an open
 _SUM_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
 
 
@@ -60,14 +62,33 @@ def _bootstrap_over(group: "dist.ProcessGroup", world: int, device: torch.device
     def allgather(mine: int, out: int, nbytes: int) -> None:
         if nbytes == 0:
             return
+        # The open's deadline (open_timeout_ms) bounds the wait here too: a rank
+        # that never constructs its Communicator would otherwise hold the others
+        # for the process group's own timeout (30 min by default).
+        left_ms = _L.tpf_bootstrap_time_left_ms()
         src = torch.empty(nbytes, dtype=torch.uint8)
         ctypes.memmove(src.data_ptr(), mine, nbytes)
         src = src.to(device)
         dst = torch.empty(world * nbytes, dtype=torch.uint8, device=device)
         if into_tensor:
-            dist.all_gather_into_tensor(dst, src, group=group)
+            work = dist.all_gather_into_tensor(dst, src, group=group, async_op=True)
         else:
-            dist.all_gather(list(dst.chunk(world)), src, group=group)
+            work = dist.all_gather(list(dst.chunk(world)), src, group=group, async_op=True)
+        if left_ms != _NO_DEADLINE:
+            # Polled, not work.wait(timeout): what a timeout does there differs by
+            # backend and release (NCCL's may only make the stream wait).
+            deadline, nap = time.monotonic() + left_ms / 1000.0, 0.0001
+            while not work.is_completed():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"torch.distributed's all-gather of the open records did not complete within the "
+                        f"{left_ms} ms the open had left (open_timeout_ms): does every rank of the group construct "
+                        "its Communicator? The process group may still hold that collective: make a new one "
+                        "before opening again"
+                    )
+                time.sleep(nap)
+                nap = min(nap * 2, 0.005)
+        work.wait()
         dst = dst.cpu()
         ctypes.memmove(out, dst.data_ptr(), world * nbytes)
 
@@ -114,7 +135,7 @@ class Communicator:
         max_bytes: int = 512 * 1024,
         *,
         fallback: Optional[bool] = None,
-        socket_path: Optional[str] = None,
+        socket_path: Optional[Union[str, bytes, os.PathLike]] = None,
         timeout_ms: int = 0,
         open_timeout_ms: int = 0,
         gpu_route: str = "default",

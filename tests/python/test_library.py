@@ -686,3 +686,29 @@ else:
     assert r.stdout.rstrip().endswith(
         "; the Communicator needs PyTorch: apt-get install python3-torch or pip install torch (tpfabric.Group does not)"
     ), r.stdout
+
+
+def test_non_native_byte_order_is_refused() -> None:
+    """A byte-swapped array has numpy's name of the native one: summed or gathered beside a native one it would give garbage."""
+    with tpfabric.Group(0, 1, 4096, lambda m: m) as g:
+        x = tpfabric.empty(4, ">f4" if np.little_endian else "<f4")
+        x[:] = [1, 2, 3, 4]
+        o = tpfabric.zeros(4, "float32")
+        with pytest.raises(ValueError, match=r"not in this machine's byte order; convert it first: x\.astype"):
+            g.all_reduce_sum(o, x)
+        with pytest.raises(ValueError, match="byte order"):
+            g.all_gather(o, x)
+        assert not o.any()  # nothing written
+        g.all_reduce_sum(o, x.astype(x.dtype.newbyteorder("=")))
+        assert list(o) == [1, 2, 3, 4]
+
+
+def test_socket_path_takes_path_like() -> None:
+    """pathlib.Path and bytes name a socket as a str does (world 1 asks no daemon); anything else is a TypeError naming it."""
+    import pathlib
+
+    for path in (pathlib.Path("/nonexistent/tpfabricd.sock"), b"/nonexistent/tpfabricd.sock"):
+        with tpfabric.Group(0, 1, 4096, lambda m: m, socket_path=path) as g:
+            assert g.world == 1
+    with pytest.raises(TypeError, match="socket_path: a str, bytes or os.PathLike, got int"):
+        tpfabric.Group(0, 1, 4096, lambda m: m, socket_path=5)  # type: ignore[arg-type]

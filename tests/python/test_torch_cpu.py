@@ -288,6 +288,31 @@ def test_communicator_fallback_error(daemon: Daemon) -> None:
     run_ranks(rank_comm_no_fallback, 2, os.path.join(daemon.dir, "nothing-here.sock"), free_port(), timeout=120)
 
 
+def rank_comm_open_deadline(rank: int, world: int, sock: str, port: int) -> float:
+    """Rank 0 opens alone: its open ends Timeout at open_timeout_ms, not at gloo's own timeout (30 min by default)."""
+    import time
+
+    import torch.distributed as dist
+
+    import tpfabric
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    if rank != 0:
+        time.sleep(8)  # never constructs its Communicator; alive, so gloo itself sees nothing wrong
+        return 0.0
+    start = time.monotonic()
+    with pytest.raises(tpfabric.Timeout, match="did not complete within the .* ms the open had left") as late:
+        Communicator(max_bytes=4096, socket_path=sock, open_timeout_ms=2000)
+    assert "does every rank of the group construct its Communicator" in str(late.value)
+    return time.monotonic() - start
+
+
+def test_communicator_open_honours_open_timeout(daemon: Daemon) -> None:
+    took = run_ranks(rank_comm_open_deadline, 2, daemon.socket, free_port(), timeout=120)
+    assert 1.5 <= took[0] <= 6.0, took  # bounded by open_timeout_ms (2 s) plus the bootstrap's grace
+
+
 def rank_comm_misuse(rank: int, world: int, sock: str, port: int) -> Dict[str, Any]:
     import gc
 
