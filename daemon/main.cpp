@@ -114,6 +114,7 @@ int run(DaemonConfig cfg, bool foreground) {
         return startFailed(s.error(), s.code() == Errc::ConfigError ? ""
                                       : "stop the other tpfabricd first (systemctl stop tpfabricd), or give this one "
                                         "its own --socket or daemon.socket");
+    if (auto s = checkSocketDirectory(socketPath); !s) return startFailed(s.error());
     const NodeId nodeId = makeNodeId(socketPath);
     const auto started = std::chrono::system_clock::now();
     const auto startedSteady = std::chrono::steady_clock::now();
@@ -215,10 +216,12 @@ int run(DaemonConfig cfg, bool foreground) {
     return 0;
 }
 
-// --check-config's look at the socket path: the start's own check
-// (checkSocketPath) with two differences an operator checking an edit
-// expects. A daemon serving the path now is the one a restart stops first,
-// and the unit's RuntimeDirectory= makes /run/tpfabric only while it runs.
+// --check-config's look at the socket path: the start's own checks
+// (checkSocketPath, checkSocketDirectory) with three differences an operator
+// checking an edit expects. A daemon serving the path now is the one a
+// restart stops first; the unit's RuntimeDirectory= makes /run/tpfabric only
+// while it runs; and a check run as another user than root (the unit's
+// User=) cannot say what the daemon may write.
 // Notes go to stderr; false (after the line saying why) where a start exits 2.
 bool checkSocketLikeStart(const DaemonConfig& cfg) {
     const std::string path = resolveSocketPath(cfg);
@@ -233,14 +236,22 @@ bool checkSocketLikeStart(const DaemonConfig& cfg) {
         return true;
     }
     const Status s = checkSocketPath(path);
-    if (s) return true;
-    if (s.code() == Errc::ConfigError) {
+    if (!s && s.code() == Errc::ConfigError) {
         std::fprintf(stderr, "tpfabricd: %s\n", s.error().detail.c_str());
         return false;
     }
-    std::fprintf(stderr,
-                 "tpfabricd: note: %s: a start exits 1 while it runs (systemctl restart tpfabricd stops it first)\n",
-                 s.error().detail.c_str());
+    if (!s)
+        std::fprintf(stderr,
+                     "tpfabricd: note: %s: a start exits 1 while it runs (systemctl restart tpfabricd stops it first)\n",
+                     s.error().detail.c_str());
+    if (const Status w = checkSocketDirectory(path); !w) {
+        if (::geteuid() == 0) {
+            std::fprintf(stderr, "tpfabricd: %s\n", w.error().detail.c_str());
+            return false;
+        }
+        std::fprintf(stderr, "tpfabricd: note: %s; checked as uid %u: the unit's daemon runs as root\n",
+                     w.error().detail.c_str(), unsigned(::geteuid()));
+    }
     return true;
 }
 

@@ -223,6 +223,9 @@ Server::~Server() { stop(); }
 namespace {
 
 // "socket path P: its directory D is not writable by this daemon (uid U): Read-only file system (...)".
+// The socket is made (and a stale one replaced) in that directory: a start
+// that cannot would fail every retry alike, so it is a bad path (exit 2),
+// not a passing condition (exit 1, which the unit restarts every 2 s).
 std::string unwritable(const std::string& named, const std::string& dir, int err) {
     return named + ": its directory " + dir + " is not writable by this daemon (uid " + std::to_string(::geteuid()) +
            "): " + std::strerror(err) +
@@ -248,10 +251,6 @@ Status checkSocketPath(const std::string& path) {
         return {Errc::ConfigError, named + ": its directory " + dir + " " + why +
                                        " (tpfabricd creates no directory; systemd's RuntimeDirectory= makes /run/tpfabric)"};
     }
-    // The socket is made (and a stale one replaced) in that directory: a
-    // start that cannot would fail every retry alike, so it is a bad path
-    // (exit 2), not a passing condition (exit 1, restarted every 2 s).
-    if (::access(dir.c_str(), W_OK | X_OK) != 0) return {Errc::ConfigError, unwritable(named, dir, errno)};
     if (::lstat(path.c_str(), &st) != 0) {
         if (errno == ENOENT) return okStatus();
         return {Errc::ConfigError, named + ": " + std::strerror(errno)};
@@ -275,8 +274,16 @@ Status checkSocketPath(const std::string& path) {
     return {Errc::ConfigError, named + ": connect: " + std::strerror(errno)};
 }
 
+Status checkSocketDirectory(const std::string& path) {
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    const std::string dir = parent.empty() ? "." : parent.string();
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) return {Errc::ConfigError, unwritable("socket path " + path, dir, errno)};
+    return okStatus();
+}
+
 Status Server::listen(const std::string& path) {
     if (auto s = checkSocketPath(path); !s) return s;
+    if (auto s = checkSocketDirectory(path); !s) return s;
     // What is left there is a stale socket; nothing else is ever removed.
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0 && ::unlink(path.c_str()) != 0 && errno != ENOENT)

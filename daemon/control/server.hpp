@@ -104,6 +104,11 @@ private:
 /// is missing (none is created), or something other than a socket is there
 /// (left alone); SystemError when another daemon serves it.
 Status checkSocketPath(const std::string& path);
+/// Whether this process may make the socket in `path`'s directory (write
+/// and search permission, a file system not read-only): ConfigError naming
+/// the directory, the uid and the one writable directory under the unit.
+/// A start that cannot would fail every retry alike: exit 2, not restarted.
+Status checkSocketDirectory(const std::string& path);
 
 /// Accepts connections and routes their requests to the group table.
 class Server {
