@@ -103,12 +103,13 @@ int runCommand(const RunArgs& a) {
         res.daemonHow = "started by tpf-bench, pid " + std::to_string(daemonPid);
     } else {
         struct stat st{};
-        if (::stat(socket.c_str(), &st) != 0 && (errno == EACCES || errno == EPERM)) {
+        const int statErr = ::stat(socket.c_str(), &st) == 0 ? 0 : errno;
+        if (statErr == EACCES || statErr == EPERM) {
             std::fprintf(stderr, "tpf-bench: cannot reach the tpfabricd socket at %s: %s (%s)\n", socket.c_str(),
-                         std::strerror(errno), tpf::permissionHint(socket).c_str());
+                         std::strerror(statErr), tpf::permissionHint(socket).c_str());
             return 1;
         }
-        if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        if (statErr != 0 || !S_ISSOCK(st.st_mode)) {
             std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground, "
                                  "or let tpf-bench start one: --daemon PATH)\n",
                          socket.c_str(), socket.c_str());

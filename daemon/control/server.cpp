@@ -233,6 +233,12 @@ std::string unwritable(const std::string& named, const std::string& dir, int err
            "ProtectSystem=strict)";
 }
 
+// The directory the socket is made in ("." for a bare name).
+std::string socketDirOf(const std::string& path) {
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    return parent.empty() ? "." : parent.string();
+}
+
 } // namespace
 
 Status checkSocketPath(const std::string& path) {
@@ -243,8 +249,7 @@ Status checkSocketPath(const std::string& path) {
         return {Errc::ConfigError, named + " is " + std::to_string(path.size()) +
                                        " bytes; a Unix socket path holds at most " + std::to_string(kMaxPath) +
                                        " (sun_path): choose a shorter --socket or daemon.socket"};
-    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    const std::string dir = parent.empty() ? "." : parent.string();
+    const std::string dir = socketDirOf(path);
     struct stat st {};
     if (const int r = ::stat(dir.c_str(), &st); r != 0 || !S_ISDIR(st.st_mode)) {
         const std::string why = r == 0 ? "is not a directory" : errno == ENOENT ? "does not exist" : std::strerror(errno);
@@ -275,8 +280,7 @@ Status checkSocketPath(const std::string& path) {
 }
 
 Status checkSocketDirectory(const std::string& path) {
-    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    const std::string dir = parent.empty() ? "." : parent.string();
+    const std::string dir = socketDirOf(path);
     if (::access(dir.c_str(), W_OK | X_OK) != 0) return {Errc::ConfigError, unwritable("socket path " + path, dir, errno)};
     return okStatus();
 }
@@ -295,7 +299,7 @@ Status Server::listen(const std::string& path) {
     if (ec) {
         const int err = ec.value();
         if (ec.category() == boost::system::system_category() && (err == EACCES || err == EROFS || err == EPERM))
-            return {Errc::ConfigError, unwritable("socket path " + path, std::filesystem::path(path).parent_path().string(), err)};
+            return {Errc::ConfigError, unwritable("socket path " + path, socketDirOf(path), err)};
         return {Errc::SystemError, "listening on " + path + ": " + ec.message()};
     }
     path_ = path;

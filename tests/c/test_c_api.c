@@ -203,13 +203,18 @@ static int run_ranks(const char* name, uint32_t world, rank_fn fn, int timeout_m
     return bad;
 }
 
-static tpf_status open_rank(uint32_t rank, uint32_t world, uint64_t max_bytes, const char* dir, struct file_store* store,
-                            tpf_group** g) {
+/* A fresh store in `dir` for `rank` of `world`, never failing (fail_at -1). */
+static void store_init(struct file_store* store, const char* dir, uint32_t rank, uint32_t world) {
     memset(store, 0, sizeof *store);
     snprintf(store->dir, sizeof store->dir, "%s", dir);
     store->rank = rank;
     store->world = world;
     store->fail_at = -1;
+}
+
+static tpf_status open_rank(uint32_t rank, uint32_t world, uint64_t max_bytes, const char* dir, struct file_store* store,
+                            tpf_group** g) {
+    store_init(store, dir, rank, world);
     tpf_open_options o;
     tpf_open_options_init(&o);
     o.socket_path = socket_path;
@@ -447,10 +452,7 @@ static int rank_tcp(uint32_t rank, uint32_t world, const char* dir) {
 /* A callback that fails at its second call: the open fails with its code on that rank. */
 static int rank_callback_fails(uint32_t rank, uint32_t world, const char* dir) {
     struct file_store store;
-    memset(&store, 0, sizeof store);
-    snprintf(store.dir, sizeof store.dir, "%s", dir);
-    store.rank = rank;
-    store.world = world;
+    store_init(&store, dir, rank, world);
     store.fail_at = 0; /* every rank: the very first all-gather fails */
     tpf_open_options o;
     tpf_open_options_init(&o);
@@ -492,11 +494,7 @@ static int rank_bad_rank(uint32_t rank, uint32_t world, const char* dir) {
     tpf_group* g = NULL;
     const int last = rank == world - 1;
     const uint64_t start = now_ms();
-    memset(&store, 0, sizeof store);
-    snprintf(store.dir, sizeof store.dir, "%s", dir);
-    store.rank = rank;
-    store.world = world;
-    store.fail_at = -1;
+    store_init(&store, dir, rank, world);
     tpf_open_options o;
     tpf_open_options_init(&o);
     o.socket_path = socket_path;
@@ -534,11 +532,7 @@ static int rank_fallback_policy(uint32_t rank, uint32_t world, const char* dir) 
         snprintf(sub, sizeof sub, "%s/pass%d", dir, pass);
         mkdir(sub, 0700);
         struct file_store store;
-        memset(&store, 0, sizeof store);
-        snprintf(store.dir, sizeof store.dir, "%s", sub);
-        store.rank = rank;
-        store.world = world;
-        store.fail_at = -1;
+        store_init(&store, sub, rank, world);
         tpf_open_options o;
         tpf_open_options_init(&o);
         o.socket_path = "/nonexistent/tpfabricd.sock";
@@ -618,10 +612,7 @@ static void single_process_checks(void) {
     /* World 1: a plain copy, no daemon (none is asked: the socket below
        does not exist), one bootstrap exchange of its own record. */
     struct file_store store;
-    memset(&store, 0, sizeof store);
-    snprintf(store.dir, sizeof store.dir, "%s", top);
-    store.world = 1;
-    store.fail_at = -1;
+    store_init(&store, top, 0, 1);
     tpf_open_options nowhere = o;
     nowhere.socket_path = "/nonexistent/tpfabricd.sock";
     CHECK_STATUS(tpf_group_open(0, 1, 4096, store_allgather, &store, &nowhere, &g), TPF_OK);
