@@ -3,7 +3,7 @@
 # directory (removed at the end; nothing is written outside it):
 #   1. `meson install --destdir` of the build;
 #   2. the files: headers, libtpfabric.so* links, libtpfabric.pc, the CMake
-#      package, tpfabricd and tpfabricctl, the sysusers and tmpfiles entries
+#      package, tpfabricd, tpfabricctl and tpf-bench, the sysusers and tmpfiles entries
 #      (named *.conf, or systemd ignores them), the unit generated with this
 #      install's paths, tpfabricd.conf.example and the tpfabricd.conf made
 #      from it (a second install keeps an edited one);
@@ -21,7 +21,9 @@
 #   6. each of the four (five) programs run as a W = 3 host group against the
 #      installed tpfabricd on a temporary socket, with the installed library;
 #      the pkg-config builds and hello.rs also with TPF_DISABLE=1 on one rank (every
-#      rank reports Unavailable and exits 1); the daemon stops with status 0.
+#      rank reports Unavailable and exits 1); the installed tpf-bench measures a
+#      short W = 2 point against that daemon, as an operator checks a node;
+#      the daemon stops with status 0.
 # A missing tool exits 77 (skip) naming it. Meson runs this with the build's
 # directories (tests/install/meson.build); by hand:
 #   tests/install/test_install.sh --build build --source . --meson meson --prefix /usr/local \
@@ -99,6 +101,7 @@ check "tpfabricConfig.cmake installed" test -f "$lib/cmake/tpfabric/tpfabricConf
 check "tpfabricConfigVersion.cmake installed" test -f "$lib/cmake/tpfabric/tpfabricConfigVersion.cmake"
 check "tpfabricd installed in sbindir" test -x "$dest$sbindir/tpfabricd"
 check "tpfabricctl installed in bindir" test -x "$dest$bindir/tpfabricctl"
+check "tpf-bench installed in bindir" test -x "$dest$bindir/tpf-bench"
 unit=$dest$unitdir/tpfabricd.service
 check "tpfabricd.service installed" test -f "$unit"
 check "the unit starts $sbindir/tpfabricd with $sysconfdir/tpfabric/tpfabricd.conf" \
@@ -351,6 +354,18 @@ done
 for p in "$tmp/bin/hello_c" "$tmp/bin/hello" "$tmp/bin/hello_rs"; do
     [ -x "$p" ] && group "$p" "!Unavailable: TPF_DISABLE=1 on rank 2" TPF_DISABLE=1
 done
+
+# An operator measuring the node against its own daemon (docs/operations.md,
+# "Measuring a node"): one short point, read back from its --json.
+run_logged "the installed tpf-bench measures W = 2 against the installed daemon" "$tmp/bench.log" \
+    env LD_LIBRARY_PATH="$ld_path" timeout 120 "$dest$bindir/tpf-bench" run --socket "$sock" --world 2 \
+    --sizes 4KiB --ops gather --iters 20 --warmup 2 --opens 1 --floor-iters 100 --idle-ms 100 --settle-ms 0 \
+    --json "$tmp/bench.json"
+check "its --json holds the W = 2 4 KiB gather" python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))["results"]
+sys.exit(0 if any(r["op"] == "gather" and r["world"] == 2 and r["size"] == 4096 and r["samples"] > 0 for r in rows) else 1)' \
+    "$tmp/bench.json"
 
 kill -TERM "$daemon_pid"
 wait "$daemon_pid"
