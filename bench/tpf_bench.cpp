@@ -47,6 +47,10 @@ std::vector<std::uint64_t> parseSizes(const std::vector<std::string>& in) {
         auto v = parseByteSize(s);
         if (!v) throw CLI::ValidationError("--sizes", v.error().detail);
         if (*v < 16 || *v % 16) throw CLI::ValidationError("--sizes", s + ": sizes must be multiples of 16 bytes, at least 16");
+        // daemon.max_bytes is at most 1 GiB: a larger shard has no group to run in (a smaller one above the
+        // daemon's daemon.max_bytes, 512 KiB by default, fails CapMismatch when the run reaches it).
+        if (*v > (std::uint64_t(1) << 30))
+            throw CLI::ValidationError("--sizes", s + ": above 1GiB, the largest cap any tpfabricd serves (daemon.max_bytes)");
         out.push_back(*v);
     }
     return out;
@@ -219,11 +223,19 @@ int main(int argc, char** argv) {
     auto* run = app.add_subcommand("run", "start W rank processes per world against a tpfabricd and print p50/p99 per size, "
                                           "each sum beside the gather, open times and the daemon's memory and idle CPU");
     run->add_option("--socket", a.socket, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock); "
-                                          "ignored with --daemon");
+                                          "ignored with --daemon")
+        ->check(CLI::Validator(
+            [](std::string& path) {
+                return path.empty() ? std::string("an empty path names no socket; give the daemon's socket path, or leave "
+                                                  "--socket out for $TPF_SOCKET (else /run/tpfabric/tpfabricd.sock)")
+                                    : std::string();
+            },
+            ""));
     run->add_option("--daemon", a.daemonExe, "start this tpfabricd on a private socket for the run and stop it after "
                                              "(else use the one on --socket; its pid from the socket's peer credentials)");
     run->add_option("--world", a.worlds, "worlds to run, one after another")->delimiter(',')->check(CLI::Range(2, 16))->capture_default_str();
-    run->add_option("--sizes", a.sizes, "bytes per rank: 64,4KiB,... (multiples of 16)")->delimiter(',')->capture_default_str();
+    run->add_option("--sizes", a.sizes, "bytes per rank: 64,4KiB,... (multiples of 16, at most the daemon's daemon.max_bytes: "
+                                        "512KiB by default)")->delimiter(',')->capture_default_str();
     run->add_option("--ops", a.ops, "gather, sum (allReduceSum bf16), sum-f16 (allReduceSum f16)")->delimiter(',')->capture_default_str();
     run->add_option("--iters", a.iters, "timed calls per (op, size) and rank, at most (see --point-ms)")->check(CLI::Range(1, 1000000))->capture_default_str();
     run->add_option("--warmup", a.warmup, "untimed calls before them (at most iters / 5 when --point-ms cuts a point short)")->capture_default_str();
@@ -296,8 +308,10 @@ int main(int argc, char** argv) {
     peer->add_option("--warmup", floorWarmup);
 
     // A usage error, as tpfabricd's and tpfabricctl's: two lines on stderr, exit 2.
-    const auto usageError = [](const std::string& line) {
-        return cli::usageError("tpf-bench", line, "Run 'tpf-bench --help' (or 'tpf-bench run --help') for the commands and options.");
+    const auto usageError = [&](const std::string& line) {
+        const std::string cmd = *reduce ? "reduce" : "run";
+        return cli::usageError("tpf-bench", line,
+                               ("Run 'tpf-bench --help' (or 'tpf-bench " + cmd + " --help') for the commands and options.").c_str());
     };
     try {
         app.parse(argc, argv);

@@ -19,6 +19,8 @@ inline Result<std::uint64_t> parseByteSize(std::string_view s) {
     }
     if (i == 0) return {Errc::ConfigError, "size '" + std::string(s) + "' does not start with a number"};
     const std::string_view unit = s.substr(i);
+    if (!unit.empty() && (unit[0] == '.' || unit[0] == ','))
+        return {Errc::ConfigError, "size '" + std::string(s) + "': a whole number of bytes or units (1536, 2KiB; no fractions)"};
     std::uint64_t mul = 0;
     if (unit.empty() || unit == "B") mul = 1;
     else if (unit == "K" || unit == "KiB") mul = 1ull << 10;

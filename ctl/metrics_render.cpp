@@ -254,7 +254,7 @@ Result<std::string> renderMetrics(const nlohmann::ordered_json& doc) {
         .Increment(double(s.doorbells));
     if (s.carryThreads) {
         gauge("tpfabric_proxy_carry_threads", "The proxy's carry threads (proxy.carry_threads)").Add({}).Set(double(*s.carryThreads));
-        counter("tpfabric_proxy_carry_parts_total", "Parts of same-node shards of 64 KiB and more the carry threads copied")
+        counter("tpfabric_proxy_carry_parts_total", "Parts the carry threads copied: of same-node rows of 64 KiB and more, or a doorbell's smaller rows once they come to 64 KiB together")
             .Add({})
             .Increment(double(*s.carryParts));
     }

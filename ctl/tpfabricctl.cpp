@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
                                    " if set, else " + tpf::ctl::kDefaultSocketPath + ")";
     const std::string timeoutHelp = "how long to wait for the daemon's answers, 1..600000";
     const auto addDaemonOptions = [&](CLI::App& to) {
-        to.add_option("--socket", socketPath, socketHelp)
+        CLI::Option* socket = to.add_option("--socket", socketPath, socketHelp)
             ->check(CLI::Validator(
                 [](std::string& path) {
                     return path.empty() ? std::string("an empty path names no socket; give the daemon's socket path, or "
@@ -147,8 +147,14 @@ int main(int argc, char** argv) {
             ->check(CLI::Range(1, 600000))
             ->capture_default_str()
             ->group("Daemon options (of status and metrics, before or after the command)");
+        return socket;
     };
-    addDaemonOptions(app);
+    // Before the command they belong to the app: layout, which reads no daemon, refuses them below.
+    CLI::Option* appSocket = addDaemonOptions(app);
+    CLI::Option* appTimeout = app.get_option("--timeout-ms");
+    bool jsonBefore = false;
+    app.add_flag("--json", jsonBefore, "print JSON: as 'status --json' or 'layout --json'")
+        ->group("Options of status and layout (before or after the command)");
 
     bool statusJson = false;
     auto* status = app.add_subcommand("status", "show tpfabricd's HCAs, peers, groups and registered memory");
@@ -174,9 +180,29 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         // --help and --version exit 0; every usage error exits 2, named, as the layout checks do.
         if (e.get_exit_code() == 0) return app.exit(e);
-        return tpf::cli::usageError("tpfabricctl", tpf::cli::parseErrorLine(app, e),
-                                    "Run 'tpfabricctl --help' for the commands and options.");
+        std::string line = tpf::cli::parseErrorLine(app, e);
+        // `tpfabricctl --socket status`: CLI11 takes the command as the option's value, or finds no value at all.
+        if (app.get_subcommands().empty() && argc > 1) {
+            const std::string last = argv[argc - 1], prev = argc > 2 ? argv[argc - 2] : "";
+            const auto valueOf = [](const std::string& w) { return w == "--socket" ? " PATH" : w == "--timeout-ms" ? " MS" : ""; };
+            const bool command = last == "layout" || last == "status" || last == "metrics" || last == "help";
+            if (*valueOf(last) != '\0')
+                line = last + " needs a value, then a command (tpfabricctl " + last + valueOf(last) + " status)";
+            else if (*valueOf(prev) != '\0' && command)
+                line = prev + " took the command '" + last + "' as its value: give the value first (tpfabricctl " + prev +
+                       valueOf(prev) + " " + last + ")";
+        }
+        return tpf::cli::usageError("tpfabricctl", line, "Run 'tpfabricctl --help' for the commands and options.");
     }
+    const auto usage = [](const std::string& line) {
+        return tpf::cli::usageError("tpfabricctl", line, "Run 'tpfabricctl --help' for the commands and options.");
+    };
+    if (*layout && (appSocket->count() > 0 || appTimeout->count() > 0))
+        return usage(std::string("layout reads no daemon: ") + (appSocket->count() > 0 ? "--socket" : "--timeout-ms") +
+                     " is an option of status and metrics");
+    if (jsonBefore && *metrics)
+        return usage("metrics prints Prometheus text: --json is an option of status and layout");
+    if (jsonBefore && *help) return usage("help takes no --json");
     if (*help) {
         if (!helpTopic.empty() && helpTopic != "layout" && helpTopic != "status" && helpTopic != "metrics")
             return tpf::cli::usageError("tpfabricctl",
@@ -187,8 +213,8 @@ int main(int argc, char** argv) {
                                         : app.get_subcommand(helpTopic)->help(app.get_name()));
         return 0;
     }
-    if (*layout) return runLayout(world, maxBytes, stripes, json);
-    if (*status) return runStatus(socketPath, timeoutMs, statusJson);
+    if (*layout) return runLayout(world, maxBytes, stripes, json || jsonBefore);
+    if (*status) return runStatus(socketPath, timeoutMs, statusJson || jsonBefore);
     if (*metrics) return runMetrics(socketPath, timeoutMs);
     return 2;
 }

@@ -37,12 +37,13 @@ def run(args, timeout=60):
     return subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def usage(args):
+def usage(args, says=""):
     r = run(args)
     err = r.stderr.splitlines()
     check(r.returncode == 2 and r.stdout == "" and len(err) == 2 and err[0].startswith("tpf-bench: ")
-          and err[1].startswith("Run 'tpf-bench --help'"),
-          f"tpf-bench {' '.join(args)!s}: usage error (exit {r.returncode}, stderr {r.stderr!r})")
+          and says in r.stderr and err[1].startswith("Run 'tpf-bench --help'"),
+          f"tpf-bench {' '.join(args)!s}: usage error{' saying ' + repr(says) if says else ''} "
+          f"(exit {r.returncode}, stderr {r.stderr!r})")
 
 
 def footer(args):
@@ -56,7 +57,10 @@ def main():
     usage(["run", "--world", "1"])
     usage(["run", "--sizes", "17"])
     usage(["run", "--ops", "nope"])
-    usage(["reduce", "--sizes", "3"])
+    usage(["run", "--sizes", "2GiB"], "above 1GiB")
+    usage(["run", "--sizes", "1.5KiB"], "no fractions")
+    usage(["run", "--socket", ""], "an empty path names no socket")
+    usage(["reduce", "--sizes", "3"], "'tpf-bench reduce --help'")
     usage(["bogus"])
     usage([])
     for args in (["--help"], ["run", "--help"], ["reduce", "--help"]):

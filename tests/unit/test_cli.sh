@@ -148,6 +148,15 @@ expect 2 "^tpfabricctl: status does not take '--bogus' \('tpfabricctl status --h
 expect 2 "^tpfabricctl: layout does not take '--socket /x' \('tpfabricctl layout --help'" "$ctl" layout --socket /x
 expect 2 "^tpfabricctl: --max-bytes: 0 is no cap" "$ctl" layout --max-bytes 0
 expect 2 "^tpfabricctl: " "$ctl" layout --world 99
+expect 2 "^tpfabricctl: layout reads no daemon: --socket is an option of status and metrics" "$ctl" --socket /x layout
+expect 2 "^tpfabricctl: layout reads no daemon: --timeout-ms" "$ctl" --timeout-ms 5 layout
+expect 2 "^tpfabricctl: --max-bytes: .*'1.5KiB': a whole number of bytes or units" "$ctl" layout --max-bytes 1.5KiB
+expect 0 '"region_bytes"' "$ctl" --json layout --world 2
+# An option whose value is missing, or took the command word
+expect 2 "^tpfabricctl: --socket needs a value, then a command \(tpfabricctl --socket PATH status\)" "$ctl" --socket
+expect 2 "^tpfabricctl: --socket took the command 'status' as its value: give the value first" "$ctl" --socket status
+expect 2 "^tpfabricctl: --timeout-ms took the command 'metrics' as its value" "$ctl" --timeout-ms metrics
+expect 2 "^tpfabricctl: metrics prints Prometheus text: --json is an option of status and layout" "$ctl" --json metrics
 
 # Daemon options before or after the command; no daemon at $tmp/none.sock.
 expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" status
@@ -155,6 +164,7 @@ expect 1 "^tpfabricctl: .*none\.sock" "$ctl" status --socket "$tmp/none.sock"
 expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" --timeout-ms 100 metrics
 expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --timeout-ms 100 metrics --socket "$tmp/none.sock"
 expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --socket "$tmp/none.sock" status --json
+expect 1 "^tpfabricctl: .*none\.sock" "$ctl" --json --socket "$tmp/none.sock" status
 expect 2 "^tpfabricctl: --timeout-ms" "$ctl" --timeout-ms 0 status
 expect 2 "^tpfabricctl: --timeout-ms" "$ctl" status --timeout-ms 0
 expect 2 "^tpfabricctl: --timeout-ms: abc is not a whole number of milliseconds" "$ctl" status --timeout-ms abc
