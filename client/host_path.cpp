@@ -148,9 +148,26 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (done || arrived()) return okStatus();
         if (bad || failed()) return reportFailure();
         if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
-        if (monotonicNs() >= deadline)
-            return fail(Error{Errc::Timeout, "rank " + std::to_string(missingPeer()) + " did not deliver epoch " +
-                                                 std::to_string(e) + " within " + std::to_string(options.timeout.count()) + " ms"});
+        if (monotonicNs() >= deadline) {
+            std::string why = "rank " + std::to_string(missingPeer()) + " did not deliver epoch " + std::to_string(e) +
+                              " within " + std::to_string(options.timeout.count()) + " ms";
+            // The proxy that carries the shards stalls, not the peer, when our doorbell is still in the ring
+            // after the whole wait (a live proxy takes it within microseconds), or its heartbeat, written at
+            // least every proxy.heartbeat_ms even while it sleeps, stopped well before now.
+            const RingHeader& h = ring.header();
+            const std::uint64_t beatNs = std::atomic_ref(h.heartbeatNs).load(std::memory_order_relaxed);
+            const std::uint64_t periodNs = std::uint64_t(std::atomic_ref(h.heartbeatMs).load(std::memory_order_relaxed)) * 1000000ull;
+            const std::uint64_t now = monotonicNs();
+            const bool untaken = std::atomic_ref(h.subHead).load(std::memory_order_relaxed) !=
+                                 std::atomic_ref(h.subTail).load(std::memory_order_acquire);
+            const bool silent = periodNs && beatNs && now > beatNs && now - beatNs > 2 * periodNs + 200000000ull;
+            if (ringsProxy && (untaken || silent))
+                why += "; tpfabricd's proxy, which carries the shards, " +
+                       (silent ? "has not run for " + std::to_string((now - beatNs) / 1000000) + " ms"
+                               : std::string("has not taken this rank's doorbell")) +
+                       ": the daemon is stopped or hung (systemctl status tpfabricd)";
+            return fail(Error{Errc::Timeout, why});
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 #include <sodium.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -102,6 +104,34 @@ int startFailed(const Error& e, const std::string& hint = {}) {
     return e.code == Errc::ConfigError ? 2 : 1;
 }
 
+// Descriptors the daemon holds for one connected rank (its socket, its
+// region's memfd, its ring's eventfd), with room to spare, and for itself.
+constexpr rlim_t kFilesPerClient = 4, kFilesBase = 64;
+
+// Raises the soft open-files limit toward what daemon.max_clients needs (at
+// most the hard limit; epoll has no FD_SETSIZE bound); a warning when even
+// the hard limit is short: clients beyond it would wait on a daemon that
+// cannot accept them (Server::acceptFailed).
+void fitOpenFileLimit(const DaemonConfig& cfg) {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    const rlim_t want = rlim_t(cfg.maxClients) * kFilesPerClient + kFilesBase;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        const rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? want : std::min(want, rl.rlim_max);
+        if (rl.rlim_cur > was && ::setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            spdlog::info("open-files limit raised from {} to {} for daemon.max_clients {}", was, rl.rlim_cur,
+                         cfg.maxClients);
+        else
+            rl.rlim_cur = was;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+        spdlog::warn("open-files limit {} (hard {}) is below the {} that daemon.max_clients {} needs: about {} clients fit; "
+                     "raise it (LimitNOFILE= in the unit, ulimit -n) or lower daemon.max_clients",
+                     rl.rlim_cur, rl.rlim_max, want, cfg.maxClients,
+                     rl.rlim_cur > kFilesBase ? (rl.rlim_cur - kFilesBase) / kFilesPerClient : 0);
+}
+
 int run(DaemonConfig cfg, bool foreground) {
     // A client that hangs up mid-reply must not end the daemon.
     ::signal(SIGPIPE, SIG_IGN);
@@ -122,6 +152,7 @@ int run(DaemonConfig cfg, bool foreground) {
     spdlog::info("tpfabricd {} starting: node {}, config {}, socket {}", TPF_VERSION, nodeId.hex(), cfg.source,
                  socketPath);
     for (const auto& w : combinationWarnings(cfg)) spdlog::warn("{}", w);
+    fitOpenFileLimit(cfg);
     std::string hcasNoneReason;
     const auto hcas = discoverHcas(cfg, &hcasNoneReason);
 

@@ -362,8 +362,8 @@ inline Status validate(const GroupOpenFixed& m) {
     if (m.rank >= m.world)
         return {Errc::OutOfRange, "GroupOpen: rank " + std::to_string(m.rank) + " not below world " +
                                       std::to_string(m.world)};
-    if (m.maxBytes > kMaxCapBytes)
-        return {Errc::OutOfRange, "GroupOpen: maxBytes " + std::to_string(m.maxBytes) + " above 1 GiB"};
+    if (m.maxBytes == 0 || m.maxBytes > kMaxCapBytes)
+        return {Errc::OutOfRange, "GroupOpen: maxBytes " + std::to_string(m.maxBytes) + " outside 1 byte..1 GiB"};
     if (m.timeoutMs == 0 || m.timeoutMs > 600000)
         return {Errc::OutOfRange, "GroupOpen: timeout " + std::to_string(m.timeoutMs) + " ms outside 1..600000"};
     if (m.regionKind != kRegionHost && m.regionKind != kRegionDevice)

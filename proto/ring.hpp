@@ -54,7 +54,10 @@ struct RingHeader {
     std::uint32_t subTail;      ///< @256 daemon writes (release): doorbells consumed
     std::uint8_t pad2[124];
     std::uint32_t proxyIdle;    ///< @384 daemon writes: 1 while the proxy sleeps on its eventfd
-    std::uint32_t reserved;
+    /// @388 daemon writes once: proxy.heartbeat_ms, the longest heartbeatNs
+    /// goes unwritten while the proxy sleeps (a healthy daemon's beat is never
+    /// much older); 0 from a daemon before it (clients then judge no beat).
+    std::uint32_t heartbeatMs;
     /// @392 daemon writes: CLOCK_MONOTONIC ns of its last proxy pass; every
     /// ms while the proxy polls (always, while a member has a GPU proxy
     /// route), at least every proxy.heartbeat_ms while it sleeps.
@@ -65,6 +68,7 @@ static_assert(sizeof(RingHeader) == 512);
 static_assert(offsetof(RingHeader, subHead) == 128);
 static_assert(offsetof(RingHeader, subTail) == 256);
 static_assert(offsetof(RingHeader, proxyIdle) == 384);
+static_assert(offsetof(RingHeader, heartbeatMs) == 388);
 static_assert(offsetof(RingHeader, heartbeatNs) == 392);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 

@@ -1,6 +1,7 @@
 #include "daemon/control/server.hpp"
 
 #include <grp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -72,6 +73,10 @@ void Connection::onReadable() {
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (errno == ECONNRESET) { // a client that exited with replies unread: a hang-up like any other
+            hungUp = true;
+            break;
+        }
         spdlog::warn("client {} (pid {}): recvmsg: {}", id_, pid_, std::strerror(errno));
         return close();
     }
@@ -116,6 +121,10 @@ void Connection::watchPartial() {
                                         " ms (daemon.message_timeout_ms); " + std::to_string(self->inbuf_.size()) +
                                         " byte(s) of it arrived");
     });
+}
+
+void Connection::evictSilent(const std::string& why) {
+    refuse(Errc::Busy, why + "; this connection, kept for a control client, sent nothing before a newer one came");
 }
 
 void Connection::finish() {
@@ -216,7 +225,7 @@ void Connection::shutdown() { close(); }
 Server::Server(asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups, std::function<std::string()> statusJson,
                HelloReply hello, std::function<NodeCard()> nodeCard)
     : io_(io), cfg_(cfg), groups_(groups), statusJson_(std::move(statusJson)), hello_(hello),
-      nodeCard_(std::move(nodeCard)), acceptor_(io) {}
+      nodeCard_(std::move(nodeCard)), acceptor_(io), acceptPause_(io) {}
 
 Server::~Server() { stop(); }
 
@@ -321,9 +330,16 @@ Status Server::listen(const std::string& path) {
 void Server::accept() {
     acceptor_.async_accept([this](const boost::system::error_code& ec, Local::socket socket) {
         if (ec) {
-            if (ec != asio::error::operation_aborted) spdlog::warn("accept: {}", ec.message());
-            if (acceptor_.is_open()) accept();
+            if (ec != asio::error::operation_aborted && acceptor_.is_open()) acceptFailed(ec);
             return;
+        }
+        if (acceptFailures_ > 0) {
+            spdlog::info("accepting connections again after {} ms ({} failed accept(s))",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                               acceptFailingSince_)
+                             .count(),
+                         acceptFailures_);
+            acceptFailures_ = 0;
         }
         ucred cred{};
         socklen_t len = sizeof cred;
@@ -331,6 +347,16 @@ void Server::accept() {
         std::string why = fullFor(known ? cred.uid : ~0u);
         std::size_t reserved = 0;
         for (const auto& [id, c] : connections_) reserved += c->overLimit();
+        if (!why.empty() && reserved >= kControlReserve) {
+            // Every kept slot is taken: one that has said nothing yet (no known control client) makes room,
+            // so connections that never speak cannot lock tpfabricctl out for daemon.message_timeout_ms.
+            for (const auto& [id, c] : connections_)
+                if (c->overLimit() && !c->greeted()) {
+                    c->evictSilent(why);
+                    --reserved;
+                    break;
+                }
+        }
         if (!why.empty() && reserved < kControlReserve) {
             // Kept for a control client: its Hello decides (a rank's is refused Busy, by the same words).
             auto c = std::make_shared<Connection>(*this, std::move(socket), nextId_++, std::move(why));
@@ -353,6 +379,25 @@ void Server::accept() {
             c->start();
         }
         accept();
+    });
+}
+
+void Server::acceptFailed(const boost::system::error_code& ec) {
+    if (acceptFailures_++ == 0) {
+        acceptFailingSince_ = std::chrono::steady_clock::now();
+        std::string files; // (no count of the open ones: listing /proc/self/fd needs a descriptor too)
+        if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            files = " (the open-files limit is " + std::to_string(rl.rlim_cur) + ")";
+        const bool fds = ec == asio::error::no_descriptors || ec.value() == ENFILE;
+        spdlog::warn("accept: {}{}: new connections wait in the listen queue, accepting again every {} ms{}", ec.message(),
+                     files, kAcceptPause.count(),
+                     fds ? "; raise the open-files limit (LimitNOFILE= in the unit, ulimit -n) or lower "
+                           "daemon.max_clients"
+                         : "");
+    }
+    acceptPause_.expires_after(kAcceptPause);
+    acceptPause_.async_wait([this](const boost::system::error_code& waitEc) {
+        if (!waitEc && acceptor_.is_open()) accept();
     });
 }
 
@@ -382,6 +427,7 @@ void Server::stop() {
     if (!acceptor_.is_open()) return;
     boost::system::error_code ec;
     acceptor_.close(ec);
+    acceptPause_.cancel();
     auto all = connections_;
     for (auto& [id, c] : all) c->shutdown();
     if (path_.empty()) return;

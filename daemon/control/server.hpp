@@ -44,7 +44,11 @@ public:
     std::int32_t pid() const override { return pid_; }
     std::uint32_t uid() const override { return uid_; }
     std::uint64_t id() const { return id_; }
-    bool overLimit() const { return !overLimit_.empty(); }
+    bool overLimit() const { return !overLimit_.empty() && !closed_; } ///< holds one of the slots kept for control clients
+    /// A whole message arrived (a connection that has not said Hello yet is no known control client).
+    bool greeted() const { return greeted_; }
+    /// Closes a connection kept for control clients that has said nothing, for a newer one (Busy).
+    void evictSilent(const std::string& why);
 
 private:
     struct Outgoing {
@@ -135,7 +139,13 @@ private:
     /// control clients only (a rank's Hello on one is refused Busy): an
     /// operator's tpfabricctl status reads a full daemon and names who holds it.
     static constexpr std::size_t kControlReserve = 2;
+    /// How long accepting pauses after accept() failed (EMFILE, ENFILE, ENOMEM):
+    /// the pending connection stays queued, so an immediate retry fails again.
+    static constexpr std::chrono::milliseconds kAcceptPause{100};
     void forget(std::uint64_t id);
+    /// accept() failed: one warning per episode (how many files are open, what
+    /// to raise), then accepting again after kAcceptPause.
+    void acceptFailed(const boost::system::error_code& ec);
 
     boost::asio::io_context& io_;
     const DaemonConfig& cfg_;
@@ -144,6 +154,9 @@ private:
     client_proto::HelloReply hello_;
     std::function<client_proto::NodeCard()> nodeCard_;
     boost::asio::local::stream_protocol::acceptor acceptor_;
+    boost::asio::steady_timer acceptPause_;
+    std::chrono::steady_clock::time_point acceptFailingSince_{}; ///< first failure of the current episode; {} = accepting
+    std::uint64_t acceptFailures_ = 0;                           ///< of the current episode
     std::string path_;
     std::pair<dev_t, ino_t> pathId_{}; ///< the socket file listen() made (stop() removes only it)
     std::uint64_t nextId_ = 1;

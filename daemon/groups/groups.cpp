@@ -145,7 +145,7 @@ void GroupTable::tryOpen(Group& g) {
     for (auto& [rank, m] : g.members) {
         const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
         auto region = HostRegion::create(g.layout, tag + "-region");
-        auto ring = region ? CommandRing::create(cfg_.ringEntries, g.handle, tag + "-ring")
+        auto ring = region ? CommandRing::create(cfg_.ringEntries, g.handle, tag + "-ring", cfg_.heartbeatMs)
                            : Result<std::shared_ptr<CommandRing>>(region.error());
         if (!region || !ring) {
             const Error& e = region ? ring.error() : region.error();
@@ -296,7 +296,11 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     // Counted now: the group may be gone by then (its last member died).
     if (!orderly && (g->state == State::Open || (g->state == State::Broken && g->carriedThrough))) countBroken(*g, Errc::PeerLost);
     const std::uint64_t v = publishProxyTable();
-    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " left the group",
+    // "left" is an orderly Close; a rank whose connection just closed exited or was killed mid-group.
+    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank,
+                              "rank " + std::to_string(rank) +
+                                  (orderly ? " left the group" : " is gone (its connection closed without Close: the "
+                                                                 "process exited or was killed)"),
                               orderly ? Cause::Closed : Cause::Fault, orderly ? ring : nullptr, rang});
     if (orderly && g->members.empty() && g->negotiation && g->proxyGroup) {
         // Ranks on other nodes may still wait for this node's last shards:

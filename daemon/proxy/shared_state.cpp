@@ -36,7 +36,7 @@ void HostRegion::wakeIfWaiting() const {
 }
 
 Result<std::shared_ptr<CommandRing>> CommandRing::create(std::uint32_t entries, std::uint32_t groupHandle,
-                                                         const std::string& name) {
+                                                         const std::string& name, std::uint32_t heartbeatMs) {
     auto r = std::make_shared<CommandRing>();
     r->layout = RingLayout{entries};
     auto fd = createSealedMemfd(name, r->layout.totalBytes());
@@ -52,6 +52,7 @@ Result<std::shared_ptr<CommandRing>> CommandRing::create(std::uint32_t entries, 
     h.entryBytes = sizeof(Doorbell);
     h.entries = entries;
     h.group = groupHandle;
+    h.heartbeatMs = heartbeatMs;
     return r;
 }
 

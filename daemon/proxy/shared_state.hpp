@@ -60,8 +60,9 @@ struct CommandRing {
     };
     std::optional<Delivery> delivering;
 
+    /// `heartbeatMs`: proxy.heartbeat_ms, told to the rank in the header (RingHeader::heartbeatMs).
     static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint32_t groupHandle,
-                                                       const std::string& name);
+                                                       const std::string& name, std::uint32_t heartbeatMs = 0);
 };
 
 } // namespace tpf::daemon

@@ -171,10 +171,13 @@ TEST_CASE("abort from a second thread ends the call blocked in the first with Ab
 }
 
 TEST_CASE("a rank that never posts: the others end with Timeout naming it") {
+    // Host-direct, and carried by the daemon's proxy (TPF_HOST_DIRECT=0): a live daemon is not blamed.
+    const std::string direct = GENERATE(as<std::string>{}, "1", "0");
+    INFO("TPF_HOST_DIRECT=" << direct);
     Daemon d;
     const std::uint32_t world = 3, silent = 1, timeoutMs = 800;
     auto run = startRanks(d, world, {"--iters", "1000", "--sizes", "128", "--timeout-ms", std::to_string(timeoutMs)},
-                          {{silent, {"--stall-at", "10"}}});
+                          {{silent, {"--stall-at", "10"}}}, {{"TPF_HOST_DIRECT", direct}});
     std::vector<Child*> others{&run.ranks[0], &run.ranks[2]};
     REQUIRE(waitAll(others, 60000));
     for (std::uint32_t r : {0u, 2u}) {
@@ -182,12 +185,39 @@ TEST_CASE("a rank that never posts: the others end with Timeout naming it") {
         INFO("rank " << r << ": " << line);
         CHECK(line.find("error=Timeout calls=10 ") != std::string::npos);
         CHECK(line.find("rank 1 did not deliver") != std::string::npos);
+        CHECK(line.find("tpfabricd") == std::string::npos);
         CHECK(exitCode(run.ranks[r]) == 1);
         CHECK(field(line, "elapsed_ms") >= timeoutMs);
         CHECK(field(line, "elapsed_ms") <= timeoutMs + 1000);
     }
     ::kill(run.ranks[silent].pid, SIGKILL);
     waitAll({&run.ranks[silent]}, 5000);
+}
+
+// A daemon that stops (SIGSTOP, a debugger, a hang) while its proxy carries
+// the shards: each rank's Timeout names the daemon, not whichever healthy peer
+// its wait happened to reach first.
+TEST_CASE("a stopped daemon that carries the shards: every rank's Timeout names it") {
+    Daemon d;
+    const std::uint32_t world = 3, timeoutMs = 1000;
+    auto run = startRanks(d, world, {"--iters", "1000000000", "--sizes", "64,4096", "--mode", "mixed", "--timeout-ms",
+                                     std::to_string(timeoutMs), "--progress", "32"},
+                          {}, {{"TPF_HOST_DIRECT", "0"}});
+    std::vector<Child*> all;
+    for (auto& c : run.ranks) all.push_back(&c);
+    for (Child* c : all) REQUIRE(waitForOutput(*c, "PROGRESS", 60000));
+    d.signal(SIGSTOP);
+    const bool ended = waitAll(all, 30000);
+    d.signal(SIGCONT);
+    REQUIRE(ended);
+    for (std::uint32_t r = 0; r < world; ++r) {
+        const std::string line = run.line(r);
+        INFO("rank " << r << ": " << line);
+        CHECK(line.find(" error=Timeout ") != std::string::npos);
+        CHECK(line.find("tpfabricd's proxy, which carries the shards, has not") != std::string::npos);
+        CHECK(line.find("the daemon is stopped or hung") != std::string::npos);
+    }
+    CHECK(d.stop() == 0);
 }
 
 TEST_CASE("two groups on one daemon stay apart") {

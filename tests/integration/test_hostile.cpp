@@ -504,6 +504,27 @@ TEST_CASE("idle clients are dropped and surplus clients are told Busy") {
         CHECK(d.stop() == 0);
         std::remove(cfg.c_str());
     }
+    SECTION("connections that say nothing do not hold the slots kept for tpfabricctl") {
+        const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 2\n");
+        Daemon d({"--config", cfg});
+        UniqueFd a = heldClient(d.socket()), b = heldClient(d.socket());
+        // Two silent connections take the kept slots; each newer one makes room by closing the oldest silent one.
+        std::vector<UniqueFd> silent;
+        for (int i = 0; i < 4; ++i) {
+            auto fd = connectUnix(d.socket());
+            REQUIRE(fd.ok());
+            silent.push_back(std::move(*fd));
+            ::usleep(50 * 1000);
+        }
+        CHECK(refusalOn(silent[0].get()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients); this "
+                                            "connection, kept for a control client, sent nothing before a newer one came");
+        Child ctl = spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", envPath("TPF_CTL"), "--socket", d.socket(), "status"});
+        REQUIRE(waitAll({&ctl}, 20000));
+        INFO(ctl.output);
+        CHECK(exitCode(ctl) == 0);
+        CHECK(d.stop() == 0);
+        std::remove(cfg.c_str());
+    }
     SECTION("over daemon.max_clients_per_uid: Busy naming the uid's share") {
         const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 8\nmax_clients_per_uid = 2\n");
         Daemon d({"--config", cfg});
@@ -517,5 +538,51 @@ TEST_CASE("idle clients are dropped and surplus clients are told Busy") {
         CHECK(d.stop() == 0);
         std::remove(cfg.c_str());
     }
+    ::rmdir(dir.c_str());
+}
+
+// A daemon out of file descriptors (a hand-started one under a low `ulimit -n`):
+// it says so at start, and when accept() fails it pauses accepting instead of
+// retrying at once (a pending connection keeps it failing: a busy loop and a
+// flood of log lines), then serves again once descriptors are free.
+TEST_CASE("a daemon out of file descriptors pauses accepting, says so once, and serves again") {
+    char tmpl[] = "/tmp/tpf-nofile-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl));
+    const std::string dir = tmpl, wrapper = dir + "/tpfabricd-nofile";
+    const std::string real = envPath("TPF_DAEMON");
+    {
+        FILE* f = std::fopen(wrapper.c_str(), "w");
+        REQUIRE(f != nullptr);
+        std::fprintf(f, "#!/bin/sh\nulimit -n 40\nexec '%s' \"$@\"\n", real.c_str());
+        std::fclose(f);
+        REQUIRE(::chmod(wrapper.c_str(), 0755) == 0);
+    }
+    ::setenv("TPF_DAEMON", wrapper.c_str(), 1);
+    Daemon d;
+    ::setenv("TPF_DAEMON", real.c_str(), 1);
+    CHECK(d.log().find("open-files limit 40 (hard 40) is below") != std::string::npos);
+
+    std::vector<UniqueFd> held;
+    for (int i = 0; i < 40; ++i) {
+        auto fd = connectUnix(d.socket());
+        REQUIRE(fd.ok());
+        held.push_back(std::move(*fd));
+    }
+    ::usleep(1000 * 1000); // some ten pauses' worth of retries
+    const std::string full = d.log();
+    std::size_t warnings = 0;
+    for (auto at = full.find("accept: Too many open files"); at != std::string::npos;
+         at = full.find("accept: Too many open files", at + 1))
+        ++warnings;
+    INFO(full.substr(full.size() > 4000 ? full.size() - 4000 : 0));
+    CHECK(warnings == 1);
+    CHECK(full.find("raise the open-files limit") != std::string::npos);
+
+    held.clear();
+    for (int i = 0; i < 100 && d.log().find("accepting connections again") == std::string::npos; ++i) ::usleep(50 * 1000);
+    CHECK(d.log().find("accepting connections again") != std::string::npos);
+    CHECK(statusJson(d.socket()).find("\"status_version\":2") != std::string::npos);
+    CHECK(d.stop() == 0);
+    std::remove(wrapper.c_str());
     ::rmdir(dir.c_str());
 }

@@ -272,6 +272,10 @@ TEST_CASE("out-of-range ranks, worlds and fields are refused by name") {
         m.fixed.maxBytes = 1ull << 40;
         CHECK(decodeGo(m).code() == Errc::OutOfRange);
         m = sampleGroupOpen();
+        m.fixed.maxBytes = 0; // no cap: the library refuses it before sending, the daemon too
+        m.roster[m.fixed.rank].maxBytes = 0;
+        CHECK(decodeGo(m).code() == Errc::OutOfRange);
+        m = sampleGroupOpen();
         m.roster[1].maxBytes = 1; // own entry must match
         CHECK(decodeGo(m).code() == Errc::GroupMismatch);
         m = sampleGroupOpen();
