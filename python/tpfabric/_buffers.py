@@ -184,6 +184,12 @@ def _numpy_dtype(np: Any, dtype: Any) -> Any:
         dtype = DTYPE_NAME[dtype]
     if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
         return np.dtype(np.uint16)  # numpy has no bfloat16: its bits, as the sums take them
+    if type(dtype).__module__ == "torch":  # torch.bfloat16 & co.: numpy cannot read them
+        raise TypeError(
+            f"dtype={dtype}: a torch dtype; empty() and zeros() make numpy arrays (dtype 'float32', 'float16' or "
+            f"'bfloat16'). For tensors use torch.empty(..., dtype={dtype}): torch's allocators align every tensor "
+            f"to at least {ALIGNMENT} bytes"
+        )
     return np.dtype(dtype)
 
 

@@ -71,6 +71,18 @@ def test_host_group_takes_cpu_tensors(daemon: Daemon) -> None:
     run_ranks(rank_host_tensors, 2, daemon.socket, free_port())
 
 
+def test_empty_refuses_a_torch_dtype_by_name() -> None:
+    import torch
+
+    import tpfabric
+
+    # empty() makes numpy arrays; a torch dtype is told apart from numpy's "Cannot interpret" and pointed to torch.
+    with pytest.raises(TypeError, match=r"torch\.bfloat16: a torch dtype; .*torch\.empty"):
+        tpfabric.empty(4, torch.bfloat16)
+    with pytest.raises(TypeError, match="a torch dtype"):
+        tpfabric.zeros(4, torch.float32)
+
+
 def _init_gloo(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
