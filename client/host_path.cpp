@@ -151,21 +151,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (monotonicNs() >= deadline) {
             std::string why = "rank " + std::to_string(missingPeer()) + " did not deliver epoch " + std::to_string(e) +
                               " within " + std::to_string(options.timeout.count()) + " ms";
-            // The proxy that carries the shards stalls, not the peer, when our doorbell is still in the ring
-            // after the whole wait (a live proxy takes it within microseconds), or its heartbeat, written at
-            // least every proxy.heartbeat_ms even while it sleeps, stopped well before now.
-            const RingHeader& h = ring.header();
-            const std::uint64_t beatNs = std::atomic_ref(h.heartbeatNs).load(std::memory_order_relaxed);
-            const std::uint64_t periodNs = std::uint64_t(std::atomic_ref(h.heartbeatMs).load(std::memory_order_relaxed)) * 1000000ull;
-            const std::uint64_t now = monotonicNs();
-            const bool untaken = std::atomic_ref(h.subHead).load(std::memory_order_relaxed) !=
-                                 std::atomic_ref(h.subTail).load(std::memory_order_acquire);
-            const bool silent = periodNs && beatNs && now > beatNs && now - beatNs > 2 * periodNs + 200000000ull;
-            if (ringsProxy && (untaken || silent))
-                why += "; tpfabricd's proxy, which carries the shards, " +
-                       (silent ? "has not run for " + std::to_string((now - beatNs) / 1000000) + " ms"
-                               : std::string("has not taken this rank's doorbell")) +
-                       ": the daemon is stopped or hung (systemctl status tpfabricd)";
+            if (ringsProxy) why += proxyStalled(monotonicNs());
             return fail(Error{Errc::Timeout, why});
         }
     }
@@ -208,6 +194,20 @@ Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t 
     return okStatus();
 }
 
+// The proxy that carries the shards, not the peer, stalls when its heartbeat
+// (written every pass, and at least every proxy.heartbeat_ms while it
+// sleeps) is older than twice that period plus 200 ms: no pass in that long.
+// A doorbell still in the ring is no proof alone (the proxy may hold the one
+// before it for a link at its cap): only with no pass since it was pushed.
+std::string Group::Impl::proxyStalled(std::uint64_t now) const {
+    const RingHeader& h = ring.header();
+    const std::uint64_t beatNs = std::atomic_ref(h.heartbeatNs).load(std::memory_order_relaxed);
+    const std::uint64_t periodNs = std::uint64_t(std::atomic_ref(h.heartbeatMs).load(std::memory_order_relaxed)) * 1000000ull;
+    if (!periodNs || !beatNs || now <= beatNs || now - beatNs <= 2 * periodNs + 200000000ull) return {};
+    return "; tpfabricd's proxy, which carries the shards, has made no pass for " + std::to_string((now - beatNs) / 1000000) +
+           " ms: the daemon is stopped, hung or stuck (systemctl status tpfabricd)";
+}
+
 Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
     const std::uint64_t e = ++epoch;
     phase = phaseOf(e);
@@ -216,7 +216,10 @@ Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
         const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
         while (!ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
             if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
-            if (monotonicNs() >= deadline) return fail(Error{Errc::Timeout, "the daemon's proxy does not take doorbells"});
+            if (const std::uint64_t now = monotonicNs(); now >= deadline)
+                return fail(Error{Errc::Timeout, "this rank's command ring stayed full for " +
+                                                     std::to_string(options.timeout.count()) +
+                                                     " ms: tpfabricd's proxy takes no doorbells" + proxyStalled(now)});
             ::sched_yield();
         }
         if (ring.proxyNeedsWake()) {

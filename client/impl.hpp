@@ -91,6 +91,9 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// slot(phaseOf(epoch + 1), rank) itself.
     Status post(std::size_t bytes, std::uint32_t& phase);
     Status waitPeers(std::uint64_t epoch, std::uint32_t phase);
+    /// "; tpfabricd's proxy ... has made no pass for N ms ..." when the ring's
+    /// heartbeat says the daemon stalls, else "" (a Timeout's suffix).
+    std::string proxyStalled(std::uint64_t now) const;
     /// Host-direct: release the own row of `epoch` (staged in our own slot)
     /// by our own flags, then wake the directPeers that sleep; they read it
     /// from our region (the proxy carries it to the other peers).

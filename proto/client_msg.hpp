@@ -376,8 +376,8 @@ inline Status validate(const GroupOpenFixed& m) {
 }
 
 inline Status validate(const RosterEntry& m) {
-    if (m.maxBytes > kMaxCapBytes)
-        return {Errc::OutOfRange, "RosterEntry: maxBytes " + std::to_string(m.maxBytes) + " above 1 GiB"};
+    if (m.maxBytes == 0 || m.maxBytes > kMaxCapBytes)
+        return {Errc::OutOfRange, "RosterEntry: maxBytes " + std::to_string(m.maxBytes) + " outside 1 byte..1 GiB"};
     return okStatus();
 }
 

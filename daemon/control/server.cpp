@@ -1,6 +1,7 @@
 #include "daemon/control/server.hpp"
 
 #include <grp.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -123,8 +124,19 @@ void Connection::watchPartial() {
     });
 }
 
-void Connection::evictSilent(const std::string& why) {
-    refuse(Errc::Busy, why + "; this connection, kept for a control client, sent nothing before a newer one came");
+bool Connection::silentFor(std::chrono::steady_clock::duration grace) {
+    if (closed_ || closing_ || greeted_ || !inbuf_.empty() || std::chrono::steady_clock::now() - accepted_ < grace)
+        return false;
+    int waiting = 0;
+    return ::ioctl(socket_.native_handle(), FIONREAD, &waiting) == 0 && waiting == 0;
+}
+
+void Connection::evictSilent() {
+    refuse(Errc::Busy, overLimit_ + "; this connection, kept for a control client, sent nothing for " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::steady_clock::now() - accepted_)
+                                              .count()) +
+                           " ms, and a newer one took its place");
 }
 
 void Connection::finish() {
@@ -346,13 +358,13 @@ void Server::accept() {
         const bool known = ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
         std::string why = fullFor(known ? cred.uid : ~0u);
         std::size_t reserved = 0;
-        for (const auto& [id, c] : connections_) reserved += c->overLimit();
+        for (const auto& [id, c] : connections_) reserved += c->isOpen() && c->overLimit();
         if (!why.empty() && reserved >= kControlReserve) {
-            // Every kept slot is taken: one that has said nothing yet (no known control client) makes room,
-            // so connections that never speak cannot lock tpfabricctl out for daemon.message_timeout_ms.
+            // Every kept slot is taken: the oldest that has said nothing for kSilentGrace makes room, so
+            // connections that never speak cannot lock tpfabricctl out for daemon.message_timeout_ms.
             for (const auto& [id, c] : connections_)
-                if (c->overLimit() && !c->greeted()) {
-                    c->evictSilent(why);
+                if (c->overLimit() && c->silentFor(kSilentGrace)) {
+                    c->evictSilent();
                     --reserved;
                     break;
                 }
@@ -406,7 +418,7 @@ std::string Server::fullFor(std::uint32_t uid) const {
     std::size_t n = 0;
     std::uint32_t mine = 0;
     for (const auto& [id, c] : connections_)
-        if (!c->overLimit()) {
+        if (c->isOpen() && !c->overLimit()) {
             ++n;
             mine += c->uid() == uid;
         }

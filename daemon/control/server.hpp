@@ -10,6 +10,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -44,11 +45,14 @@ public:
     std::int32_t pid() const override { return pid_; }
     std::uint32_t uid() const override { return uid_; }
     std::uint64_t id() const { return id_; }
-    bool overLimit() const { return !overLimit_.empty() && !closed_; } ///< holds one of the slots kept for control clients
-    /// A whole message arrived (a connection that has not said Hello yet is no known control client).
-    bool greeted() const { return greeted_; }
-    /// Closes a connection kept for control clients that has said nothing, for a newer one (Busy).
-    void evictSilent(const std::string& why);
+    bool overLimit() const { return !overLimit_.empty(); } ///< admitted on one of the slots kept for control clients
+    bool isOpen() const { return !closed_; }                 ///< not closed yet (the table forgets it a moment later)
+    /// Said nothing in the `grace` since it connected: no whole message, no
+    /// byte received, none waiting in its socket. A client that connects to
+    /// talk (tpfabricctl sends its Hello at once) is never silent.
+    bool silentFor(std::chrono::steady_clock::duration grace);
+    /// Refuses (Busy) a silent connection on a slot kept for control clients, for a newer one.
+    void evictSilent();
 
 private:
     struct Outgoing {
@@ -86,6 +90,7 @@ private:
     std::uint32_t uid_ = ~0u;
     std::uint32_t gid_ = ~0u;
     std::string overLimit_; ///< admitted beyond the limits for a control client: why it was full
+    std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
     ControlDispatch dispatch_{*this};
     bool closing_ = false;   ///< no more input; close once output is flushed
     bool closed_ = false;
@@ -139,6 +144,10 @@ private:
     /// control clients only (a rank's Hello on one is refused Busy): an
     /// operator's tpfabricctl status reads a full daemon and names who holds it.
     static constexpr std::size_t kControlReserve = 2;
+    /// How long a connection on a kept slot may say nothing before a newer
+    /// one may take its slot (Connection::silentFor): long against a Hello's
+    /// way in, short against daemon.message_timeout_ms.
+    static constexpr std::chrono::milliseconds kSilentGrace{250};
     /// How long accepting pauses after accept() failed (EMFILE, ENFILE, ENOMEM):
     /// the pending connection stays queued, so an immediate retry fails again.
     static constexpr std::chrono::milliseconds kAcceptPause{100};
@@ -155,8 +164,8 @@ private:
     std::function<client_proto::NodeCard()> nodeCard_;
     boost::asio::local::stream_protocol::acceptor acceptor_;
     boost::asio::steady_timer acceptPause_;
-    std::chrono::steady_clock::time_point acceptFailingSince_{}; ///< first failure of the current episode; {} = accepting
-    std::uint64_t acceptFailures_ = 0;                           ///< of the current episode
+    std::chrono::steady_clock::time_point acceptFailingSince_{}; ///< first failure of the current episode
+    std::uint64_t acceptFailures_ = 0;                           ///< of the current episode; 0 = accepting
     std::string path_;
     std::pair<dev_t, ino_t> pathId_{}; ///< the socket file listen() made (stop() removes only it)
     std::uint64_t nextId_ = 1;

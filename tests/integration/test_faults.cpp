@@ -214,8 +214,8 @@ TEST_CASE("a stopped daemon that carries the shards: every rank's Timeout names 
         const std::string line = run.line(r);
         INFO("rank " << r << ": " << line);
         CHECK(line.find(" error=Timeout ") != std::string::npos);
-        CHECK(line.find("tpfabricd's proxy, which carries the shards, has not") != std::string::npos);
-        CHECK(line.find("the daemon is stopped or hung") != std::string::npos);
+        CHECK(line.find("tpfabricd's proxy, which carries the shards, has made no pass for ") != std::string::npos);
+        CHECK(line.find("the daemon is stopped, hung or stuck") != std::string::npos);
     }
     CHECK(d.stop() == 0);
 }

@@ -505,23 +505,32 @@ TEST_CASE("idle clients are dropped and surplus clients are told Busy") {
         std::remove(cfg.c_str());
     }
     SECTION("connections that say nothing do not hold the slots kept for tpfabricctl") {
-        const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 2\n");
+        // A long message timeout: only the eviction may end the silent connections.
+        const std::string cfg = writeConfig(dir, "[daemon]\nmax_clients = 2\nmessage_timeout_ms = 60000\n");
         Daemon d({"--config", cfg});
         UniqueFd a = heldClient(d.socket()), b = heldClient(d.socket());
-        // Two silent connections take the kept slots; each newer one makes room by closing the oldest silent one.
-        std::vector<UniqueFd> silent;
-        for (int i = 0; i < 4; ++i) {
+        const auto silentOne = [&] {
             auto fd = connectUnix(d.socket());
             REQUIRE(fd.ok());
-            silent.push_back(std::move(*fd));
-            ::usleep(50 * 1000);
-        }
-        CHECK(refusalOn(silent[0].get()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients); this "
-                                            "connection, kept for a control client, sent nothing before a newer one came");
+            return std::move(*fd);
+        };
+        UniqueFd s0 = silentOne(), s1 = silentOne(); // both kept slots, saying nothing
+        // While they are younger than the grace (250 ms), a newcomer is refused as before.
+        CHECK(refusalOnConnect(d.socket()) == "Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients)");
+        ::usleep(400 * 1000);
+        // Silent past the grace: the oldest gives its slot to the newcomer, told so.
+        UniqueFd s2 = silentOne();
+        const std::string evicted = refusalOn(s0.get());
+        CHECK(evicted.rfind("Busy: tpfabricd serves 2 clients, its limit (daemon.max_clients); this connection, kept "
+                            "for a control client, sent nothing for ", 0) == 0);
+        CHECK(evicted.find(" ms, and a newer one took its place") != std::string::npos);
+        ::usleep(400 * 1000);
+        // tpfabricctl on the full daemon whose kept slots silent connections hold: served.
         Child ctl = spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", envPath("TPF_CTL"), "--socket", d.socket(), "status"});
         REQUIRE(waitAll({&ctl}, 20000));
         INFO(ctl.output);
         CHECK(exitCode(ctl) == 0);
+        CHECK(d.log().find("sent nothing for ") != std::string::npos);
         CHECK(d.stop() == 0);
         std::remove(cfg.c_str());
     }
@@ -568,14 +577,20 @@ TEST_CASE("a daemon out of file descriptors pauses accepting, says so once, and 
         REQUIRE(fd.ok());
         held.push_back(std::move(*fd));
     }
-    ::usleep(1000 * 1000); // some ten pauses' worth of retries
+    const auto count = [](const std::string& text, const std::string& what) {
+        std::size_t n = 0;
+        for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+        return n;
+    };
+    for (int i = 0; i < 200 && count(d.log(), "accept: Too many open files") == 0; ++i) ::usleep(50 * 1000);
+    ::usleep(500 * 1000); // five pauses' worth of retries
     const std::string full = d.log();
-    std::size_t warnings = 0;
-    for (auto at = full.find("accept: Too many open files"); at != std::string::npos;
-         at = full.find("accept: Too many open files", at + 1))
-        ++warnings;
     INFO(full.substr(full.size() > 4000 ? full.size() - 4000 : 0));
-    CHECK(warnings == 1);
+    // Once per episode; a descriptor freed meanwhile (the harness's readiness probe closing late) may start
+    // a second. Retrying at once logged it some 100,000 times a second.
+    const std::size_t warnings = count(full, "accept: Too many open files");
+    CHECK(warnings >= 1);
+    CHECK(warnings <= 3);
     CHECK(full.find("raise the open-files limit") != std::string::npos);
 
     held.clear();
