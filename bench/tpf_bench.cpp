@@ -20,6 +20,7 @@
 #include "common/byte_size.hpp"
 #include "common/cli_usage.hpp"
 #include "common/unix_socket.hpp"
+#include "proto/layout.hpp"
 #include "tpf_config.h"
 
 using namespace tpf;
@@ -49,7 +50,7 @@ std::vector<std::uint64_t> parseSizes(const std::vector<std::string>& in) {
         if (*v < 16 || *v % 16) throw CLI::ValidationError("--sizes", s + ": sizes must be multiples of 16 bytes, at least 16");
         // daemon.max_bytes is at most 1 GiB: a larger shard has no group to run in (a smaller one above the
         // daemon's daemon.max_bytes, 512 KiB by default, fails CapMismatch when the run reaches it).
-        if (*v > (std::uint64_t(1) << 30))
+        if (*v > kMaxCapBytes)
             throw CLI::ValidationError("--sizes", s + ": above 1GiB, the largest cap any tpfabricd serves (daemon.max_bytes)");
         out.push_back(*v);
     }
@@ -224,13 +225,7 @@ int main(int argc, char** argv) {
                                           "each sum beside the gather, open times and the daemon's memory and idle CPU");
     run->add_option("--socket", a.socket, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock); "
                                           "ignored with --daemon")
-        ->check(CLI::Validator(
-            [](std::string& path) {
-                return path.empty() ? std::string("an empty path names no socket; give the daemon's socket path, or leave "
-                                                  "--socket out for $TPF_SOCKET (else /run/tpfabric/tpfabricd.sock)")
-                                    : std::string();
-            },
-            ""));
+        ->check(cli::clientSocketPath("TPF_SOCKET", "/run/tpfabric/tpfabricd.sock"));
     run->add_option("--daemon", a.daemonExe, "start this tpfabricd on a private socket for the run and stop it after "
                                              "(else use the one on --socket; its pid from the socket's peer credentials)");
     run->add_option("--world", a.worlds, "worlds to run, one after another")->delimiter(',')->check(CLI::Range(2, 16))->capture_default_str();

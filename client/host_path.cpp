@@ -197,8 +197,8 @@ Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t 
 // The proxy that carries the shards, not the peer, stalls when its heartbeat
 // (written every pass, and at least every proxy.heartbeat_ms while it
 // sleeps) is older than twice that period plus 200 ms: no pass in that long.
-// A doorbell still in the ring is no proof alone (the proxy may hold the one
-// before it for a link at its cap): only with no pass since it was pushed.
+// A doorbell still in the ring is no proof (the proxy may hold the one before
+// it for a link at its cap), so it is not asked.
 std::string Group::Impl::proxyStalled(std::uint64_t now) const {
     const RingHeader& h = ring.header();
     const std::uint64_t beatNs = std::atomic_ref(h.heartbeatNs).load(std::memory_order_relaxed);

@@ -18,6 +18,19 @@ inline int usageError(const char* prog, const std::string& line, const char* hel
     return 2;
 }
 
+/// The check of a client's --socket (tpfabricctl, tpf-bench): an empty path
+/// names no socket, where leaving the flag out means $`envName`, else
+/// `defaultPath`.
+inline CLI::Validator clientSocketPath(const std::string& envName, const std::string& defaultPath) {
+    return CLI::Validator(
+        [envName, defaultPath](std::string& path) {
+            return path.empty() ? "an empty path names no socket; give the daemon's socket path, or leave --socket out "
+                                  "for $" + envName + " (else " + defaultPath + ")"
+                                : std::string();
+        },
+        "");
+}
+
 /// The line for a parse error of a program that takes a command: CLI11 says
 /// only "A subcommand is required", even when a word was given, so name the
 /// word and the commands (hidden ones, of group "", left out); once a

@@ -128,14 +128,7 @@ int main(int argc, char** argv) {
     const std::string timeoutHelp = "how long to wait for the daemon's answers, 1..600000";
     const auto addDaemonOptions = [&](CLI::App& to) {
         CLI::Option* socket = to.add_option("--socket", socketPath, socketHelp)
-            ->check(CLI::Validator(
-                [](std::string& path) {
-                    return path.empty() ? std::string("an empty path names no socket; give the daemon's socket path, or "
-                                                      "leave --socket out for $") +
-                                              tpf::ctl::kSocketEnv + " (else " + tpf::ctl::kDefaultSocketPath + ")"
-                                        : std::string();
-                },
-                ""))
+            ->check(tpf::cli::clientSocketPath(tpf::ctl::kSocketEnv, tpf::ctl::kDefaultSocketPath))
             ->group("Daemon options (of status and metrics, before or after the command)");
         to.add_option("--timeout-ms", timeoutMs, timeoutHelp)
             ->check(CLI::Validator(
@@ -175,6 +168,9 @@ int main(int argc, char** argv) {
     auto* help = app.add_subcommand("help", "print this help, or a command's (tpfabricctl help status)");
     help->add_option("command", helpTopic, "layout, status or metrics");
 
+    const auto usage = [](const std::string& line) {
+        return tpf::cli::usageError("tpfabricctl", line, "Run 'tpfabricctl --help' for the commands and options.");
+    };
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -192,11 +188,8 @@ int main(int argc, char** argv) {
                 line = prev + " took the command '" + last + "' as its value: give the value first (tpfabricctl " + prev +
                        valueOf(prev) + " " + last + ")";
         }
-        return tpf::cli::usageError("tpfabricctl", line, "Run 'tpfabricctl --help' for the commands and options.");
+        return usage(line);
     }
-    const auto usage = [](const std::string& line) {
-        return tpf::cli::usageError("tpfabricctl", line, "Run 'tpfabricctl --help' for the commands and options.");
-    };
     if (*layout && (appSocket->count() > 0 || appTimeout->count() > 0))
         return usage(std::string("layout reads no daemon: ") + (appSocket->count() > 0 ? "--socket" : "--timeout-ms") +
                      " is an option of status and metrics");
@@ -205,9 +198,7 @@ int main(int argc, char** argv) {
     if (jsonBefore && *help) return usage("help takes no --json");
     if (*help) {
         if (!helpTopic.empty() && helpTopic != "layout" && helpTopic != "status" && helpTopic != "metrics")
-            return tpf::cli::usageError("tpfabricctl",
-                                        "help: unknown command '" + helpTopic + "'; the commands are layout, status, metrics, help",
-                                        "Run 'tpfabricctl --help' for the commands and options.");
+            return usage("help: unknown command '" + helpTopic + "'; the commands are layout, status, metrics, help");
         // Not app.help(): with `help` selected it would print help's own.
         std::cout << (helpTopic.empty() ? app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal)
                                         : app.get_subcommand(helpTopic)->help(app.get_name()));
