@@ -1,7 +1,7 @@
 // Device groups at open: host regions registered for the proxy route, device
 // regions exported, brokered by the daemon and imported for the ipc route,
 // then the load-time probe (docs/gpu.md, Open). Each stage ends in a vote over the
-// bootstrap, so every rank leaves with the same routes and the same verdict.
+// bootstrap, so every rank leaves with the same wires and the same verdict.
 #include <unistd.h>
 
 #include <algorithm>
@@ -142,7 +142,7 @@ Status attachHost(Group::Impl& g, GpuPath& p) {
     v.layout = g.layout;
     v.rank = g.rank;
     v.world = g.world;
-    std::memcpy(v.routes, g.routes.data(), kMaxWorld);
+    std::memcpy(v.wires, g.wires.data(), kMaxWorld);
     v.region = static_cast<std::uint8_t*>(*region);
     v.hostRegion = v.region; // stays the host mapping when ipc peers make region the device region
     v.control = reinterpret_cast<ControlBlock*>(v.hostRegion + g.layout.controlOffset());
@@ -185,7 +185,7 @@ Status shareRegions(Group::Impl& g, GpuPath& p) {
     if (auto s = sendMessage(g.socket.get(), encode(kShareRegion, g.seq++, ShareRegion{p.own.bytes, 0, 0}), fds, t); !s)
         return s;
     std::uint32_t expected = 0;
-    for (std::uint32_t q = 0; q < g.world; ++q) expected += g.routes[q] == kRouteShm;
+    for (std::uint32_t q = 0; q < g.world; ++q) expected += g.wires[q] == kWireShm;
     const CUmemAllocationProp prop = regionProp(p.device);
     std::size_t gran = 0;
     TPF_GPU_TRY(drv().granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
@@ -196,7 +196,7 @@ Status shareRegions(Group::Impl& g, GpuPath& p) {
             return Error{Errc::BadMessage, "expected PeerRegion with 1 fd, got opcode " + std::to_string(m->header.opcode)};
         auto pr = decodeFixed<PeerRegion>(m->payload, "PeerRegion");
         if (!pr) return pr.error();
-        if (pr->rank >= g.world || g.routes[pr->rank] != kRouteShm || p.peers[pr->rank].ptr || pr->bytes < g.layout.totalBytes())
+        if (pr->rank >= g.world || g.wires[pr->rank] != kWireShm || p.peers[pr->rank].ptr || pr->bytes < g.layout.totalBytes())
             return Error{Errc::BadMessage, "PeerRegion for rank " + std::to_string(pr->rank) + " not expected"};
         if (pr->bytes < kernels::regionBytesWithLl(g.layout)) p.llWanted = false; // that peer has no LL area
         DeviceMapping& d = p.peers[pr->rank];
@@ -278,7 +278,7 @@ Status agreeCrossover(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
     return okStatus();
 }
 
-// Tell the daemon the routes the kernels take and the device region held
+// Tell the daemon the wires the kernels take and the device region held
 // (status), and so whether they ever ring the proxy: it polls the ring only
 // then. No reply; a daemon that cannot be told is gone, which the calls'
 // heartbeat watch and check() report, so the open does not fail for it.
@@ -289,8 +289,8 @@ void reportAttach(Group::Impl& g, const GpuPath& p) {
     m.rank = g.rank;
     m.world = g.world;
     m.deviceBytes = p.own.handle ? p.own.bytes : 0; // held even where a vote left ipc off
-    std::memcpy(m.routes, g.routes.data(), kMaxWorld);
-    m.routes[g.rank] = kRouteSelf;
+    std::memcpy(m.wires, g.wires.data(), kMaxWorld);
+    m.wires[g.rank] = kWireSelf;
     (void)sendMessage(g.socket.get(), encode(kDeviceAttach, g.seq++, m), {}, 1000);
 }
 
@@ -332,7 +332,7 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
     const bool testNodes = nodes.size() >= g.world;
     for (std::uint32_t q = 0; q < g.world; ++q) {
         if (q == g.rank) continue;
-        const bool sameNode = g.routes[q] == kRouteShm && (!testNodes || nodes[q] == nodes[g.rank]);
+        const bool sameNode = g.wires[q] == kWireShm && (!testNodes || nodes[q] == nodes[g.rank]);
         (sameNode ? ipcPeers : otherPeers) |= 1u << q;
     }
 
@@ -354,8 +354,8 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot) {
         p.view.region = reinterpret_cast<std::uint8_t*>(p.own.ptr); // ipc peers deliver here; the rest stays in hostRegion
         for (std::uint32_t q = 0; q < g.world; ++q)
             if (ipcPeers >> q & 1u) {
-                g.routes[q] = kRouteIpc;
-                p.view.routes[q] = kRouteIpc;
+                g.wires[q] = kWireIpc;
+                p.view.wires[q] = kWireIpc;
                 p.view.peerRegions[q] = reinterpret_cast<std::uint8_t*>(p.peers[q].ptr);
             }
         if (llAll) kernels::enableLowLatency(p.view);

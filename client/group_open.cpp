@@ -221,7 +221,7 @@ Status joinGroup(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::v
     g.layout = *layout;
     g.agreedCap = v->agreedCap;
     g.handle = v->groupHandle;
-    std::memcpy(g.routes.data(), v->routes, kMaxWorld);
+    std::memcpy(g.wires.data(), v->wires, kMaxWorld);
     auto region = mapShared(m->fds[0].get(), v->regionBytes, true);
     if (!region) return region.error();
     const RingLayout rl{v->ringEntries};
@@ -469,7 +469,7 @@ bool Group::fits(std::size_t bytes) const { return tpf::fits(bytes, impl_->agree
 
 std::string Group::path() const { return impl_->nccl ? "nccl" : "fabric"; }
 
-std::string Group::route(std::uint32_t peer) const { return peer < impl_->world ? routeName(impl_->routes[peer]) : "none"; }
+std::string Group::route(std::uint32_t peer) const { return peer < impl_->world ? wireName(impl_->wires[peer]) : "none"; }
 
 const RankStats& testing::ringStats(const Group& g) { return GroupAccess::of(g).ring.stats(); }
 

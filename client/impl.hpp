@@ -32,7 +32,7 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint64_t agreedCap = 0;
     Options options;
     ClientEnv env; ///< TPF_* variables as read at open
-    std::array<std::uint8_t, kMaxWorld> routes{};
+    std::array<std::uint8_t, kMaxWorld> wires{};
 
     // Fabric path (world >= 2): the daemon connection and shared memory.
     DaemonSocket socket; ///< replaced by /dev/null in a fork()ed child (client/fork_guard.hpp)

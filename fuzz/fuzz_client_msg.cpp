@@ -81,11 +81,11 @@ public:
     }
     Status deviceAttach(const DeviceAttach& m) override {
         TPF_FUZZ_CHECK(!ended_ && inGroup_);
-        TPF_FUZZ_CHECK(m.world >= 2 && m.world <= kMaxWorld && m.rank < m.world && m.routes[m.rank] == kRouteSelf);
+        TPF_FUZZ_CHECK(m.world >= 2 && m.world <= kMaxWorld && m.rank < m.world && m.wires[m.rank] == kWireSelf);
         TPF_FUZZ_CHECK(m.deviceBytes <= kMaxSharedRegionBytes && m.reserved == 0);
         for (std::uint32_t q = 0; q < kMaxWorld; ++q)
-            TPF_FUZZ_CHECK(q < m.world ? m.routes[q] <= kLastRoute && (m.routes[q] == kRouteSelf) == (q == m.rank)
-                                       : m.routes[q] == 0);
+            TPF_FUZZ_CHECK(q < m.world ? m.wires[q] <= kLastWire && (m.wires[q] == kWireSelf) == (q == m.rank)
+                                       : m.wires[q] == 0);
         TPF_FUZZ_CHECK(camePayload(encode(kDeviceAttach, 0, m)));
         // The group table refuses a report that does not fit the sender's group: so does this half the time.
         if (m.group & 1) return Error{Errc::GroupMismatch, "DeviceAttach for another group"};

@@ -68,7 +68,7 @@ void clientSeeds() {
     v.agreedCap = 65536;
     v.slotBytes = slotBytesFor(v.agreedCap);
     v.ringEntries = 64;
-    v.routes[0] = kRouteShm;
+    v.wires[0] = kWireShm;
     ErrorReply er{};
     er.errc = std::uint16_t(Errc::BadMessage);
     er.missingPeer = kNoPeer;
@@ -97,8 +97,8 @@ void clientSeeds() {
     attach.rank = 1;
     attach.world = 2;
     attach.deviceBytes = 2 << 20;
-    attach.routes[0] = kRouteIpc;
-    attach.routes[1] = kRouteSelf;
+    attach.wires[0] = kWireIpc;
+    attach.wires[1] = kWireSelf;
     put("req-device-attach", cat({hello, encode(3, deviceOpen), encode(kDeviceAttach, 4, attach), encodeEmpty(kClose, 5)}, 0));
     attach.group = 3;
     put("req-device-attach-refused", cat({hello, encode(3, deviceOpen), encode(kDeviceAttach, 4, attach)}, 0));

@@ -32,7 +32,7 @@ Errc checkCall(const DeviceGroupView& v, const void* send, const void* recv, std
 std::atomic<bool> timeline{false}; // setKernelTimeline
 
 // Some peer is on a proxy route (the daemon carries its shards).
-bool hasProxyPeer(const DeviceGroupView& v) { return anyProxyCarries(v.routes, v.world); }
+bool hasProxyPeer(const DeviceGroupView& v) { return anyProxyCarries(v.wires, v.world); }
 
 // Blocks of one call: one per kBytesPerBlock of shard (kProxyBytesPerBlock
 // with a proxy-route peer), at most maxBlocks.
@@ -72,7 +72,7 @@ LlGrid llGridFor(const DeviceGroupView& v, std::uint64_t bytes) {
     LlGrid g;
     if (v.ll.world == 0 || bytes > llMaxBytes(v.world) || 2 * bytes + 16 > v.ll.slotBytes) return g; // + the tag line
     for (std::uint32_t r = 0; r < v.world; ++r)
-        if (r != v.rank && v.routes[r] != kRouteIpc) return g;
+        if (r != v.rank && v.wires[r] != kWireIpc) return g;
     const std::uint64_t n16 = bytes / 16, T = kLlThreads;
     const std::uint32_t maxPer = llChunksPerThread(v.world);
     const std::uint32_t cap = std::min(llMaxBlocks(v.world), v.maxBlocks != 0 ? v.maxBlocks : kDefaultMaxBlocks);
@@ -175,11 +175,11 @@ Errc validateView(const DeviceGroupView& v) {
     if (v.pollWarps > kFlagCopies) return Errc::OutOfRange;
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) {
-        const std::uint8_t route = v.routes[r];
-        if (route > kRouteIpc || (route == kRouteSelf) != (r == v.rank))
+        const std::uint8_t route = v.wires[r];
+        if (route > kWireIpc || (route == kWireSelf) != (r == v.rank))
             return Errc::OutOfRange;
-        if (route == kRouteIpc && v.peerRegions[r] == nullptr) return Errc::BadMessage;
-        proxy |= route == kRouteShm || route == kRouteVerbs;
+        if (route == kWireIpc && v.peerRegions[r] == nullptr) return Errc::BadMessage;
+        proxy |= route == kWireShm || route == kWireVerbs;
     }
     if (proxy && (v.ring == nullptr || v.hostRegion == nullptr || !RingLayout::validEntries(v.ringLayout.entries)))
         return Errc::BadMessage;

@@ -32,7 +32,7 @@
 
 #include "proto/layout.hpp"
 #include "proto/ring.hpp"
-#include "proto/route.hpp"
+#include "proto/peer_wire.hpp"
 
 namespace tpf::kernels {
 
@@ -143,13 +143,13 @@ struct DeviceGroupView {
     Layout layout{};                          ///< the group's region layout (same on every rank)
     std::uint32_t rank = 0;                   ///< this rank
     std::uint32_t world = 0;                  ///< ranks in the group, == layout.world
-    std::uint8_t routes[kMaxWorld] = {};      ///< client_proto::Route per rank; kRouteSelf (0) at `rank`
+    std::uint8_t wires[kMaxWorld] = {};      ///< Wire per rank; kWireSelf (0) at `rank`
     std::uint8_t* region = nullptr;           ///< own region where ipc peers deliver: the device region of an
                                               ///< ipc group, else == hostRegion (Layout::totalBytes bytes)
     std::uint8_t* hostRegion = nullptr;       ///< own host region (the daemon's memfd, mapped): where the shard is
                                               ///< staged for the proxy and proxy-route peers' rows and flags land
     ControlBlock* control = nullptr;          ///< own control block, in the host region (the daemon writes it)
-    std::uint8_t* peerRegions[kMaxWorld] = {};///< regions of ipc peers (route kRouteIpc), nullptr for the others
+    std::uint8_t* peerRegions[kMaxWorld] = {};///< regions of ipc peers (route kWireIpc), nullptr for the others
     std::uint8_t* ring = nullptr;             ///< command ring mapping (RingHeader at 0); needed iff a shm/verbs peer exists
     RingLayout ringLayout{};                  ///< entries of that ring
     std::uint32_t groupHandle = 0;            ///< Verdict.groupHandle, written into each Doorbell
@@ -222,7 +222,7 @@ inline std::uint64_t regionBytesWithLl(const Layout& l) {
 /// regionBytesWithLl bytes, zeroed before first use.
 void enableLowLatency(DeviceGroupView& view);
 
-/// Checks a view once at set-up: world/rank/layout agree, routes are valid
+/// Checks a view once at set-up: world/rank/layout agree, wires are valid
 /// (self exactly at rank), every ipc peer has a region, a ring and the host
 /// region exist when a shm/verbs peer does, state/region/control set,
 /// timeout > 0. Routes may mix: ipc to some peers, the proxy to others. Ok or

@@ -122,7 +122,7 @@ __device__ void publish(const DeviceGroupView& v, std::uint64_t e, std::uint32_t
     const std::uint32_t n = (v.world - 1) * S;
     for (std::uint32_t f = lane; f < n; f += kWarp) {
         const std::uint32_t q = peerAt(v.rank, f / S, v.world);
-        if (v.routes[q] == kRouteIpc) {
+        if (v.wires[q] == kWireIpc) {
             std::uint8_t* line = v.peerRegions[q] + v.layout.flagOffset(p, v.rank, f % S);
             stRelaxedSys(reinterpret_cast<std::uint64_t*>(line + kFlagTagOffset), tagWord(e, ctag)); // before the flag's release
             stReleaseSys(reinterpret_cast<std::uint64_t*>(line), e);
@@ -169,7 +169,7 @@ __device__ bool leaveCarries(const DeviceGroupView& v, std::uint32_t err, std::u
     if (err != std::uint32_t(Errc::PeerLost) || e > ldRelaxedSys(&v.control->carriedThrough)) return false;
     const std::uint32_t who = ldRelaxedSys(&v.control->missingPeer);
     if (who >= v.world || who == v.rank) return false;
-    const std::uint8_t* base = isProxy(v.routes[who]) ? v.hostRegion : v.region;
+    const std::uint8_t* base = isProxy(v.wires[who]) ? v.hostRegion : v.region;
     for (std::uint32_t k = 0; k < v.layout.stripes; ++k)
         if (ldAcquireSys(reinterpret_cast<const std::uint64_t*>(base + v.layout.flagOffset(p, who, k))) < e) return false;
     return true;
@@ -195,7 +195,7 @@ __device__ void waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32
     // host memory): the proxy beats every millisecond while a Device group
     // with proxy peers is open, so a beat that stops for kDaemonSilentNs
     // means the daemon died or hung: DaemonLost, not a Timeout at the end.
-    const bool watchBeat = anyProxyCarries(v.routes, v.world) && v.ring != nullptr && lead;
+    const bool watchBeat = anyProxyCarries(v.wires, v.world) && v.ring != nullptr && lead;
     const auto* beat = watchBeat ? &reinterpret_cast<const RingHeader*>(v.ring)->heartbeatNs : nullptr;
     std::uint64_t lastBeat = 0, beatSeen = t0;
     const auto decide = [&](std::uint32_t code) {
@@ -230,7 +230,7 @@ __device__ void waitPeers(const DeviceGroupView& v, std::uint64_t e, std::uint32
             const std::uint32_t src = f / S;
             if (src == v.rank) continue;
             // A proxy-route peer's flag lands in the host region (the daemon writes it), an ipc peer's in region.
-            const bool proxy = isProxy(v.routes[src]);
+            const bool proxy = isProxy(v.wires[src]);
             const std::uint8_t* base = proxy ? v.hostRegion : v.region;
             const std::uint64_t off = v.layout.flagCopyOffset(p, src, f % S, proxy ? w : 0);
             const auto* flag = reinterpret_cast<const std::uint64_t*>(base + off);
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const 
     const std::uint32_t nb = gridDim.x, b = blockIdx.x;
     const std::uint32_t pollWarps = (blockDim.x - kThreadsPerBlock) / kWarp; // extra warps; 0: warp 0 polls
     const bool poller = threadIdx.x >= kThreadsPerBlock;
-    const bool hasProxy = anyProxyCarries(v.routes, v.world);
+    const bool hasProxy = anyProxyCarries(v.wires, v.world);
     gridDepWait(); // launched early (DeviceGroupView::pdl): the previous kernel's send and epoch first
     const std::uint64_t tIn = (tag.flags & kTagTimeline) != 0 && b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
@@ -485,10 +485,10 @@ __global__ void __launch_bounds__(kCollectiveThreadsMax) collectiveKernel(const 
         if (hasProxy) s.dst[s.ndst++] = v.hostRegion + v.layout.slotOffset(p, v.rank); // the daemon's source
         for (std::uint32_t i = 0; i + 1 < v.world; ++i) {
             const std::uint32_t q = peerAt(v.rank, i, v.world);
-            if (v.routes[q] == kRouteIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
+            if (v.wires[q] == kWireIpc) s.dst[s.ndst++] = v.peerRegions[q] + v.layout.slotOffset(p, v.rank);
         }
         for (std::uint32_t r = 0; r < v.world; ++r)
-            s.src[r] = r == v.rank ? send : (isProxy(v.routes[r]) ? v.hostRegion : v.region) + v.layout.slotOffset(p, r);
+            s.src[r] = r == v.rank ? send : (isProxy(v.wires[r]) ? v.hostRegion : v.region) + v.layout.slotOffset(p, r);
         if (b == 0) {
             stRelaxedSys(&v.control->epoch, e);
             st->llArrive[(e + 1) & 1] = 0; // the LL path's counter for the next call (ll_kernel.cuh)

@@ -15,7 +15,7 @@
 
 #include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
-#include "proto/route.hpp"
+#include "proto/peer_wire.hpp"
 #include "proto/wire.hpp"
 
 namespace tpf::client_proto {
@@ -24,7 +24,7 @@ namespace tpf::client_proto {
 inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// 2: slots are sized slotBytesFor(cap) = page-rounded cap + 32 (room for an
 /// all-gather-v RowHeader); a client of 1 would map another region layout.
-/// 3: DeviceAttach (a Device group rank's final GPU routes). A daemon of 2
+/// 3: DeviceAttach (a Device group rank's final GPU wires). A daemon of 2
 /// would refuse it as an unknown opcode and close the rank's connection,
 /// breaking its group; a rank of 2 never sends it, so its daemon would poll
 /// its Device groups forever. Replies carry the sender's version, so both
@@ -201,14 +201,14 @@ struct Verdict {
     std::uint64_t regionBytes;  ///< Layout::totalBytes()
     std::uint32_t groupHandle;  ///< daemon-local handle, goes into every Doorbell
     std::uint32_t ringEntries;  ///< RingLayout entries
-    std::uint8_t routes[16];    ///< Route per rank, kRouteSelf at `rank`
+    std::uint8_t wires[16];    ///< Wire per rank, kWireSelf at `rank`
     char reason[128];           ///< human reason when errc != 0, NUL-terminated
 };
 static_assert(sizeof(Verdict) == 192);
 static_assert(offsetof(Verdict, hostPeers) == 2);
 static_assert(offsetof(Verdict, agreedCap) == 16);
 static_assert(offsetof(Verdict, groupHandle) == 40);
-static_assert(offsetof(Verdict, routes) == 48);
+static_assert(offsetof(Verdict, wires) == 48);
 static_assert(offsetof(Verdict, reason) == 64);
 static_assert(std::is_trivially_copyable_v<Verdict>);
 inline constexpr std::uint32_t kVerdictFds = 3;
@@ -290,16 +290,16 @@ struct DeviceAttach {
     std::uint32_t world;       ///< the group's world, 2..16
     std::uint32_t reserved;    ///< 0
     std::uint64_t deviceBytes; ///< own device region (cuMemCreate size), 0..2 GiB; 0 when none was created
-    std::uint8_t routes[16];   ///< Route per rank: kRouteSelf at `rank`, kRouteShm / kRouteVerbs / kRouteIpc
+    std::uint8_t wires[16];   ///< Wire per rank: kWireSelf at `rank`, kWireShm / kWireVerbs / kWireIpc
                                ///< to peers below `world`, 0 from `world` on
 };
 static_assert(sizeof(DeviceAttach) == 40);
 static_assert(offsetof(DeviceAttach, deviceBytes) == 16);
-static_assert(offsetof(DeviceAttach, routes) == 24);
+static_assert(offsetof(DeviceAttach, wires) == 24);
 static_assert(std::is_trivially_copyable_v<DeviceAttach>);
 
 /// Some peer of the report is on a proxy route: the sender's kernels ring the proxy.
-inline bool ringsProxy(const DeviceAttach& m) { return anyProxyCarries(m.routes, m.world < kMaxWorld ? m.world : kMaxWorld); }
+inline bool ringsProxy(const DeviceAttach& m) { return anyProxyCarries(m.wires, m.world < kMaxWorld ? m.world : kMaxWorld); }
 
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {
@@ -394,10 +394,10 @@ inline Status validate(const Verdict& m) {
     if (m.slotBytes != slotBytesFor(m.agreedCap))
         return {Errc::BadMessage, "Verdict: slot size does not follow from the agreed cap"};
     for (std::uint32_t r = 0; r < m.world; ++r)
-        if (m.routes[r] > kLastRoute || (m.routes[r] == kRouteSelf) != (r == m.rank))
-            return {Errc::OutOfRange, "Verdict: route " + std::to_string(m.routes[r]) + " for rank " + std::to_string(r)};
+        if (m.wires[r] > kLastWire || (m.wires[r] == kWireSelf) != (r == m.rank))
+            return {Errc::OutOfRange, "Verdict: route " + std::to_string(m.wires[r]) + " for rank " + std::to_string(r)};
     for (std::uint32_t r = 0; r < kMaxWorld; ++r)
-        if ((m.hostPeers >> r & 1u) && (r >= m.world || m.routes[r] != kRouteShm))
+        if ((m.hostPeers >> r & 1u) && (r >= m.world || m.wires[r] != kWireShm))
             return {Errc::OutOfRange, "Verdict: host region of rank " + std::to_string(r) + ", which is no same-node peer"};
     return okStatus();
 }
@@ -444,12 +444,12 @@ inline Status validate(const DeviceAttach& m) {
         return {Errc::OutOfRange, "DeviceAttach: device region of " + std::to_string(m.deviceBytes) + " bytes above 2 GiB"};
     bool ipc = false;
     for (std::uint32_t q = 0; q < kMaxWorld; ++q) {
-        const std::uint8_t r = m.routes[q];
-        const bool ok = q >= m.world ? r == 0 : q == m.rank ? r == kRouteSelf : r != kRouteSelf && r <= kLastRoute;
+        const std::uint8_t r = m.wires[q];
+        const bool ok = q >= m.world ? r == 0 : q == m.rank ? r == kWireSelf : r != kWireSelf && r <= kLastWire;
         if (!ok)
             return {Errc::OutOfRange, "DeviceAttach: route " + std::to_string(r) + " to rank " + std::to_string(q) +
                                           " (world " + std::to_string(m.world) + ", sender rank " + std::to_string(m.rank) + ")"};
-        ipc |= q < m.world && r == kRouteIpc;
+        ipc |= q < m.world && r == kWireIpc;
     }
     if (ipc && m.deviceBytes == 0)
         return {Errc::BadMessage, "DeviceAttach: ipc routes without a device region"};

@@ -141,7 +141,7 @@ void GroupTable::tryOpen(Group& g) {
         return refuseAll(g, Errc::Unavailable,
                          "regions would exceed daemon.max_region_bytes (" + std::to_string(cfg_.maxRegionBytes) + ")"),
                eraseIfEmpty(id);
-    for (std::uint32_t r = 0; r < g.world; ++r) g.routes[r] = (g.localMask >> r & 1u) ? kRouteShm : kRouteVerbs;
+    for (std::uint32_t r = 0; r < g.world; ++r) g.wires[r] = (g.localMask >> r & 1u) ? kWireShm : kWireVerbs;
     for (auto& [rank, m] : g.members) {
         const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
         auto region = HostRegion::create(g.layout, tag + "-region");
@@ -207,7 +207,7 @@ void GroupTable::finishOpen(Group& g) {
     pg->world = g.world;
     pg->layout = g.layout;
     pg->agreedCap = g.agreedCap;
-    pg->routes = g.routes;
+    pg->wires = g.wires;
     pg->verbs = g.verbs;
     for (auto& [rank, m] : g.members) pg->regions[rank] = m.region;
     g.proxyGroup = pg;
@@ -229,7 +229,7 @@ void GroupTable::finishOpen(Group& g) {
         v.regionBytes = g.layout.totalBytes();
         v.groupHandle = g.handle;
         v.ringEntries = cfg_.ringEntries;
-        for (std::uint32_t r = 0; r < g.world; ++r) v.routes[r] = r == rank ? kRouteSelf : g.routes[r];
+        for (std::uint32_t r = 0; r < g.world; ++r) v.wires[r] = r == rank ? kWireSelf : g.wires[r];
         const std::uint32_t direct = g.directPeers(rank, m);
         v.hostPeers = std::uint16_t(direct);
         m.link->sendVerdict(v, {m.region->fd.get(), m.ring->fd.get(), proxy_.eventFd()});
@@ -368,21 +368,21 @@ Status GroupTable::deviceAttach(MemberLink& link, const DeviceAttach& m) {
                                          std::to_string(g->handle)};
     Member& me = g->members[rank];
     if (me.attach) return {Errc::BadMessage, "second DeviceAttach from rank " + std::to_string(rank)};
-    std::string routes;
+    std::string wires;
     for (std::uint32_t q = 0; q < g->world; ++q) {
         if (q == rank) continue;
         const bool local = g->localMask >> q & 1u;
-        const std::uint8_t r = m.routes[q];
-        if (local ? r == kRouteVerbs : r != kRouteVerbs)
-            return {Errc::BadMessage, "DeviceAttach: route " + std::string(routeName(r)) + " to rank " + std::to_string(q) +
+        const std::uint8_t r = m.wires[q];
+        if (local ? r == kWireVerbs : r != kWireVerbs)
+            return {Errc::BadMessage, "DeviceAttach: route " + std::string(wireName(r)) + " to rank " + std::to_string(q) +
                                           (local ? ", which is on this node" : ", which is on another node")};
-        routes += (routes.empty() ? "" : " ") + std::to_string(q) + ":" + (r == kRouteIpc ? "ipc" : "proxy");
+        wires += (wires.empty() ? "" : " ") + std::to_string(q) + ":" + (r == kWireIpc ? "ipc" : "proxy");
     }
     if (m.deviceBytes && m.deviceBytes < g->layout.totalBytes())
         return {Errc::BadMessage, "DeviceAttach: device region of " + std::to_string(m.deviceBytes) +
                                       " bytes, smaller than the group's layout (" + std::to_string(g->layout.totalBytes()) + ")"};
     me.attach = m;
-    spdlog::info("group {}: rank {} attached its GPU: routes {}, device region {} bytes; {}", shortId(g->id), rank, routes,
+    spdlog::info("group {}: rank {} attached its GPU: routes {}, device region {} bytes; {}", shortId(g->id), rank, wires,
                  m.deviceBytes, ringsProxy(m) ? "its kernels ring the proxy" : "ipc only, the proxy does not poll its ring");
     publishProxyTable();
     return okStatus();
@@ -498,7 +498,7 @@ std::uint64_t GroupTable::publishProxyTable() {
             if (!m.ring) continue;
             ProxyRank pr{g.proxyGroup, rank, m.ring};
             pr.gpuDoorbells = g.ringsProxy(m);
-            for (std::uint32_t q = 0; m.attach && q < g.world; ++q) pr.ipcPeers |= std::uint32_t(m.attach->routes[q] == kRouteIpc) << q;
+            for (std::uint32_t q = 0; m.attach && q < g.world; ++q) pr.ipcPeers |= std::uint32_t(m.attach->wires[q] == kWireIpc) << q;
             pr.directPeers = g.directPeers(rank, m);
             table.push_back(std::move(pr));
         }

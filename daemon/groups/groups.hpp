@@ -69,11 +69,11 @@ public:
     Status shareRegion(MemberLink& link, const client_proto::ShareRegion& m, int fd);
     /// A member aborts its group: every member's waits end with Aborted.
     void abort(MemberLink& link);
-    /// A member of an open Device group reports its GPU attach: its routes
+    /// A member of an open Device group reports its GPU attach: its wires
     /// per peer and its device region (status), and whether its kernels ring
     /// the proxy (the proxy stops polling its ring when they never do).
     /// Refused (named error) from a rank in no open Device group, for
-    /// another group, rank or world, twice, or with routes this node cannot
+    /// another group, rank or world, twice, or with wires this node cannot
     /// have (ipc to another node, shm to another node, verbs within it).
     Status deviceAttach(MemberLink& link, const client_proto::DeviceAttach& m);
     /// A member's doorbell was invalid (proxy report): break its group.
@@ -117,7 +117,7 @@ public:
         std::unique_ptr<boost::asio::steady_timer> openTimer; ///< until every local rank joined
         std::uint64_t agreedCap = 0;
         Layout layout{};
-        std::array<std::uint8_t, kMaxWorld> routes{};
+        std::array<std::uint8_t, kMaxWorld> wires{};
         bool gpuDoorbells = false; ///< a Device group (kOpenGpuDoorbells): its kernels may ring the proxy
         std::shared_ptr<ProxyGroup> proxyGroup;
         std::shared_ptr<Negotiation> negotiation; ///< when some rank is on another node
@@ -138,7 +138,7 @@ public:
         std::uint32_t leftMask = 0; ///< bit per rank, on any node, that closed in order (ProxyGroup::gone)
 
         /// The kernels of member `m` may ring the proxy: a Device group member
-        /// that has not reported its routes yet, or has a proxy-route peer.
+        /// that has not reported its wires yet, or has a proxy-route peer.
         bool ringsProxy(const Member& m) const { return gpuDoorbells && (!m.attach || client_proto::ringsProxy(*m.attach)); }
         /// Ranks that exchange shards with member `rank` without the proxy
         /// (bit per rank): the group's other ranks on this node that opened

@@ -107,11 +107,11 @@ bool Proxy::resume(ProxyRank& pr) {
         const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
         if ((pr.ipcPeers | pr.directPeers) >> q & 1u) continue; // the rank (or its kernel) stored it there itself
         if (gone >> q & 1u) continue;
-        if (g.routes[q] == kRouteVerbs) {
+        if (g.wires[q] == kWireVerbs) {
             if (!resumeVerbs(pr, q, phase, cur)) return carryBatch(d.epoch, pr.gpuDoorbells), false;
             continue;
         }
-        if (g.routes[q] != kRouteShm) continue;
+        if (g.wires[q] != kWireShm) continue;
         const HostRegion& dst = *g.regions[q];
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
             const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
@@ -245,7 +245,7 @@ bool Proxy::wakeVerbsWaiters(std::vector<ProxyRank>& table) {
         std::uint64_t sum = 0;
         for (std::uint32_t p = 0; p < 2; ++p)
             for (std::uint32_t q = 0; q < g.world; ++q)
-                if (g.routes[q] == kRouteVerbs)
+                if (g.wires[q] == kWireVerbs)
                     for (std::uint32_t k = 0; k < g.layout.stripes; ++k)
                         sum += std::atomic_ref(*r.flag(p, q, k)).load(std::memory_order_acquire);
         if (sum != pr.verbsFlagSum) {

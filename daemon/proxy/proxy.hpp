@@ -6,7 +6,7 @@
 // proxy.spin_us without any (idle CPU about 0), and never sleeps while it
 // serves a ring that GPU kernels may ring (a kernel cannot write the
 // eventfd): a Device group member with a proxy-route peer, or one that has
-// not reported its routes yet (DeviceAttach). Members whose every peer is ipc
+// not reported its wires yet (DeviceAttach). Members whose every peer is ipc
 // cost nothing while idle. A doorbell's rows between regions of this node
 // are copied by the carry threads as well (carry.hpp): each row of 64 KiB
 // and more in parts, the smaller ones together when they come to 64 KiB.
@@ -39,7 +39,7 @@ struct ProxyGroup {
     Layout layout{};
     std::uint64_t agreedCap = 0;
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
-    std::array<std::uint8_t, kMaxWorld> routes{};                 ///< how this node reaches each rank
+    std::array<std::uint8_t, kMaxWorld> wires{};                 ///< how this node reaches each rank
     std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
     /// Once broken: doorbells of epochs up to this are still carried (ranks
     /// closed in order after it: ControlBlock::carriedThrough); 0 after a
@@ -64,7 +64,7 @@ struct ProxyRank {
     /// GPU kernels may ring this ring: the proxy never sleeps while it serves it.
     bool gpuDoorbells = false;
     /// Peers this rank's kernels reach by ipc (bit per rank, its DeviceAttach):
-    /// the proxy carries its doorbells to the group's other routes only.
+    /// the proxy carries its doorbells to the group's other wires only.
     std::uint32_t ipcPeers = 0;
     /// Same-node peers that read this rank's shards themselves (host-direct, bit per
     /// rank): skipped too. Its ring then carries doorbells only for ranks of

@@ -112,14 +112,14 @@ nlohmann::json peersPart(const GroupTable& table) {
 }
 
 // A Device group's route as its kernels take it: ipc, or proxy (shm or verbs, the daemon carries it).
-const char* gpuRouteName(std::uint8_t r) { return r == kRouteSelf ? "self" : r == kRouteIpc ? "ipc" : "proxy"; }
+const char* gpuRouteName(std::uint8_t r) { return r == kWireSelf ? "self" : r == kWireIpc ? "ipc" : "proxy"; }
 
 // How the local members that reported their GPU attach reach rank r: "ipc",
 // "proxy", "ipc+proxy" when they differ; empty when none reported.
 std::string reportedRouteTo(const GroupTable::Group& g, std::uint32_t r) {
     bool ipc = false, proxy = false;
     for (const auto& [s, m] : g.members)
-        if (s != r && m.attach) (m.attach->routes[r] == kRouteIpc ? ipc : proxy) = true;
+        if (s != r && m.attach) (m.attach->wires[r] == kWireIpc ? ipc : proxy) = true;
     return ipc && proxy ? "ipc+proxy" : ipc ? "ipc" : proxy ? "proxy" : "";
 }
 
@@ -141,9 +141,9 @@ nlohmann::json groupsPart(const GroupTable& table) {
                 if (!g.gpuDoorbells) e["host_direct"] = m->second.hostDirect;
                 proxyPolls |= m->second.ring && g.ringsProxy(m->second);
                 if (const auto& a = m->second.attach) {
-                    nlohmann::json routes = nlohmann::json::array();
-                    for (std::uint32_t q = 0; q < g.world; ++q) routes.push_back(gpuRouteName(a->routes[q]));
-                    e["routes"] = std::move(routes);
+                    nlohmann::json wires = nlohmann::json::array();
+                    for (std::uint32_t q = 0; q < g.world; ++q) wires.push_back(gpuRouteName(a->wires[q]));
+                    e["routes"] = std::move(wires);
                     e["device_bytes"] = a->deviceBytes;
                 }
                 if (m->second.ring) {
@@ -156,7 +156,7 @@ nlohmann::json groupsPart(const GroupTable& table) {
                     }
                 }
             }
-            if (g.routes[r]) e["route"] = routeName(g.routes[r]);
+            if (g.wires[r]) e["route"] = wireName(g.wires[r]);
             if (const std::string gpu = reportedRouteTo(g, r); !gpu.empty()) e["route"] = gpu;
             ranks.push_back(e);
         }

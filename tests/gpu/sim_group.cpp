@@ -48,13 +48,13 @@ const char* wireName(Wire w) {
 }
 
 std::uint8_t SimGroup::routeOf(std::uint32_t from, std::uint32_t to) const {
-    if (from == to) return kRouteSelf;
+    if (from == to) return kWireSelf;
     switch (o_.wire) {
-    case Wire::Ipc: return kRouteIpc;
-    case Wire::Proxy: return kRouteShm;
-    case Wire::Mixed: return from / 2 == to / 2 ? kRouteIpc : kRouteShm;
+    case Wire::Ipc: return kWireIpc;
+    case Wire::Proxy: return kWireShm;
+    case Wire::Mixed: return from / 2 == to / 2 ? kWireIpc : kWireShm;
     }
-    return kRouteShm;
+    return kWireShm;
 }
 
 SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
@@ -68,7 +68,7 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
     bool anyProxy = false;
     for (std::uint32_t r = 0; r < o.world; ++r)
         for (std::uint32_t q = 0; q < o.world; ++q)
-            anyProxy |= routeOf(r, q) == kRouteShm;
+            anyProxy |= routeOf(r, q) == kWireShm;
 
     for (std::uint32_t r = 0; r < o.world; ++r) {
         Rank& k = ranks_[r];
@@ -104,11 +104,11 @@ SimGroup::SimGroup(const SimOptions& o) : o_(o), ranks_(o.world) {
         v.rank = r;
         v.world = o.world;
         v.region = k.dev;
-        v.hostRegion = k.dev; // no simulated group mixes routes
+        v.hostRegion = k.dev; // no simulated group mixes wires
         v.control = reinterpret_cast<ControlBlock*>(k.dev + layout_.controlOffset());
         for (std::uint32_t q = 0; q < o.world; ++q) {
-            v.routes[q] = routeOf(r, q);
-            if (v.routes[q] == kRouteIpc) v.peerRegions[q] = ranks_[q].dev;
+            v.wires[q] = routeOf(r, q);
+            if (v.wires[q] == kWireIpc) v.peerRegions[q] = ranks_[q].dev;
         }
         v.ring = k.ringDev;
         v.ringLayout = ringLayout_;
@@ -244,7 +244,7 @@ void SimGroup::proxyLoop() {
             const std::uint8_t* src = k.host + layout_.slotOffset(p, r);
             for (std::uint32_t i = 0; i + 1 < o_.world; ++i) {
                 const std::uint32_t q = peerAt(r, i, o_.world);
-                if (routeOf(r, q) != kRouteShm) continue;
+                if (routeOf(r, q) != kWireShm) continue;
                 std::uint8_t* dst = ranks_[q].host;
                 for (std::uint32_t s = 0; s < layout_.stripes; ++s) {
                     const Stripe st = stripeOf(d.bytes, layout_.stripes, s);

@@ -1,5 +1,5 @@
 // GPU test of kernels/collectives: W = 2, 4, 8 simulated ranks in one
-// process on one GPU (tests/gpu/sim_group.hpp), ipc and proxy routes (and a
+// process on one GPU (tests/gpu/sim_group.hpp), ipc and proxy wires (and a
 // mixed group), checked byte for byte / bit for bit against host references.
 // Exit 0: all passed; 1: a check failed; 77: no GPU here (Meson's skip).
 //   test_gpu_collectives [--no-bench] [--bench-only] [--wire=ipc|proxy|mixed] [--world=N]

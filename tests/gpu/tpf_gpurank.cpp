@@ -792,16 +792,16 @@ int main(int argc, char** argv) {
     if (a.scenario == "mixed") { // ipc to same-"node" peers, the proxy to the others, in one call
         const auto& nodes = tpf::testing::testNodes();
         if (nodes.size() < a.world) return report(false, "mixed needs TPF_TEST_NODES with a node per rank");
-        std::string routes;
+        std::string wires;
         for (std::uint32_t q = 0; q < a.world; ++q) {
             const std::string wantRoute = q == a.rank ? "self" : nodes[q] == nodes[a.rank] ? "ipc" : "shm";
-            routes += (q ? "," : "") + g.route(q);
+            wires += (q ? "," : "") + g.route(q);
             if (g.route(q) != wantRoute) return report(false, "route to rank " + std::to_string(q) + " is " + g.route(q) + ", wanted " + wantRoute);
         }
         if (int rc = scenarioData(g, st, b); rc) return rc;
         if (int rc = scenarioOdd(g, st, b); rc) return rc;
         if (int rc = scenarioGatherV(g, st, b); rc) return rc;
-        return report(true, "mixed routes " + routes + ": data, odd, gatherv passed");
+        return report(true, "mixed routes " + wires + ": data, odd, gatherv passed");
     }
     if (a.scenario == "data") return scenarioData(g, st, b);
     if (a.scenario == "daemonkill") return scenarioDaemonKill(g, st, b);

@@ -1,6 +1,6 @@
 // tpfabricctl status --json shows the group, its ranks and its counters;
 // SIGTERM stops the daemon cleanly (socket removed). Device groups: each
-// rank's DeviceAttach (its GPU routes and device region) shows in status and
+// rank's DeviceAttach (its GPU wires and device region) shows in status and
 // decides whether the proxy polls its ring; bad reports are refused by name.
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -148,14 +148,14 @@ std::vector<RawRank> openRaw(const Daemon& d, std::uint32_t world, std::uint32_t
     return ranks;
 }
 
-// The report rank r of `ranks` would send with these routes (Route per rank) and device bytes.
-DeviceAttach attachOf(const RawRank& r, std::initializer_list<std::uint8_t> routes, std::uint64_t deviceBytes) {
+// The report rank r of `ranks` would send with these wires (Wire per rank) and device bytes.
+DeviceAttach attachOf(const RawRank& r, std::initializer_list<std::uint8_t> wires, std::uint64_t deviceBytes) {
     DeviceAttach m{};
     m.group = r.verdict.groupHandle;
     m.rank = r.verdict.rank;
     m.world = r.verdict.world;
     m.deviceBytes = deviceBytes;
-    std::copy(routes.begin(), routes.end(), m.routes);
+    std::copy(wires.begin(), wires.end(), m.wires);
     return m;
 }
 
@@ -213,8 +213,8 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
         CHECK(doc["regions"]["device_bytes"] == 0);
     }
     constexpr std::uint64_t kRegion = 4ull << 20;
-    send(ipc[0], attachOf(ipc[0], {kRouteSelf, kRouteIpc}, kRegion));
-    send(ipc[1], attachOf(ipc[1], {kRouteIpc, kRouteSelf}, kRegion + 2 * 1024 * 1024));
+    send(ipc[0], attachOf(ipc[0], {kWireSelf, kWireIpc}, kRegion));
+    send(ipc[1], attachOf(ipc[1], {kWireIpc, kWireSelf}, kRegion + 2 * 1024 * 1024));
     // Ipc only: nothing rings the proxy; it goes to sleep (proxy.spin_us after its last work).
     auto doc = statusWhen(d, [](const nlohmann::json& s) {
         return !s["groups"][0]["ranks"][1]["routes"].is_null() && s["daemon"]["proxy"]["state"] == "sleeping";
@@ -245,8 +245,8 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
     // polls and keeps beating into its rings every millisecond (the kernels'
     // DaemonLost watch reads the beat).
     auto proxied = openRaw(d, 2, kOpenGpuDoorbells);
-    send(proxied[0], attachOf(proxied[0], {kRouteSelf, kRouteShm}, 0));
-    send(proxied[1], attachOf(proxied[1], {kRouteShm, kRouteSelf}, 0));
+    send(proxied[0], attachOf(proxied[0], {kWireSelf, kWireShm}, 0));
+    send(proxied[1], attachOf(proxied[1], {kWireShm, kWireSelf}, 0));
     // (As above: the proxy, asleep since the ipc group's reports, may not yet
     // have taken the new table when the reports are in.)
     doc = statusWhen(d, [](const nlohmann::json& s) {
@@ -319,47 +319,47 @@ TEST_CASE("status shows a Device group's reported routes and device region; the 
 TEST_CASE("bad DeviceAttach reports are refused by name and logged; the daemon and a reported group carry on") {
     Daemon d;
     auto good = openRaw(d, 2, kOpenGpuDoorbells);
-    send(good[0], attachOf(good[0], {kRouteSelf, kRouteIpc}, 4ull << 20));
-    send(good[1], attachOf(good[1], {kRouteIpc, kRouteSelf}, 4ull << 20));
+    send(good[0], attachOf(good[0], {kWireSelf, kWireIpc}, 4ull << 20));
+    send(good[1], attachOf(good[1], {kWireIpc, kWireSelf}, 4ull << 20));
     {
-        auto host = openRaw(d, 2, 0); // a host group's ranks have no GPU routes
-        send(host[0], attachOf(host[0], {kRouteSelf, kRouteShm}, 0));
+        auto host = openRaw(d, 2, 0); // a host group's ranks have no GPU wires
+        send(host[0], attachOf(host[0], {kWireSelf, kWireShm}, 0));
         CHECK(refusal(host[0]) == "PermissionDenied");
     }
     {
         auto dev = openRaw(d, 2, kOpenGpuDoorbells);
-        DeviceAttach m = attachOf(dev[0], {kRouteSelf, kRouteIpc}, 4ull << 20);
+        DeviceAttach m = attachOf(dev[0], {kWireSelf, kWireIpc}, 4ull << 20);
         m.group ^= 0x100; // another group's handle
         send(dev[0], m);
         CHECK(refusal(dev[0]) == "GroupMismatch");
     }
     {
         auto dev = openRaw(d, 2, kOpenGpuDoorbells);
-        DeviceAttach m = attachOf(dev[0], {kRouteSelf, kRouteIpc}, 4ull << 20);
+        DeviceAttach m = attachOf(dev[0], {kWireSelf, kWireIpc}, 4ull << 20);
         m.world = 3; // the group has 2 ranks
-        m.routes[2] = kRouteIpc;
+        m.wires[2] = kWireIpc;
         send(dev[0], m);
         CHECK(refusal(dev[0]) == "GroupMismatch");
-        m = attachOf(dev[1], {kRouteIpc, kRouteSelf}, 4ull << 20);
+        m = attachOf(dev[1], {kWireIpc, kWireSelf}, 4ull << 20);
         m.rank = 0; // another member's rank
-        m.routes[0] = kRouteSelf;
-        m.routes[1] = kRouteIpc;
+        m.wires[0] = kWireSelf;
+        m.wires[1] = kWireIpc;
         send(dev[1], m);
         CHECK(refusal(dev[1]) == "GroupMismatch");
     }
     {
         auto dev = openRaw(d, 2, kOpenGpuDoorbells);
-        send(dev[0], attachOf(dev[0], {kRouteSelf, 9}, 4ull << 20)); // no route 9
+        send(dev[0], attachOf(dev[0], {kWireSelf, 9}, 4ull << 20)); // no route 9
         CHECK(refusal(dev[0]) == "OutOfRange");
-        send(dev[1], attachOf(dev[1], {kRouteVerbs, kRouteSelf}, 0)); // rank 0 is on this node
+        send(dev[1], attachOf(dev[1], {kWireVerbs, kWireSelf}, 0)); // rank 0 is on this node
         CHECK(refusal(dev[1]) == "BadMessage");
     }
     {
         auto dev = openRaw(d, 2, kOpenGpuDoorbells);
-        send(dev[0], attachOf(dev[0], {kRouteSelf, kRouteIpc}, 4096)); // smaller than the group's region
+        send(dev[0], attachOf(dev[0], {kWireSelf, kWireIpc}, 4096)); // smaller than the group's region
         CHECK(refusal(dev[0]) == "BadMessage");
-        send(dev[1], attachOf(dev[1], {kRouteShm, kRouteSelf}, 0));
-        send(dev[1], attachOf(dev[1], {kRouteShm, kRouteSelf}, 0)); // once only
+        send(dev[1], attachOf(dev[1], {kWireShm, kWireSelf}, 0));
+        send(dev[1], attachOf(dev[1], {kWireShm, kWireSelf}, 0)); // once only
         CHECK(refusal(dev[1]) == "BadMessage");
     }
     {
@@ -371,7 +371,7 @@ TEST_CASE("bad DeviceAttach reports are refused by name and logged; the daemon a
         REQUIRE(sendMessage(lone.fd.get(), encode(kHello, 1, Hello{kRoleRank, 0, 0}), {}, 2000).ok());
         expectReply(lone, kHelloReply);
         lone.verdict = good[0].verdict;
-        send(lone, attachOf(lone, {kRouteSelf, kRouteIpc}, 4ull << 20));
+        send(lone, attachOf(lone, {kWireSelf, kWireIpc}, 4ull << 20));
         CHECK(refusal(lone) == "PermissionDenied");
         RawRank ctl;
         fd = connectUnix(d.socket());
@@ -380,10 +380,10 @@ TEST_CASE("bad DeviceAttach reports are refused by name and logged; the daemon a
         REQUIRE(sendMessage(ctl.fd.get(), encode(kHello, 1, Hello{kRoleControl, 0, 0}), {}, 2000).ok());
         expectReply(ctl, kHelloReply);
         ctl.verdict = good[0].verdict;
-        send(ctl, attachOf(ctl, {kRouteSelf, kRouteIpc}, 4ull << 20));
+        send(ctl, attachOf(ctl, {kWireSelf, kWireIpc}, 4ull << 20));
         CHECK(refusal(ctl) == "PermissionDenied");
     }
-    // The reported group is untouched: open, its routes and region as reported.
+    // The reported group is untouched: open, its wires and region as reported.
     const auto doc = statusWhen(d, [](const nlohmann::json& s) {
         std::size_t open = 0;
         for (const auto& g : s["groups"]) open += g["state"] == "open";

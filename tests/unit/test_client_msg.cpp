@@ -77,9 +77,9 @@ Verdict sampleVerdict() {
     v.regionBytes = Layout::of(3, v.slotBytes, 1)->totalBytes();
     v.groupHandle = 7;
     v.ringEntries = 64;
-    v.routes[0] = kRouteShm;
-    v.routes[1] = kRouteSelf;
-    v.routes[2] = kRouteShm;
+    v.wires[0] = kWireShm;
+    v.wires[1] = kWireSelf;
+    v.wires[2] = kWireShm;
     setText(v.reason, "");
     return v;
 }
@@ -297,7 +297,7 @@ TEST_CASE("out-of-range ranks, worlds and fields are refused by name") {
         Bytes b = encode(kVerdict, 1, v);
         CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
         v = sampleVerdict();
-        v.routes[2] = 9;
+        v.wires[2] = 9;
         b = encode(kVerdict, 1, v);
         CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
         v = sampleVerdict();
@@ -318,7 +318,7 @@ TEST_CASE("out-of-range ranks, worlds and fields are refused by name") {
             CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
         }
         v = sampleVerdict();
-        v.routes[2] = kRouteVerbs;
+        v.wires[2] = kWireVerbs;
         v.hostPeers = 1u << 2; // another node's rank has no host region here
         b = encode(kVerdict, 1, v);
         CHECK(decodeFixed<Verdict>(ByteView(b).subspan(16), "Verdict").code() == Errc::OutOfRange);
@@ -360,7 +360,7 @@ TEST_CASE("golden byte images of client records") {
           "00000000010000000300000001000000" // errc 0, rank 1, world 3, stripes 1
           "f0ff0000000000000010010000000000" // agreedCap 65520, slotBytes 69632
           "00700600000000000700000040000000" // regionBytes, groupHandle 7, 64 entries
-          "01000100000000000000000000000000" // routes: shm, self, shm
+          "01000100000000000000000000000000" // wires: shm, self, shm
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
@@ -443,16 +443,16 @@ TEST_CASE("OpenReport: round trip, refusals by name, golden bytes") {
           "0f00" "0200" "00000000" "0000000000000000");  // errc 15 (Unavailable), outcome 2, reserved
 }
 
-// A Device group rank's GPU attach: its routes per peer and its device region.
+// A Device group rank's GPU attach: its wires per peer and its device region.
 TEST_CASE("DeviceAttach: round trip, refusals by name, golden bytes") {
     DeviceAttach m{};
     m.group = 7;
     m.rank = 1;
     m.world = 3;
     m.deviceBytes = 2 * 1024 * 1024;
-    m.routes[0] = kRouteIpc;
-    m.routes[1] = kRouteSelf;
-    m.routes[2] = kRouteVerbs;
+    m.wires[0] = kWireIpc;
+    m.wires[1] = kWireSelf;
+    m.wires[2] = kWireVerbs;
     auto f = frameOf(encode(kDeviceAttach, 12, m));
     CHECK(f.header.opcode == kDeviceAttach);
     auto back = decodeFixed<DeviceAttach>(f.payload, "DeviceAttach");
@@ -466,22 +466,22 @@ TEST_CASE("DeviceAttach: round trip, refusals by name, golden bytes") {
         change(x);
         return validate(x).code();
     };
-    CHECK(with([](DeviceAttach& x) { x.routes[2] = kRouteIpc; }) == Errc::Ok);
-    CHECK_FALSE(ringsProxy([&] { DeviceAttach x = m; x.routes[2] = kRouteIpc; return x; }()));
+    CHECK(with([](DeviceAttach& x) { x.wires[2] = kWireIpc; }) == Errc::Ok);
+    CHECK_FALSE(ringsProxy([&] { DeviceAttach x = m; x.wires[2] = kWireIpc; return x; }()));
     // A route past `world` (a byte the sender should have zeroed) does not count; one at the last rank does.
     CHECK_FALSE(ringsProxy([&] { DeviceAttach x = m; x.world = 2; return x; }()));
     static_assert(!anyProxyCarries(nullptr, 0));
-    constexpr std::uint8_t kRoutes[] = {kRouteSelf, kRouteIpc, kRouteShm};
+    constexpr std::uint8_t kRoutes[] = {kWireSelf, kWireIpc, kWireShm};
     static_assert(!anyProxyCarries(kRoutes, 2) && anyProxyCarries(kRoutes, 3));
-    CHECK(with([](DeviceAttach& x) { x.routes[2] = kRouteShm; x.routes[0] = kRouteShm; x.deviceBytes = 0; }) == Errc::Ok);
+    CHECK(with([](DeviceAttach& x) { x.wires[2] = kWireShm; x.wires[0] = kWireShm; x.deviceBytes = 0; }) == Errc::Ok);
     CHECK(with([](DeviceAttach& x) { x.world = 1; }) == Errc::OutOfRange);
     CHECK(with([](DeviceAttach& x) { x.world = 17; }) == Errc::OutOfRange);
     CHECK(with([](DeviceAttach& x) { x.rank = 3; }) == Errc::OutOfRange);
-    CHECK(with([](DeviceAttach& x) { x.routes[2] = kLastRoute + 1; }) == Errc::OutOfRange); // no such route
-    CHECK(with([](DeviceAttach& x) { x.routes[2] = 0xff; }) == Errc::OutOfRange);
-    CHECK(with([](DeviceAttach& x) { x.routes[1] = kRouteIpc; }) == Errc::OutOfRange);  // its own rank is self
-    CHECK(with([](DeviceAttach& x) { x.routes[0] = kRouteSelf; }) == Errc::OutOfRange); // a peer is not
-    CHECK(with([](DeviceAttach& x) { x.routes[3] = kRouteShm; }) == Errc::OutOfRange);  // beyond world
+    CHECK(with([](DeviceAttach& x) { x.wires[2] = kLastWire + 1; }) == Errc::OutOfRange); // no such route
+    CHECK(with([](DeviceAttach& x) { x.wires[2] = 0xff; }) == Errc::OutOfRange);
+    CHECK(with([](DeviceAttach& x) { x.wires[1] = kWireIpc; }) == Errc::OutOfRange);  // its own rank is self
+    CHECK(with([](DeviceAttach& x) { x.wires[0] = kWireSelf; }) == Errc::OutOfRange); // a peer is not
+    CHECK(with([](DeviceAttach& x) { x.wires[3] = kWireShm; }) == Errc::OutOfRange);  // beyond world
     CHECK(with([](DeviceAttach& x) { x.deviceBytes = kMaxSharedRegionBytes + 1; }) == Errc::OutOfRange);
     CHECK(with([](DeviceAttach& x) { x.deviceBytes = 0; }) == Errc::BadMessage); // ipc needs a region
     CHECK(with([](DeviceAttach& x) { x.reserved = 1; }) == Errc::BadMessage);
@@ -490,5 +490,5 @@ TEST_CASE("DeviceAttach: round trip, refusals by name, golden bytes") {
           "54504301" "0600" "1000" "28000000" "0c000000" // header: opcode 16, 40 bytes, seq 12
           "07000000" "01000000" "03000000" "00000000"     // group 7, rank 1, world 3, reserved
           "0000200000000000"                              // deviceBytes 2 MiB
-          "03000200000000000000000000000000");            // routes: ipc, self, verbs
+          "03000200000000000000000000000000");            // wires: ipc, self, verbs
 }

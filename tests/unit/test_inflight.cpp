@@ -76,12 +76,12 @@ void run(const Scenario& sc) {
         REQUIRE(ring.ok());
         group->regions[r] = *region;
         rings.push_back(*ring);
-        group->routes[r] = kRouteShm;
+        group->wires[r] = kWireShm;
     }
     std::vector<RemoteRegion> remote;
     for (std::uint32_t r : kRemote) {
         remote.emplace_back(layout->totalBytes());
-        group->routes[r] = kRouteVerbs;
+        group->wires[r] = kWireVerbs;
     }
     auto wire = std::make_shared<VerbsGroup>();
     wire->world = kWorld;
