@@ -116,7 +116,7 @@ Args parse(int argc, char** argv) {
     return a;
 }
 
-void runSuite(Wire wire, std::uint32_t W) {
+void runSuite(gputest::Wire wire, std::uint32_t W) {
     SimOptions o;
     o.world = W;
     o.wire = wire;
@@ -129,7 +129,7 @@ void runSuite(Wire wire, std::uint32_t W) {
     testSum(o, Elem::BF16);
     testGraph(o);
     testTimeout(o);
-    if (wire == Wire::Ipc) testCallMismatches(o); // the proxy route does not carry the call's tag
+    if (wire == gputest::Wire::Ipc) testCallMismatches(o); // the proxy route does not carry the call's tag
     testDaemonStop(o, /*abort=*/true);
     testDaemonStop(o, /*abort=*/false);
     testBackToBack(o, 2000);
@@ -165,8 +165,8 @@ int main(int argc, char** argv) {
         preloadCheckKernels();
         if (args.tests) {
             testLayoutProbe();
-            const Wire wires[] = {Wire::Ipc, Wire::Proxy};
-            for (Wire w : wires) {
+            const gputest::Wire wires[] = {gputest::Wire::Ipc, gputest::Wire::Proxy};
+            for (gputest::Wire w : wires) {
                 if (!args.wire.empty() && args.wire != wireName(w)) continue;
                 for (std::uint32_t W : {2u, 4u, 8u})
                     if (args.world == 0 || args.world == W) runSuite(w, W);
