@@ -20,6 +20,9 @@ which input.
           mps-proxy  tpf-gpubench-sizes-proxy-w*.log (one GPU under MPS, proxy route)
           mps-hop    tpf-gpubench-hop-proxy-w2.log   (the proxy hop)
           nccl       tpf-gpubench-nccl-ipc-w*.log    (one process per GPU beside NCCL; several runs: medians)
+    perf_tables.py readme [--doc PERF_MD] [--readme README_MD]
+        README.md's Performance table (between <!-- perf-readme --> markers)
+        from the cells of perf.md's tables it quotes (README_ROWS below);
     perf_tables.py check [--doc PERF_MD]
         every table's markers present once, each with a table and its line.
 
@@ -299,6 +302,67 @@ def check(text: str) -> list[str]:
     return fails
 
 
+# README's Performance rows: (what, table, the row's first cells, the measured cell and its unit, the
+# "beside" text with {column} fields of the same row; {date} is the table's date).
+README_ROWS = [
+    ("host path, W = 2, 4 KiB gather p50 (16 idle host CPUs)", "host", ["2", "4 KiB"], "gather p50 µs", " µs",
+     "{gather / floor} a shared-memory ping-pong's one way ({floor p50 µs} µs)"),
+    ("host path, W = 16, 4 KiB gather p50", "host", ["16", "4 KiB"], "gather p50 µs", " µs", "target 10 µs"),
+    ("host path, W = 2, 4 KiB bf16 sum p50", "host", ["2", "4 KiB"], "bf16 sum p50 µs", " µs",
+     "{sum / gather} the gather of the same bytes"),
+    ("GPU ipc, one H200 under MPS, W = 2, 4 KiB gather", "mps-ipc", ["2", "4 KiB"], "gather µs", " µs",
+     "{gather / copy kernel} a copy kernel of the same bytes ({copy kernel µs} µs)"),
+    ("GPU ipc, two H200s (NVLink), W = 2, 4 KiB gather ({date})", "nccl", ["4 KiB"], "gather µs", " µs",
+     "{gather / NCCL} NCCL ({NCCL gather µs} µs)"),
+    ("GPU ipc, two H200s (NVLink), W = 2, 64 KiB gather ({date})", "nccl", ["64 KiB"], "gather µs", " µs",
+     "{gather / NCCL} NCCL ({NCCL gather µs} µs)"),
+    ("GPU proxy route, one H200, W = 2, 4 KiB gather", "mps-proxy", ["2", "4 KiB"], "gather µs", " µs", "target 7 µs"),
+    ("GPU proxy hop (doorbell to the peer's flag), p50", "mps-hop", ["hop, p50"], "µs", " µs",
+     "{/ ping-pong} a host-mapped GPU-CPU ping-pong ({ping-pong} µs)"),
+]
+
+
+def parsed(body: str) -> tuple[list[dict], str]:
+    """The rows of a table's Markdown (as {column: cell}) and its date."""
+    lines = [l for l in body.splitlines() if l.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(head, [c.strip() for c in l.strip().strip("|").split("|")])) for l in lines[2:]]
+    m = re.search(r"Date: (\d{4}-\d\d-\d\d)", body)
+    return rows, m.group(1) if m else ""
+
+
+def readme_table(text: str, old: list[str]) -> tuple[str, list[str]]:
+    """README's table from perf.md's tables; a row whose cells are not there keeps its `old` line."""
+    tables = {name: parsed(body) for name, body in tables_of(text).items()}
+    out, missing = ["| what | measured | beside |", "| --- | ---: | --- |"], []
+
+    def keep(i: int, why: str) -> None:
+        missing.append(why)
+        if i < len(old):
+            out.append(old[i])
+
+    for i, (what, table, first, col, unit, beside) in enumerate(README_ROWS):
+        rows, date = tables.get(table, ([], ""))
+        row = next((r for r in rows if list(r.values())[:len(first)] == first), None)
+        if row is None or not row.get(col):
+            keep(i, f"{what}: no {col} in table {table}")
+            continue
+        cells = dict(row)
+        if table == "mps-hop":  # the ping-pong's own row
+            ping = next((r for r in rows if list(r.values())[0].startswith("host-mapped ping-pong")), {})
+            cells["ping-pong"] = ping.get("µs", "")
+        try:
+            text_beside = beside.format(**cells)
+        except KeyError as e:
+            keep(i, f"{what}: no {e} in table {table}")
+            continue
+        if re.search(r"\(\s*µs\)|^\s", text_beside):
+            keep(i, f"{what}: an empty cell in '{text_beside}'")
+            continue
+        out.append(f"| {what.format(date=date)} | {row[col]}{unit} | {text_beside} |")
+    return "\n".join(out), missing
+
+
 def git_head(doc: str) -> str:
     r = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(doc)), "rev-parse", "--short", "HEAD"],
                        capture_output=True, text=True)
@@ -308,9 +372,10 @@ def git_head(doc: str) -> str:
 def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["host", "gpu", "check"])
+    ap.add_argument("what", choices=["host", "gpu", "readme", "check"])
     ap.add_argument("input", nargs="?", help="host: the JSON file; gpu: the log directory")
     ap.add_argument("--doc", default=os.path.join(here, "..", "docs", "perf.md"))
+    ap.add_argument("--readme", default=os.path.join(here, "..", "README.md"))
     ap.add_argument("--commit")
     ap.add_argument("--machine")
     ap.add_argument("--date")
@@ -324,6 +389,21 @@ def main() -> int:
         if not fails:
             print(f"ok: {len(TABLES)} tables with their markers and lines in {a.doc}")
         return 1 if fails else 0
+    if a.what == "readme":
+        readme = open(a.readme).read()
+        begin, end = "<!-- perf-readme -->", "<!-- /perf-readme -->"
+        if readme.count(begin) != 1 or readme.count(end) != 1:
+            print(f"perf_tables.py: {a.readme} has not the markers {begin} ... {end} once each", file=sys.stderr)
+            return 1
+        head, rest = readme.split(begin)
+        old = [l for l in rest.split(end)[0].splitlines() if l.startswith("| ")][2:]
+        table, missing = readme_table(text, old)
+        for m in missing:
+            print(f"perf_tables.py: README row kept as it was: {m}", file=sys.stderr)
+        open(a.readme, "w").write(head + begin + "\n" + table + "\n" + end + rest.split(end)[1])
+        print(f"perf_tables.py: README's Performance table rewritten from {a.doc} "
+              f"({len(README_ROWS) - len(missing)} rows new, {len(missing)} kept)")
+        return 1 if missing else 0
     if not a.input:
         ap.error(f"{a.what} needs its input (host: the JSON of tpf-bench run --json; gpu: tests/gpu/run.sh's log directory)")
     commit = a.commit or git_head(a.doc)

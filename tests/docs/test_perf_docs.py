@@ -8,10 +8,12 @@
     test_perf_docs.py tables PERF_MD SCRIPT
         `SCRIPT check` passes (every table's markers, each with its machine,
         date and commit line) and perf.md is at most 600 lines;
-    test_perf_docs.py script PERF_MD SCRIPT TPF_BENCH TPFABRICD
+    test_perf_docs.py script PERF_MD SCRIPT TPF_BENCH TPFABRICD README_MD
         SCRIPT rewrites a copy of perf.md from a short real `tpf-bench run
         --json` and from tpf-gpubench ROW lines of each mode: every table
-        replaced, holding the input's numbers, the rest of the file kept.
+        replaced, holding the input's numbers, the rest of the file kept;
+        then a copy of README's Performance table from those tables, a row
+        whose cells the copy lacks kept as it was.
 
 Exit 0 when every check passes, 1 naming each one that fails.
 """
@@ -97,7 +99,7 @@ GPU_LOGS = {
 }
 
 
-def script(perf: str, script_py: str, bench: str, daemon: str) -> list[str]:
+def script(perf: str, script_py: str, bench: str, daemon: str, readme_md: str) -> list[str]:
     fails = []
     with tempfile.TemporaryDirectory() as tmp:
         doc = os.path.join(tmp, "perf.md")
@@ -152,6 +154,28 @@ def script(perf: str, script_py: str, bench: str, daemon: str) -> list[str]:
         r = subprocess.run([sys.executable, script_py, "check", "--doc", doc], capture_output=True, text=True)
         if r.returncode != 0:
             fails.append(f"check of the rewritten copy failed: {r.stdout}")
+        rd = os.path.join(tmp, "README.md")
+        shutil.copy(readme_md, rd)
+        old_rows = [l for l in open(rd).read().splitlines() if l.startswith("| ")]
+        r = subprocess.run([sys.executable, script_py, "readme", "--doc", doc, "--readme", rd], capture_output=True, text=True)
+        new_readme = open(rd).read()
+        if r.returncode != 1 or "kept as it was" not in r.stderr:
+            fails.append(f"perf_tables.py readme exited {r.returncode} (1: rows kept): {r.stdout}{r.stderr}")
+        for needle in ["| GPU ipc, one H200 under MPS, W = 2, 4 KiB gather | 3.33 µs | 3.00x a copy kernel of the same bytes (1.11 µs) |",
+                       "| GPU ipc, two H200s (NVLink), W = 2, 4 KiB gather (2030-01-02) | 2.50 µs | 0.50x NCCL (5.00 µs) |",
+                       "| GPU proxy hop (doorbell to the peer's flag), p50 | 3.21 µs | 1.07x a host-mapped GPU-CPU ping-pong (3.00 µs) |",
+                       f"| host path, W = 2, 4 KiB gather p50 (16 idle host CPUs) | {g['p50_us']:.1f} µs |"]:
+            if needle in new_readme:
+                print(f"ok: README's copy holds {needle!r}")
+            else:
+                fails.append(f"README's copy does not hold {needle!r}")
+        kept = next((l for l in old_rows if "64 KiB gather" in l), None)
+        if kept and kept in new_readme:
+            print("ok: the row whose cells the tables lack is kept")
+        else:
+            fails.append(f"README's 64 KiB row was not kept: {kept}")
+        if len([l for l in new_readme.splitlines() if l.startswith("| ")]) != len(old_rows):
+            fails.append("README's copy has another number of table lines")
         r = subprocess.run([sys.executable, script_py, "gpu", tmp, "--doc", doc], capture_output=True, text=True)
         if r.returncode != 1:
             fails.append(f"perf_tables.py gpu on a directory without logs exited {r.returncode} (1 expected)")
