@@ -15,6 +15,15 @@
 #      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
 #      and 4: the same four scenarios; then bench_comm.py --backend gloo at
 #      W = 2 (the Communicator alone; TPF_GPU_NO_BENCH=1 skips it).
+#   Both parts also run compile_rank.py against the live daemon, after data
+#   and graph: torch._dynamo.explain of each collective (0 graph breaks), a
+#   tensor-parallel MLP compiled with fullgraph=True and with
+#   mode="reduce-overhead" bit-identical to eager over 100 steps, compiled
+#   calls the fabric does not take by torch.distributed; at W = 2 its
+#   benchmark (BENCH lines: the compiled MLP beside torch.distributed, the
+#   ops beside the C ABI inside a CUDA graph); JSON per rank under LOGDIR
+#   (py-compile-BACKEND-wW-rankR.json). TPF_PY_NO_COMPILE=1 skips it; a torch
+#   without torch.compile or torch.library.custom_op prints SKIP.
 # TPF_PY_GPU_ONLY=pergpu or mps runs only that part (to split a run under a
 # command time limit); TPF_GPU_NO_BENCH=1 skips the benchmark.
 # Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
@@ -61,14 +70,28 @@ tpf_python_gpu_suite() {
     port=$(freeport)
     : >"$log"
     for ((r = 0; r < w; r++)); do
-      RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 \
+      RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout "${_rank_limit:-300}" \
         "${pyenv[@]}" "$py" "$dir/$prog" --socket "$sock" "$@" >>"$log" 2>&1 &
       pids+=($!)
     done
     for r in "${pids[@]}"; do wait "$r" || ok=1; done
     return $ok
   }
-  # _suite LABEL W BACKEND: the four scenarios.
+  # _compile LABEL W BACKEND SOCKET: compile_rank.py (torch.compile through the custom ops; its
+  # benchmark at W = 2 unless TPF_GPU_NO_BENCH); JSON under $logdir. TPF_PY_NO_COMPILE=1 skips it.
+  _compile() {
+    local label=$1 w=$2 backend=$3 sock=$4 st tag=$1-compile-w$2 bench=
+    [ -n "${TPF_PY_NO_COMPILE:-}" ] && { echo "SKIP python $label W=$w compile (TPF_PY_NO_COMPILE)"; return; }
+    [ "$w" = 2 ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && bench=--bench
+    if _rank_limit=540 _ranks "$tag" "$w" "$backend" "$sock" compile_rank.py --backend "$backend" --json-dir "$logdir" $bench
+    then st=PASS; else st=FAIL; rc=1; fi
+    grep -q '^SKIP' "$logdir/py-$tag.log" && st=SKIP
+    echo "$st python $label W=$w compile (torch.compile: explain, TP MLP fullgraph and reduce-overhead, fallbacks)"
+    grep -h '^RESULT\|^SKIP\|^BENCH' "$logdir/py-$tag.log" | sort -s -k1,1 | uniq | sed 's/^/    /'
+    [ $st = FAIL ] && grep -h '^FAIL' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|^PASS\|^FAIL\|^BENCH\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+  }
+  # _suite LABEL W BACKEND: the four scenarios, and compile.
   _suite() {
     local label=$1 w=$2 backend=$3 st tag before
     _daemon "$label-w$w" || { rc=1; return; }
@@ -80,6 +103,7 @@ tpf_python_gpu_suite() {
       grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
       [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     done
+    _compile "$label" "$w" "$backend" "$tmp/$label-w$w.sock"
     kill "$live"; wait "$live" 2>/dev/null
     # fallback: a daemon that died (its socket file stays; connect is refused)
     _daemon "$label-stopped-w$w" && kill -9 "$_dpid" && wait "$_dpid" 2>/dev/null
