@@ -1,21 +1,24 @@
 """The Communicator's collectives as ``torch.library`` custom ops, so that ``torch.compile`` traces them.
 
-Four ops in the ``tpfabric`` namespace, each taking the communicator as an
+Six ops in the ``tpfabric`` namespace, each taking the communicator as an
 int (``comm``: its number in this process's registry, :func:`register`),
 not as a Python object, which Dynamo cannot pass to an op:
 
-* ``tpfabric::all_reduce(Tensor input, int comm) -> Tensor`` and
-  ``tpfabric::all_gather_into_tensor(Tensor input, int comm, int world) -> Tensor``:
+* ``tpfabric::all_reduce(Tensor input, int comm) -> Tensor``,
+  ``tpfabric::all_gather_into_tensor(Tensor input, int comm, int world) -> Tensor`` and
+  ``tpfabric::all_gather_v(Tensor input, int[] counts, int comm) -> Tensor``:
   functional (a new output, nothing mutated), as torch's own functional
   collectives and vLLM's ops are: the form ``torch.compile`` handles best,
   with no auto-functionalisation and no copies to re-inplace. The gather's
   output is ``input`` concatenated along dim 0, ``(world * d0, *rest)``
-  (``(world,)`` for a 0-dim input). A compiled ``Communicator.all_reduce(x)``
-  is ``x.copy_(tpfabric::all_reduce(x))``, as torch traces an in-place
-  ``dist.all_reduce``; Inductor removes that copy where ``x`` is an
-  intermediate.
-* ``tpfabric::all_reduce_out(Tensor input, Tensor(a!) out, int comm) -> ()``
-  and ``tpfabric::all_gather_into_tensor_out(Tensor(a!) out, Tensor input, int comm) -> ()``:
+  (``(world,)`` for a 0-dim input); all-gather-v's ``counts[r]`` rows of
+  rank r packed in rank order, ``(sum(counts), *rest)``. A compiled
+  ``Communicator.all_reduce(x)`` is ``x.copy_(tpfabric::all_reduce(x))``, as
+  torch traces an in-place ``dist.all_reduce``; Inductor removes that copy
+  where ``x`` is an intermediate.
+* ``tpfabric::all_reduce_out(Tensor input, Tensor(a!) out, int comm) -> ()``,
+  ``tpfabric::all_gather_into_tensor_out(Tensor(a!) out, Tensor input, int comm) -> ()`` and
+  ``tpfabric::all_gather_v_out(Tensor(a!) out, Tensor input, int[] counts, int comm) -> ()``:
   what an eager call (and a hand-captured CUDA graph) goes through, writing
   into the caller's tensor with no copy; ``out`` may be ``input``.
 
@@ -34,7 +37,7 @@ calls its implementation directly.
 
 import itertools
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -102,6 +105,21 @@ def _all_gather_out(out: torch.Tensor, input: torch.Tensor, comm: int) -> None:
     lookup(comm)._all_gather_into(out, input)
 
 
+def _all_gather_v(input: torch.Tensor, counts: List[int], comm: int) -> torch.Tensor:
+    out = torch.empty((sum(counts),) + tuple(input.shape[1:]), dtype=input.dtype, device=input.device)
+    if out.numel():
+        lookup(comm)._all_gather_v_into(out, input, list(counts))
+    return out
+
+
+def _all_gather_v_fake(input: torch.Tensor, counts: List[int], comm: int) -> torch.Tensor:
+    return torch.empty((sum(counts),) + tuple(input.shape[1:]), dtype=input.dtype, device=input.device)
+
+
+def _all_gather_v_out(out: torch.Tensor, input: torch.Tensor, counts: List[int], comm: int) -> None:
+    lookup(comm)._all_gather_v_into(out, input, list(counts))
+
+
 def _nothing(*args: Any) -> None:
     return None
 
@@ -113,6 +131,9 @@ _OPS: Dict[str, Tuple[str, Tuple[str, ...], Callable[..., Any], Callable[..., An
     "all_gather_into_tensor": ("(Tensor input, int comm, int world) -> Tensor", (), _all_gather, _all_gather_fake),
     "all_gather_into_tensor_out": ("(Tensor(a!) out, Tensor input, int comm) -> ()", ("out",), _all_gather_out,
                                    _nothing),
+    "all_gather_v": ("(Tensor input, int[] counts, int comm) -> Tensor", (), _all_gather_v, _all_gather_v_fake),
+    "all_gather_v_out": ("(Tensor(a!) out, Tensor input, int[] counts, int comm) -> ()", ("out",), _all_gather_v_out,
+                         _nothing),
 }
 
 NAMES = tuple(f"tpfabric::{name}" for name in _OPS)
@@ -146,9 +167,12 @@ if REGISTERED:
     all_reduce_out = torch.ops.tpfabric.all_reduce_out.default
     all_gather_into_tensor = torch.ops.tpfabric.all_gather_into_tensor.default
     all_gather_into_tensor_out = torch.ops.tpfabric.all_gather_into_tensor_out.default
+    all_gather_v = torch.ops.tpfabric.all_gather_v.default
+    all_gather_v_out = torch.ops.tpfabric.all_gather_v_out.default
 else:  # the same kernels, called directly: one implementation either way
     all_reduce, all_reduce_out = _all_reduce, _all_reduce_out
     all_gather_into_tensor, all_gather_into_tensor_out = _all_gather, _all_gather_out
+    all_gather_v, all_gather_v_out = _all_gather_v, _all_gather_v_out
 
 
 def _compiling_check() -> Callable[[], bool]:

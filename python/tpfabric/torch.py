@@ -38,7 +38,7 @@ import ctypes
 import logging
 import os
 import time
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 TORCH_HINT = "the Communicator needs PyTorch: apt-get install python3-torch or pip install torch (tpfabric.Group does not)"
 
@@ -165,7 +165,7 @@ class Communicator:
         self._g: Optional[Group] = None
         self._cap = 0
         self._closed = False
-        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62}  # smallest size the library refused
+        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62, "all_gather_v": 1 << 62}  # the smallest refused
         self.reason: Optional[str] = None
         """Why the group fell back to torch.distributed at open (None when it did not)."""
         self.calls = {"fabric": 0, "torch.distributed": 0}
@@ -246,7 +246,7 @@ class Communicator:
         return self._g is None
 
     def should_use(self, tensor: torch.Tensor, op: str = "all_reduce") -> bool:
-        """Whether the fabric takes ``op`` (``"all_reduce"`` or ``"all_gather"``) of ``tensor``; otherwise torch.distributed does.
+        """Whether the fabric takes ``op`` (``"all_reduce"``, ``"all_gather"``, ``"all_gather_v"``) of ``tensor``; otherwise torch.distributed does.
 
         The communicator decides by itself; this is for engines that want to
         know (as vLLM's ``should_custom_ar``), never needed for correctness.
@@ -382,16 +382,86 @@ class Communicator:
             else:
                 self.calls["fabric"] += 1
                 return
-        # As bytes: every dtype gathers alike (gloo has no bfloat16 in older torch), contiguous as torch.distributed needs.
         work = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        self._dist_gather(work, inp)
+        if work is not out:
+            out.copy_(work)
+
+    def _dist_gather(self, work: torch.Tensor, inp: torch.Tensor) -> None:
+        """torch.distributed's all-gather of ``inp`` into the contiguous ``work``, in rank order."""
+        # As bytes: every dtype gathers alike (gloo has no bfloat16 in older torch), contiguous as torch.distributed needs.
         dst, src = work.view(-1).view(torch.uint8), inp.contiguous().view(-1).view(torch.uint8)
         self.calls["torch.distributed"] += 1
         if self._nccl and dst.is_cuda:
             dist.all_gather_into_tensor(dst, src, group=self.group)
         else:  # gloo: the list form (all_gather_into_tensor is NCCL's in older torch)
             dist.all_gather(list(dst.chunk(self.world)), src, group=self.group)
-        if work is not out:
-            out.copy_(work)
+
+    def all_gather_v(self, out: torch.Tensor, inp: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """All-gather with a length per rank: ``counts[r]`` rows (along dim 0) from rank r, packed in rank order into ``out``.
+
+        ``counts`` (world entries, the same list on every rank); this rank's
+        ``inp`` has ``counts[rank]`` rows, ``out`` ``sum(counts)`` rows of
+        inp's row shape, dtype and device. The fabric takes it when the
+        largest rank's rows fit the cap, else torch.distributed (padded to the
+        largest, then packed). Returns ``out``. Inside ``torch.compile`` it is
+        the op ``tpfabric::all_gather_v`` (no graph break).
+        """
+        counts = [int(c) for c in counts]
+        if _torch_ops.REGISTERED and _torch_ops.compiling():
+            self._check_gather_v(out, inp, counts)
+            if out.numel() == 0:
+                return out
+            return out.copy_(_torch_ops.all_gather_v(inp, counts, self._number))
+        self._live()
+        self._check_gather_v(out, inp, counts)
+        if out.numel() == 0:
+            return out
+        if torch.is_grad_enabled() and (inp.requires_grad or out.requires_grad):
+            self._all_gather_v_into(out, inp, counts)
+        else:
+            _torch_ops.all_gather_v_out(out, inp, counts, self._number)
+        return out
+
+    def _check_gather_v(self, out: torch.Tensor, inp: torch.Tensor, counts: List[int]) -> None:
+        if len(counts) != self.world or min(counts) < 0:
+            raise ValueError(f"counts {counts}: one count (rows, not negative) per rank, {self.world} in all")
+        if inp.dim() == 0 or inp.shape[0] != counts[self.rank]:
+            raise ValueError(f"inp is {tuple(inp.shape)}: counts[{self.rank}] = {counts[self.rank]} rows along dim 0")
+        want = (sum(counts),) + tuple(inp.shape[1:])
+        if tuple(out.shape) != want or out.dtype != inp.dtype or out.device != inp.device:
+            raise ValueError(f"out is {tuple(out.shape)} {out.dtype} on {out.device}; all_gather_v needs {want} "
+                             f"{inp.dtype} on {inp.device} (sum(counts) rows of inp's)")
+
+    def _all_gather_v_into(self, out: torch.Tensor, inp: torch.Tensor, counts: List[int]) -> None:
+        """The packed gather, at run time: the fabric when it takes the call, else torch.distributed."""
+        self._live()
+        g = self._g
+        row = inp.element_size()
+        for d in inp.shape[1:]:
+            row *= d
+        largest = max(counts) * row
+        if g is not None and self._takes(inp, largest, "all_gather_v") and self._takes(out, largest, "all_gather_v"):
+            # A rank with no rows passes out as its (unread) source: never a null pointer the library would
+            # refuse on that rank alone, sending it another way than the others.
+            send = inp.data_ptr() if inp.numel() else out.data_ptr()
+            try:
+                g.all_gather_v_raw(send, out.data_ptr(), [c * row for c in counts], self._stream())
+            except _REFUSED as e:
+                self._refuse(e, largest, "all_gather_v")
+            else:
+                self.calls["fabric"] += 1
+                return
+        # Every rank's rows padded to the largest count, gathered, then packed.
+        most = max(counts)
+        padded = torch.zeros((most,) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        padded[: counts[self.rank]].copy_(inp)
+        rows = torch.empty((self.world * most,) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        self._dist_gather(rows, padded)
+        at = 0
+        for r, c in enumerate(counts):
+            out[at:at + c].copy_(rows[r * most:r * most + c])
+            at += c
 
     # -- failures and the end --------------------------------------------------------------------------------
     def check(self, synchronize: bool = True) -> None:

@@ -248,6 +248,46 @@ def test_communicator_over_gloo(daemon: Daemon, world: int) -> None:
     assert len({r["opened_with"] for r in results}) == 1
 
 
+def rank_comm_gather_v(rank: int, world: int, sock: str, port: int) -> Dict[str, int]:
+    import torch
+    import torch.distributed as dist
+
+    from tpfabric import _torch_ops
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    count = _Counted()
+    comm = Communicator(max_bytes=16384, socket_path=sock)
+
+    def rows_of(q: int, n: int, dtype: Any) -> Any:
+        return (torch.arange(n * 5) + 1000 * q).to(dtype).view(n, 5)
+
+    for counts, dtype, way in [([2, 0, 3][:world], torch.float32, "fabric"), ([1, 7, 4][:world], torch.bfloat16, "fabric"),
+                               ([1000, 3, 900][:world], torch.float32, "torch.distributed")]:  # 20 kB rows > the cap
+        want = torch.cat([rows_of(q, counts[q], dtype) for q in range(world)])
+        before, n = dict(comm.calls), count.total()
+        out = torch.full((sum(counts), 5), -1, dtype=dtype)
+        assert comm.all_gather_v(out, rows_of(rank, counts[rank], dtype), counts) is out
+        assert torch.equal(out, want), (counts, dtype)
+        assert comm.calls[way] == before[way] + 1 and (count.total() > n) == (way == "torch.distributed"), (counts, comm.calls)
+        got = _torch_ops.all_gather_v(rows_of(rank, counts[rank], dtype), counts, comm._number)  # the functional kernel
+        assert got.shape == want.shape and torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"counts \[1\]: one count"):
+        comm.all_gather_v(torch.empty(1, 5), rows_of(rank, 1, torch.float32)[: 1 if rank == 0 else 0], [1])
+    with pytest.raises(ValueError, match=r"all_gather_v needs"):
+        comm.all_gather_v(torch.empty(3, 4), rows_of(rank, 1, torch.float32), [1] * world)
+    assert comm.calls == {"fabric": 4, "torch.distributed": 2}, comm.calls
+    comm.close()
+    dist.destroy_process_group()
+    return comm.calls
+
+
+def test_communicator_all_gather_v(daemon: Daemon) -> None:
+    """Rows per rank (a rank with none too), packed in rank order: by the fabric within the cap, by
+    torch.distributed (padded, then packed) above it; the method and the functional kernel alike."""
+    assert run_ranks(rank_comm_gather_v, 3, daemon.socket, free_port(), timeout=120)[0] == {"fabric": 4, "torch.distributed": 2}
+
+
 def rank_comm_fallback(rank: int, world: int, sock: str, port: int, why: str) -> str:
     import torch
     import torch.distributed as dist
@@ -460,7 +500,7 @@ def test_communicator_misuse(daemon: Daemon) -> None:
 
 
 def test_custom_ops_registered_where_torch_has_custom_op() -> None:
-    """torch.library.custom_op (torch 2.4+): the four ops exist with fake kernels; without it (Debian's 1.13)
+    """torch.library.custom_op (torch 2.4+): the six ops exist with fake kernels; without it (Debian's 1.13)
     the registration is skipped, said why, and nothing named tpfabric exists in torch.ops."""
     import torch
 
@@ -468,7 +508,7 @@ def test_custom_ops_registered_where_torch_has_custom_op() -> None:
     from tpfabric import _torch_ops
 
     names = ("tpfabric::all_reduce", "tpfabric::all_reduce_out", "tpfabric::all_gather_into_tensor",
-             "tpfabric::all_gather_into_tensor_out")
+             "tpfabric::all_gather_into_tensor_out", "tpfabric::all_gather_v", "tpfabric::all_gather_v_out")
     if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
         assert tt.custom_ops == names and tt.custom_ops_skipped is None and _torch_ops.REGISTERED
         assert _torch_ops.all_reduce is torch.ops.tpfabric.all_reduce.default
@@ -479,6 +519,7 @@ def test_custom_ops_registered_where_torch_has_custom_op() -> None:
             assert torch.ops.tpfabric.all_reduce(x, 12345).shape == (4, 6)
             g = torch.ops.tpfabric.all_gather_into_tensor(x, 12345, 3)
             assert g.shape == (12, 6) and g.dtype == torch.bfloat16
+            assert torch.ops.tpfabric.all_gather_v(x, [4, 0, 5], 12345).shape == (9, 6)
     else:
         assert tt.custom_ops == () and not _torch_ops.REGISTERED
         assert tt.custom_ops_skipped is not None and "has no torch.library.custom_op" in tt.custom_ops_skipped

@@ -8,7 +8,8 @@ Communicator's custom ops (tpfabric::all_reduce, ...) must do inside
 torch.compile, each rank judging itself (exit 0 pass, 1 fail):
 
   explain      torch._dynamo.explain of a function calling each collective
-               (all_reduce in place and into out, all_gather_into_tensor):
+               (all_reduce in place and into out, all_gather_into_tensor,
+               all_gather_v):
                0 graph breaks, one graph, the tpfabric op in it.
   mlp          a tensor-parallel MLP (bf16, hidden 4096: a column-parallel
                up projection, relu, a row-parallel down projection summed by
@@ -112,8 +113,16 @@ def scenario_explain(c: Checks, comm: Communicator) -> None:
         comm.all_gather_into_tensor(out, t + 1)
         return out.sum(dim=0)
 
+    counts = [(q % 3) + 1 for q in range(comm.world)]  # rows per rank, alike on every rank
+
+    def gather_v(t: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(sum(counts), t.shape[1], dtype=t.dtype, device=t.device)
+        comm.all_gather_v(out, t[: counts[comm.rank]] * 2, counts)
+        return out - 1
+
     for name, fn, op in [("all_reduce", in_place, "tpfabric.all_reduce"), ("all_reduce(out=)", into_out, "tpfabric.all_reduce"),
-                         ("all_gather_into_tensor", gather, "tpfabric.all_gather_into_tensor")]:
+                         ("all_gather_into_tensor", gather, "tpfabric.all_gather_into_tensor"),
+                         ("all_gather_v", gather_v, "tpfabric.all_gather_v")]:
         fresh()
         e = torch._dynamo.explain(fn)(x)
         code = "\n".join(g.code for g in e.graphs)
