@@ -170,9 +170,12 @@ if REGISTERED:
     all_gather_v = torch.ops.tpfabric.all_gather_v.default
     all_gather_v_out = torch.ops.tpfabric.all_gather_v_out.default
 else:  # the same kernels, called directly: one implementation either way
-    all_reduce, all_reduce_out = _all_reduce, _all_reduce_out
-    all_gather_into_tensor, all_gather_into_tensor_out = _all_gather, _all_gather_out
-    all_gather_v, all_gather_v_out = _all_gather_v, _all_gather_v_out
+    # Where torch.compile exists without custom_op (torch 2.0 to 2.3), Dynamo runs them eagerly behind a
+    # graph break instead of tracing into the stream and the C ABI (torch._disable_dynamo: 2.1 and later).
+    _eager: Callable[[Callable[..., Any]], Callable[..., Any]] = getattr(torch, "_disable_dynamo", lambda f: f)
+    all_reduce, all_reduce_out = _eager(_all_reduce), _eager(_all_reduce_out)
+    all_gather_into_tensor, all_gather_into_tensor_out = _eager(_all_gather), _eager(_all_gather_out)
+    all_gather_v, all_gather_v_out = _eager(_all_gather_v), _eager(_all_gather_v_out)
 
 
 def _compiling_check() -> Callable[[], bool]:
