@@ -165,7 +165,8 @@ class Communicator:
         self._g: Optional[Group] = None
         self._cap = 0
         self._closed = False
-        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62, "all_gather_v": 1 << 62}  # the smallest refused
+        # Per op, the smallest size the library refused (CapMismatch): larger ones go straight to torch.distributed.
+        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62, "all_gather_v": 1 << 62}
         self.reason: Optional[str] = None
         """Why the group fell back to torch.distributed at open (None when it did not)."""
         self.calls = {"fabric": 0, "torch.distributed": 0}
