@@ -119,7 +119,7 @@ def raise_status(code: int, context: str = "", *, opened: bool = True) -> None:
     name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
     if not detail.startswith(name):
         detail = f"{name}: {_L.tpf_strerror(code).decode()}"
-    elif detail.endswith(f" is gone ({name})"):  # libraries before 2026-12-04: "PeerLost: rank 1 is gone (PeerLost)"
+    elif detail.endswith(f" is gone ({name})"):  # older libraries repeat the name: "PeerLost: rank 1 is gone (PeerLost)"
         detail = detail[: -len(name) - 3]
     if context:
         detail = f"{detail} ({context})"
