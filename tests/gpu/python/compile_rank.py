@@ -380,7 +380,10 @@ def bench(c: Checks, comm: Communicator, compiled: Dict[str, Any], backend: str)
                "c_abi_us": graph_call_us(raw),
                "op_out_us": graph_call_us(lambda: _torch_ops.all_reduce_out(t, o, number)),
                "op_functional_us": graph_call_us(lambda: _torch_ops.all_reduce(t, number)),
-               "communicator_us": graph_call_us(lambda: comm.all_reduce(t, out=o))}
+               "communicator_us": graph_call_us(lambda: comm.all_reduce(t, out=o)),
+               # Eager, back to back: what a call costs the CPU (the op's dispatch) beside the bare C ABI call.
+               "eager_c_abi_us": per_step_us(raw, 200),
+               "eager_communicator_us": per_step_us(lambda: comm.all_reduce(t, out=o), 200)}
         row["op_overhead_pct"] = 100.0 * (row["op_out_us"] / row["c_abi_us"] - 1.0)
         ops.append(row)
     rows["graph_calls"] = ops
@@ -393,10 +396,12 @@ def bench(c: Checks, comm: Communicator, compiled: Dict[str, Any], backend: str)
               f"{rows['mlp_fabric_fullgraph_us']:.1f}  fabric eager {rows['mlp_fabric_eager_us']:.1f}  "
               f"torch.distributed ({backend}, {how}) {rows['mlp_torch_distributed_us']:.1f}", flush=True)
         print("BENCH   inside one CUDA graph, µs per call (best of 5 replays of 100): "
-              "op bytes c_abi tpfabric::all_reduce_out tpfabric::all_reduce Communicator.all_reduce overhead%", flush=True)
+              "op bytes c_abi tpfabric::all_reduce_out tpfabric::all_reduce Communicator.all_reduce overhead% "
+              "| eager back to back: c_abi Communicator.all_reduce", flush=True)
         for row in ops:
             print(f"BENCH   {row['op']} {row['bytes']} {row['c_abi_us']:.2f} {row['op_out_us']:.2f} "
-                  f"{row['op_functional_us']:.2f} {row['communicator_us']:.2f} {row['op_overhead_pct']:+.1f}%", flush=True)
+                  f"{row['op_functional_us']:.2f} {row['communicator_us']:.2f} {row['op_overhead_pct']:+.1f}% "
+                  f"| {row['eager_c_abi_us']:.2f} {row['eager_communicator_us']:.2f}", flush=True)
     return rows
 
 
