@@ -120,20 +120,30 @@ def _all_gather_v_out(out: torch.Tensor, input: torch.Tensor, counts: List[int],
     lookup(comm)._all_gather_v_into(out, input, list(counts))
 
 
-def _nothing(*args: Any) -> None:
+# The *_out ops' fakes: nothing to make, the caller's out is the output (signatures as the schemas').
+def _all_reduce_out_fake(input: torch.Tensor, out: torch.Tensor, comm: int) -> None:
+    return None
+
+
+def _all_gather_out_fake(out: torch.Tensor, input: torch.Tensor, comm: int) -> None:
+    return None
+
+
+def _all_gather_v_out_fake(out: torch.Tensor, input: torch.Tensor, counts: List[int], comm: int) -> None:
     return None
 
 
 # name: (schema, mutated argument names, kernel, fake)
 _OPS: Dict[str, Tuple[str, Tuple[str, ...], Callable[..., Any], Callable[..., Any]]] = {
     "all_reduce": ("(Tensor input, int comm) -> Tensor", (), _all_reduce, _all_reduce_fake),
-    "all_reduce_out": ("(Tensor input, Tensor(a!) out, int comm) -> ()", ("out",), _all_reduce_out, _nothing),
+    "all_reduce_out": ("(Tensor input, Tensor(a!) out, int comm) -> ()", ("out",), _all_reduce_out,
+                       _all_reduce_out_fake),
     "all_gather_into_tensor": ("(Tensor input, int comm, int world) -> Tensor", (), _all_gather, _all_gather_fake),
     "all_gather_into_tensor_out": ("(Tensor(a!) out, Tensor input, int comm) -> ()", ("out",), _all_gather_out,
-                                   _nothing),
+                                   _all_gather_out_fake),
     "all_gather_v": ("(Tensor input, int[] counts, int comm) -> Tensor", (), _all_gather_v, _all_gather_v_fake),
     "all_gather_v_out": ("(Tensor(a!) out, Tensor input, int[] counts, int comm) -> ()", ("out",), _all_gather_v_out,
-                         _nothing),
+                         _all_gather_v_out_fake),
 }
 
 NAMES = tuple(f"tpfabric::{name}" for name in _OPS)
