@@ -306,7 +306,7 @@ class Communicator:
         if tensor.numel() == 0:
             return dst
         if torch.is_grad_enabled() and (tensor.requires_grad or dst.requires_grad):
-            self._all_reduce_into(tensor, dst)  # outside the op, whose autograd kernel would refuse a mutated leaf
+            self._all_reduce_into(tensor, dst)  # outside the op, which has no autograd formula
         else:
             _torch_ops.all_reduce_out(tensor, dst, self._number)
         return dst
