@@ -22,8 +22,9 @@
 #   calls the fabric does not take by torch.distributed; at W = 2 its
 #   benchmark (BENCH lines: the compiled MLP beside torch.distributed, the
 #   ops beside the C ABI inside a CUDA graph); JSON per rank under LOGDIR
-#   (py-compile-BACKEND-wW-rankR.json). TPF_PY_NO_COMPILE=1 skips it; a torch
-#   without torch.compile or torch.library.custom_op prints SKIP.
+#   (py-compile-BACKEND-wW-rankR.json). TPF_PY_NO_COMPILE=1 skips it,
+#   TPF_PY_COMPILE_ONLY=1 runs it alone (no other scenario, no bench_comm.py);
+#   a torch without torch.compile or torch.library.custom_op prints SKIP.
 # TPF_PY_GPU_ONLY=pergpu or mps runs only that part (to split a run under a
 # command time limit); TPF_GPU_NO_BENCH=1 skips the benchmark.
 # Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
@@ -97,6 +98,11 @@ tpf_python_gpu_suite() {
     local label=$1 w=$2 backend=$3 st tag before
     _daemon "$label-w$w" || { rc=1; return; }
     local live=$_dpid
+    if [ -n "${TPF_PY_COMPILE_ONLY:-}" ]; then # compile_rank.py alone (its own benchmark at W = 2 included)
+      _compile "$label" "$w" "$backend" "$tmp/$label-w$w.sock"
+      kill "$live"; wait "$live" 2>/dev/null
+      return
+    fi
     for scen in data graph; do
       tag=$label-$scen-w$w
       if _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario $scen; then st=PASS; else st=FAIL; rc=1; fi
@@ -133,7 +139,7 @@ tpf_python_gpu_suite() {
     (
       unset CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY # one process per GPU, no MPS
       _suite pergpu "$ngpu" nccl
-      if [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
+      if [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_PY_COMPILE_ONLY:-}" ]; then
         _daemon bench || exit 1
         echo "== python benchmark (tests/gpu/python/bench_comm.py, W=$ngpu, NCCL group): $(date -u +%FT%TZ)"
         if _ranks bench "$ngpu" nccl "$tmp/bench.sock" bench_comm.py; then grep -h '^ROW\|^INFO' "$logdir/py-bench.log"
@@ -152,7 +158,7 @@ tpf_python_gpu_suite() {
       own_mps=1
     fi
     for w in 2 4; do _suite mps "$w" gloo; done
-    if [ -z "${TPF_GPU_NO_BENCH:-}" ]; then # the Communicator alone, W = 2 on one GPU (run.sh's tpf-gpubench rows beside it)
+    if [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_PY_COMPILE_ONLY:-}" ]; then # the Communicator alone, W = 2 on one GPU (run.sh's tpf-gpubench rows beside it)
       _daemon mps-bench || exit 1
       echo "== python benchmark under MPS (bench_comm.py --backend gloo, W=2 on one GPU): $(date -u +%FT%TZ)"
       if _ranks mps-bench 2 gloo "$tmp/mps-bench.sock" bench_comm.py --backend gloo; then grep -h '^ROW\|^INFO' "$logdir/py-mps-bench.log"
