@@ -88,7 +88,8 @@ tpf_python_gpu_suite() {
     then st=PASS; else st=FAIL; rc=1; fi
     grep -q '^SKIP' "$logdir/py-$tag.log" && st=SKIP
     echo "$st python $label W=$w compile (torch.compile: explain, TP MLP fullgraph and reduce-overhead, fallbacks)"
-    grep -h '^RESULT\|^SKIP\|^BENCH' "$logdir/py-$tag.log" | sort -s -k1,1 | uniq | sed 's/^/    /'
+    grep -h '^RESULT\|^SKIP' "$logdir/py-$tag.log" | sort | uniq | sed 's/^/    /'
+    grep -h '^BENCH' "$logdir/py-$tag.log" | sed 's/^/    /'
     [ $st = FAIL ] && grep -h '^FAIL' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|^PASS\|^FAIL\|^BENCH\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     return 0 # the verdict is in rc
