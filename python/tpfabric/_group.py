@@ -15,10 +15,10 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _lib
 from ._buffers import DType, DTypeLike, as_dtype, host_buffer, reduce_dtype
-from .errors import Closed, Error, OutOfRange, Unavailable, error_class
+from .errors import (Aborted, CapMismatch, Closed, DaemonLost, Error, GroupMismatch, Misaligned, OutOfRange, PeerLost,
+                     Timeout, Unavailable, error_class)
 
 _L = _lib.lib
-_TIMEOUT, _PEER_LOST = 3, 4
 
 AllGatherFn = Callable[[bytes], bytes]
 """A Python bootstrap: takes this rank's record, returns every rank's in rank order (world * len(record) bytes)."""
@@ -65,29 +65,42 @@ def _check_open(rank: int, world: int, max_bytes: int, bootstrap: object) -> Non
         raise OutOfRange("OutOfRange: max_bytes is 0: must be positive (the largest shard, in bytes, this rank will pass)")
 
 
+NO_DEADLINE = 0xFFFFFFFF
+"""What ``tpf_bootstrap_time_left_ms()`` answers outside an open, or for an open without a deadline."""
+
+
+def bootstrap_time_left_ms() -> int:
+    """Milliseconds the open running on this thread has left for its bootstrap (:data:`NO_DEADLINE` if none).
+
+    For a Python bootstrap that waits on something of its own (``tpfabric.torch``'s
+    all-gather over torch.distributed), so that its wait ends with the open's.
+    """
+    return int(_L.tpf_bootstrap_time_left_ms())
+
+
 def forked_error(pid: int, what: str = "group") -> Closed:
     """What a forked child gets for using its parent's group: it shares the parent's sockets and rings."""
     return Closed(
-        f"Closed: this {what} was opened by process {pid}; a forked child cannot use it: open a new {what} in the child",
-        25,
-        "Closed",
+        f"Closed: this {what} was opened by process {pid}; a forked child cannot use it: open a new {what} in the child"
     )
 
 
 # What to do after a failure, by code: appended to the library's detail.
 _BROKEN = "the group is broken: close() it and open a new one on every rank"
 _HINTS = {
-    # Misaligned: numpy arrays; a torch tensor of its own storage (torch.empty) is 64-byte aligned, a view may not be
-    2: "allocate with tpfabric.empty() or copy with tpfabric.aligned() (numpy), or torch.empty() / .clone() (torch)",
-    3: _BROKEN,  # Timeout
-    4: _BROKEN,  # PeerLost
-    5: _BROKEN,  # DaemonLost
-    6: _BROKEN,  # Aborted
-    7: "the call is above the group's agreed cap (agreed_cap: the least max_bytes of every rank and daemon); "
-       "the group stays usable: split the call, or open the group with a larger max_bytes on every rank",  # CapMismatch
-    23: _BROKEN,  # GroupMismatch
+    # numpy arrays; a torch tensor of its own storage (torch.empty) is 64-byte aligned, a view may not be
+    Misaligned.code: "allocate with tpfabric.empty() or copy with tpfabric.aligned() (numpy), or torch.empty() / "
+                     ".clone() (torch)",
+    Timeout.code: _BROKEN,
+    PeerLost.code: _BROKEN,
+    DaemonLost.code: _BROKEN,
+    Aborted.code: _BROKEN,
+    CapMismatch.code: "the call is above the group's agreed cap (agreed_cap: the least max_bytes of every rank and "
+                      "daemon); the group stays usable: split the call, or open the group with a larger max_bytes on "
+                      "every rank",
+    GroupMismatch.code: _BROKEN,
 }
-_OPEN_HINTS = {2: _HINTS[2]}  # an open that fails leaves no group to close or keep
+_OPEN_HINTS = {Misaligned.code: _HINTS[Misaligned.code]}  # an open that fails leaves no group to close or keep
 
 
 def raise_status(code: int, context: str = "", *, opened: bool = True) -> None:
@@ -106,7 +119,7 @@ def raise_status(code: int, context: str = "", *, opened: bool = True) -> None:
     name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
     if not detail.startswith(name):
         detail = f"{name}: {_L.tpf_strerror(code).decode()}"
-    elif detail.endswith(f" is gone ({name})"):  # libraries before 2026-12-04: "PeerLost: rank 1 is gone (PeerLost)"
+    elif detail.endswith(f" is gone ({name})"):  # older libraries repeat the name: "PeerLost: rank 1 is gone (PeerLost)"
         detail = detail[: -len(name) - 3]
     if context:
         detail = f"{detail} ({context})"
@@ -189,7 +202,7 @@ class _Trampoline:
                 self.error = e
             if isinstance(e, Error) and e.code > 0:
                 return e.code
-            return _TIMEOUT if isinstance(e, TimeoutError) else _PEER_LOST
+            return Timeout.code if isinstance(e, TimeoutError) else PeerLost.code
 
 
 def bytes_allgather(fn: AllGatherFn, world: int) -> Callable[[int, int, int], None]:
@@ -349,7 +362,7 @@ class Group:
     # -- state -----------------------------------------------------------------------------------------
     def _handle(self) -> int:
         if self._h is None:
-            raise Closed("Closed: the group was closed", 25, "Closed")
+            raise Closed("Closed: the group was closed")
         if os.getpid() != self._pid:
             raise forked_error(self._pid)
         return self._h

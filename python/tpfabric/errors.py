@@ -19,39 +19,49 @@ helper :func:`error_class`: use ``tpfabric.SystemError`` and
 from __future__ import annotations
 
 import builtins
-from typing import Dict, Optional, Type
+from typing import Dict, Optional, Type, TypeVar
 
-__all__ = [
-    "Error",
-    "Unsupported",
-    "Misaligned",
-    "Timeout",
-    "PeerLost",
-    "DaemonLost",
-    "Aborted",
-    "CapMismatch",
-    "NonOneToOnePairing",
-    "BadMessage",
-    "VersionMismatch",
-    "BadMagic",
-    "Truncated",
-    "TooLarge",
-    "OutOfRange",
-    "Unavailable",
-    "AuthFailed",
-    "QpError",
-    "RegistrationFailed",
-    "CudaError",
-    "NcclError",
-    "ConfigError",
-    "DaemonUnreachable",
-    "GroupMismatch",
-    "PermissionDenied",
-    "Closed",
-    "ProbeFailed",
-    "InvalidArgument",
-    "Busy",
-]  # not SystemError (it would shadow the builtin under a star import) nor error_class: see above
+# The one table of status codes: ``enum tpf_status_code`` of <tpfabric/errc.h>, in its order, each
+# TPF_NAME_IN_CAPS spelled as tpf_status_name() spells it. Every class below takes its code from
+# here (@_status), and a name here without its class fails the import; tests/python/test_library.py
+# parses errc.h and fails when this table differs from it.
+STATUS_CODES: Dict[str, int] = {
+    "Unsupported": 1,
+    "Misaligned": 2,
+    "Timeout": 3,
+    "PeerLost": 4,
+    "DaemonLost": 5,
+    "Aborted": 6,
+    "CapMismatch": 7,
+    "NonOneToOnePairing": 8,
+    "BadMessage": 9,
+    "VersionMismatch": 10,
+    "BadMagic": 11,
+    "Truncated": 12,
+    "TooLarge": 13,
+    "OutOfRange": 14,
+    "Unavailable": 15,
+    "AuthFailed": 16,
+    "QpError": 17,
+    "RegistrationFailed": 18,
+    "CudaError": 19,
+    "NcclError": 20,
+    "ConfigError": 21,
+    "DaemonUnreachable": 22,
+    "GroupMismatch": 23,
+    "PermissionDenied": 24,
+    "Closed": 25,
+    "ProbeFailed": 26,
+    "SystemError": 27,
+    "InvalidArgument": 28,
+    "Busy": 29,
+}
+
+# Not SystemError (it would shadow the builtin under a star import) nor error_class: see above.
+__all__ = ["Error"] + [name for name in STATUS_CODES if name != "SystemError"]
+
+
+_E = TypeVar("_E", bound="Error")
 
 
 class Error(Exception):
@@ -75,94 +85,91 @@ class Error(Exception):
             self.name = name
 
 
+_BY_CODE: Dict[int, Type["Error"]] = {}
+
+
+def _status(cls: Type[_E]) -> Type[_E]:
+    """Give ``cls`` its code and name from :data:`STATUS_CODES` (KeyError at import for a name not there)."""
+    cls.code, cls.name = STATUS_CODES[cls.__name__], cls.__name__
+    _BY_CODE[cls.code] = cls
+    return cls
+
+
 # One class per code. Breaking failures and caller mistakes differ in
 # docs/integration.md ("Failures, check() and reopening"); the caller's three
 # (Misaligned, CapMismatch, InvalidArgument) leave the group usable and are
 # also ValueErrors; Timeout is also a TimeoutError.
+@_status
 class Unsupported(Error):
     """Not supported by this build or machine (e.g. stream calls on a host group)."""
 
-    code, name = 1, "Unsupported"
 
-
+@_status
 class Misaligned(Error, ValueError):
     """A buffer is not 16-byte aligned; allocate with :func:`tpfabric.empty`. The group stays usable."""
 
-    code, name = 2, "Misaligned"
 
-
+@_status
 class Timeout(Error, builtins.TimeoutError):
     """A peer did not deliver within the group's timeout; the group is broken."""
 
-    code, name = 3, "Timeout"
 
-
+@_status
 class PeerLost(Error):
     """A rank of the group or its node died; the group is broken."""
 
-    code, name = 4, "PeerLost"
 
-
+@_status
 class DaemonLost(Error):
     """The local tpfabricd went away mid-call; the group is broken."""
 
-    code, name = 5, "DaemonLost"
 
-
+@_status
 class Aborted(Error):
     """Some rank called abort(); the group is broken."""
 
-    code, name = 6, "Aborted"
 
-
+@_status
 class CapMismatch(Error, ValueError):
     """A size above the group's agreed cap. The group stays usable."""
 
-    code, name = 7, "CapMismatch"
 
-
+@_status
 class NonOneToOnePairing(Error):
     """HCAs of two nodes do not pair one to one by subnet."""
 
-    code, name = 8, "NonOneToOnePairing"
 
-
+@_status
 class BadMessage(Error):
     """A malformed record."""
 
-    code, name = 9, "BadMessage"
 
-
+@_status
 class VersionMismatch(Error):
     """Library and daemon, or the libraries of two ranks, speak different protocol versions: run one release."""
 
-    code, name = 10, "VersionMismatch"
 
-
+@_status
 class BadMagic(Error):
     """Not a tpfabric peer, or a record layout of another release."""
 
-    code, name = 11, "BadMagic"
 
-
+@_status
 class Truncated(Error):
     """A record shorter than its header says."""
 
-    code, name = 12, "Truncated"
 
-
+@_status
 class TooLarge(Error):
     """A length above the protocol's maximum."""
 
-    code, name = 13, "TooLarge"
 
-
+@_status
 class OutOfRange(Error, ValueError):
     """A rank, world (1..16) or index outside its bounds."""
 
-    code, name = 14, "OutOfRange"
 
-
+@_status
 class Unavailable(Error):
     """The fabric path is refused for this group (no daemon, TPF_DISABLE=1, ...); the message says why.
 
@@ -170,53 +177,45 @@ class Unavailable(Error):
     agreed that its caller may take its own path (``tpf_last_open_may_fall_back``):
     False when some rank asked for ``fallback="error"`` / ``TPF_FALLBACK=error``.
     """
-
-    code, name = 15, "Unavailable"
     may_fall_back: bool = False
 
 
+@_status
 class AuthFailed(Error):
     """A peer daemon did not prove the cluster key."""
 
-    code, name = 16, "AuthFailed"
 
-
+@_status
 class QpError(Error):
     """An RDMA queue pair failed."""
 
-    code, name = 17, "QpError"
 
-
+@_status
 class RegistrationFailed(Error):
     """Memory registration failed."""
 
-    code, name = 18, "RegistrationFailed"
 
-
+@_status
 class CudaError(Error):
     """A CUDA call failed; the detail names the call and site."""
 
-    code, name = 19, "CudaError"
 
-
+@_status
 class NcclError(Error):
     """An NCCL call failed; the detail names the call and site."""
 
-    code, name = 20, "NcclError"
 
-
+@_status
 class ConfigError(Error):
     """A bad TPF_* variable or configuration key on some rank; the detail names it."""
 
-    code, name = 21, "ConfigError"
 
-
+@_status
 class DaemonUnreachable(Error):
     """No tpfabricd answers on the socket."""
 
-    code, name = 22, "DaemonUnreachable"
 
-
+@_status
 class GroupMismatch(Error):
     """Ranks of one group disagree.
 
@@ -226,27 +225,23 @@ class GroupMismatch(Error):
     rank, and the group is broken.
     """
 
-    code, name = 23, "GroupMismatch"
 
-
+@_status
 class PermissionDenied(Error):
     """The caller may not do this."""
 
-    code, name = 24, "PermissionDenied"
 
-
+@_status
 class Closed(Error):
     """The group is closed."""
 
-    code, name = 25, "Closed"
 
-
+@_status
 class ProbeFailed(Error):
     """The load-time probe disagreed with the reference."""
 
-    code, name = 26, "ProbeFailed"
 
-
+@_status
 class SystemError(Error):  # noqa: A001 - the library's name; builtins.SystemError stays reachable
     """An operating-system call failed (errno in the detail).
 
@@ -255,24 +250,20 @@ class SystemError(Error):  # noqa: A001 - the library's name; builtins.SystemErr
     does not shadow Python's builtin :class:`SystemError` (which this class does not derive from).
     """
 
-    code, name = 27, "SystemError"
 
-
+@_status
 class InvalidArgument(Error, ValueError):
     """An argument was refused by the library. The group stays usable."""
 
-    code, name = 28, "InvalidArgument"
 
-
+@_status
 class Busy(Error):
     """tpfabricd serves as many clients as it allows (``daemon.max_clients``, or this user's share)."""
 
-    code, name = 29, "Busy"
 
-
-_BY_CODE: Dict[int, Type[Error]] = {
-    cls.code: cls for cls in list(globals().values()) if isinstance(cls, type) and issubclass(cls, Error) and cls is not Error
-}
+_missing = sorted(set(STATUS_CODES.values()) - set(_BY_CODE))
+if _missing:  # a code in the table without its class
+    raise ImportError(f"tpfabric.errors: no exception class for status {_missing}")
 
 
 def error_class(code: int) -> Type[Error]:

@@ -10,6 +10,12 @@
     comm = Communicator()                 # collective: every rank of the group
     y = comm.all_reduce(x)                # in place, on torch.cuda.current_stream()
 
+Under ``torch.compile`` the collectives are the ``torch.library`` custom ops
+``tpfabric::all_reduce`` and ``tpfabric::all_gather_into_tensor`` (functional,
+with fake implementations; eager calls go through their ``*_out`` forms), so
+``fullgraph=True`` and ``mode="reduce-overhead"`` trace and capture them
+(:data:`custom_ops`; none before torch 2.4, where the methods work eagerly).
+
 Opening exchanges the group's records through ``torch.distributed`` itself
 (``all_gather_into_tensor`` of a byte tensor on the group's device for NCCL,
 on the CPU for gloo): no extra port, no second NCCL communicator. Every call
@@ -32,7 +38,7 @@ import ctypes
 import logging
 import os
 import time
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 TORCH_HINT = "the Communicator needs PyTorch: apt-get install python3-torch or pip install torch (tpfabric.Group does not)"
 
@@ -42,18 +48,22 @@ try:
 except ImportError as e:  # as tpfabric.empty() without numpy: the fix, not only the missing name
     raise ModuleNotFoundError(f"tpfabric.torch needs torch ({e}); {TORCH_HINT}", name="torch") from e
 
-from . import _lib
-from ._group import Group, _RawAllGather, forked_error, raise_status
-from .errors import Closed, Unavailable
+from . import _torch_ops
+from ._buffers import DType
+from ._group import NO_DEADLINE, Group, _RawAllGather, bootstrap_time_left_ms, forked_error
+from .errors import CapMismatch, Closed, InvalidArgument, Misaligned, Unavailable
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "custom_ops", "custom_ops_skipped"]
+
+custom_ops: Tuple[str, ...] = _torch_ops.NAMES if _torch_ops.REGISTERED else ()
+"""The ``torch.library`` ops this import registered (``"tpfabric::all_reduce"``, ...); empty where torch lacks
+``torch.library.custom_op`` (before 2.4), where the Communicator still works eagerly and in CUDA graphs."""
+custom_ops_skipped: Optional[str] = _torch_ops.SKIPPED
+"""Why no op is registered (None when they are)."""
 
 _log = logging.getLogger("tpfabric")
-_L = _lib.lib
-_OK, _MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT = 0, 2, 7, 28
-_REFUSED = (_MISALIGNED, _CAP_MISMATCH, _INVALID_ARGUMENT)  # returned at once, nothing launched, group usable
-_NO_DEADLINE = 0xFFFFFFFF  # tpf_bootstrap_time_left_ms() outside an open
-_SUM_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16, torch.bfloat16: _lib.DTYPE_BF16}
+_REFUSED = (Misaligned, CapMismatch, InvalidArgument)  # refused at once, nothing launched, the group usable
+_SUM_DTYPES = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}
 
 
 def _bootstrap_over(group: "dist.ProcessGroup", world: int, device: torch.device, into_tensor: bool) -> _RawAllGather:
@@ -65,7 +75,7 @@ def _bootstrap_over(group: "dist.ProcessGroup", world: int, device: torch.device
         # The open's deadline (open_timeout_ms) bounds the wait here too: a rank
         # that never constructs its Communicator would otherwise hold the others
         # for the process group's own timeout (30 min by default).
-        left_ms = _L.tpf_bootstrap_time_left_ms()
+        left_ms = bootstrap_time_left_ms()
         src = torch.empty(nbytes, dtype=torch.uint8)
         ctypes.memmove(src.data_ptr(), mine, nbytes)
         src = src.to(device)
@@ -74,7 +84,7 @@ def _bootstrap_over(group: "dist.ProcessGroup", world: int, device: torch.device
             work = dist.all_gather_into_tensor(dst, src, group=group, async_op=True)
         else:
             work = dist.all_gather(list(dst.chunk(world)), src, group=group, async_op=True)
-        if left_ms != _NO_DEADLINE:
+        if left_ms != NO_DEADLINE:
             # Polled, not work.wait(timeout): what a timeout does there differs by
             # backend and release (NCCL's may only make the stream wait).
             deadline, nap = time.monotonic() + left_ms / 1000.0, 0.0001
@@ -153,10 +163,10 @@ class Communicator:
         # CUDA tensors go to NCCL where the group has it ("nccl", "cpu:gloo,cuda:nccl"), the rest to gloo.
         self._nccl = "nccl" in self.backend
         self._g: Optional[Group] = None
-        self._h: Optional[int] = None
         self._cap = 0
         self._closed = False
-        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62}  # smallest size the library refused
+        # Per op, the smallest size the library refused (CapMismatch): larger ones go straight to torch.distributed.
+        self._refused = {"all_gather": 1 << 62, "all_reduce": 1 << 62, "all_gather_v": 1 << 62}
         self.reason: Optional[str] = None
         """Why the group fell back to torch.distributed at open (None when it did not)."""
         self.calls = {"fabric": 0, "torch.distributed": 0}
@@ -190,8 +200,10 @@ class Communicator:
             _log.warning("rank %d: fabric path unavailable (%s); torch.distributed takes this group's calls",
                          self.rank, e.detail)
         if self._g is not None:
-            self._h = self._g._handle()
             self._cap = self._g.agreed_cap  # read on every call: an attribute, not the Group's property
+        # The ops take the communicator by this number (Dynamo passes no Python object to an op); the
+        # registry holds it weakly. Registered after a fallback too: those calls go to torch.distributed.
+        self._number = _torch_ops.register(self)
 
     def _device_of(self, device: Union[torch.device, str, int, None]) -> torch.device:
         if device is None:
@@ -235,12 +247,12 @@ class Communicator:
         return self._g is None
 
     def should_use(self, tensor: torch.Tensor, op: str = "all_reduce") -> bool:
-        """Whether the fabric takes ``op`` (``"all_reduce"`` or ``"all_gather"``) of ``tensor``; otherwise torch.distributed does.
+        """Whether the fabric takes ``op`` (``"all_reduce"``, ``"all_gather"``, ``"all_gather_v"``) of ``tensor``; otherwise torch.distributed does.
 
         The communicator decides by itself; this is for engines that want to
         know (as vLLM's ``should_custom_ar``), never needed for correctness.
         """
-        if self._h is None or op not in self._refused or os.getpid() != self._pid:
+        if self._g is None or op not in self._refused or os.getpid() != self._pid:
             return False
         if op == "all_reduce" and tensor.dtype not in _SUM_DTYPES:
             return False
@@ -260,53 +272,60 @@ class Communicator:
 
     def _live(self) -> None:
         if self._closed:
-            raise Closed("Closed: the communicator was closed", 25, "Closed")
+            raise Closed("Closed: the communicator was closed")
         # Either path: the fabric group and the torch.distributed group are both the parent's.
         if os.getpid() != self._pid:
             raise forked_error(self._pid, "communicator")
 
-    def _settle(self, code: int, nbytes: int, op: str) -> bool:
-        """True when the library took the call; False when it refused it at once (torch.distributed then); raises otherwise."""
-        if code == _OK:
-            return True
-        if code in _REFUSED:
-            if code == _CAP_MISMATCH:  # below the cap: the group's NCCL crossover; decided alike on every rank
-                self._refused[op] = min(self._refused[op], nbytes)
-            return False
-        raise_status(code, f"{op} of {nbytes} bytes")
-        return False
+    def _refuse(self, e: Exception, nbytes: int, op: str) -> None:
+        """The library refused a call at once (nothing launched): torch.distributed takes it."""
+        if isinstance(e, CapMismatch):  # below the cap: the group's NCCL crossover; decided alike on every rank
+            self._refused[op] = min(self._refused[op], nbytes)
 
     # -- collectives -------------------------------------------------------------------------------------
+    # Eager calls (and hand-captured CUDA graphs) go through the *_out ops, which write into the
+    # caller's tensor; compiled code through the functional ops and a copy_ that Inductor removes
+    # (_torch_ops). Every op runs _all_reduce_into / _all_gather_into at run time.
     def all_reduce(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Sum ``tensor`` over the group; in place (``out`` None) or into ``out``. Returns the result tensor.
 
         float32, float16 and bfloat16 through the fabric (added in rank order,
         bit-identical on every rank); any other dtype, and anything the fabric
         does not take, through ``torch.distributed.all_reduce`` on the same stream.
+        Inside ``torch.compile`` it is the op ``tpfabric::all_reduce`` (no graph break).
         """
+        if _torch_ops.REGISTERED and _torch_ops.compiling():
+            dst = tensor if out is None else out
+            _check_out(tensor, out)
+            if tensor.numel() == 0:
+                return dst
+            return dst.copy_(_torch_ops.all_reduce(tensor, self._number))
         self._live()
         dst = tensor if out is None else out
-        # Shape too, not only the count: torch.distributed's path copies tensor into out, which fails for
-        # most other shapes; the fabric's would take them, and a call would work or fail by its size.
-        if out is not None and (out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device):
-            raise ValueError(
-                f"out is {tuple(out.shape)} {out.dtype} on {out.device}, tensor {tuple(tensor.shape)} {tensor.dtype} "
-                f"on {tensor.device}: all_reduce's out must match tensor (torch.empty_like(tensor))"
-            )
+        _check_out(tensor, out)
         if tensor.numel() == 0:
             return dst
-        h = self._h
-        if h is not None and tensor.dtype in _SUM_DTYPES:
+        if torch.is_grad_enabled() and (tensor.requires_grad or dst.requires_grad):
+            self._all_reduce_into(tensor, dst)  # outside the op, which has no autograd formula
+        else:
+            _torch_ops.all_reduce_out(tensor, dst, self._number)
+        return dst
+
+    def _all_reduce_into(self, tensor: torch.Tensor, dst: torch.Tensor) -> None:
+        """The sum, at run time: the fabric when it takes the call, else torch.distributed; on the current stream."""
+        self._live()
+        g = self._g
+        if g is not None and tensor.dtype in _SUM_DTYPES:
             nbytes = tensor.numel() * tensor.element_size()
             if self._takes(tensor, nbytes, "all_reduce") and self._takes(dst, nbytes, "all_reduce"):
-                dt, send, recv = _SUM_DTYPES[tensor.dtype], tensor.data_ptr(), dst.data_ptr()
-                if self._cuda:
-                    code = _L.tpf_all_reduce_sum_async(h, send, recv, tensor.numel(), dt, self._stream())
+                try:
+                    g.all_reduce_sum_raw(tensor.data_ptr(), dst.data_ptr(), tensor.numel(), _SUM_DTYPES[tensor.dtype],
+                                         self._stream())
+                except _REFUSED as e:
+                    self._refuse(e, nbytes, "all_reduce")
                 else:
-                    code = _L.tpf_all_reduce_sum(h, send, recv, tensor.numel(), dt)
-                if self._settle(code, nbytes, "all_reduce"):
                     self.calls["fabric"] += 1
-                    return dst
+                    return
         # torch.distributed takes contiguous tensors only: a staged copy for the others. Gloo has no
         # bfloat16 in many torch releases: it sums those in float32, rounded once at the end.
         widen = tensor.dtype == torch.bfloat16 and not (self._nccl and tensor.is_cuda)
@@ -320,43 +339,130 @@ class Communicator:
         dist.all_reduce(work, group=self.group)
         if work is not dst:
             dst.copy_(work)
-        return dst
 
     def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         """``out`` (world * inp.numel() elements, inp's dtype, any shape) gets every rank's ``inp`` in rank order.
 
         As ``torch.distributed.all_gather_into_tensor``, which takes what the fabric does not. Returns ``out``.
+        Inside ``torch.compile`` it is the op ``tpfabric::all_gather_into_tensor`` (no graph break).
         """
+        if _torch_ops.REGISTERED and _torch_ops.compiling():
+            self._check_gather(out, inp)
+            if inp.numel() == 0:
+                return out
+            gathered = _torch_ops.all_gather_into_tensor(inp, self._number, self.world)
+            return out.copy_(gathered.view(out.shape))
         self._live()
+        self._check_gather(out, inp)
+        if inp.numel() == 0:
+            return out
+        if torch.is_grad_enabled() and (inp.requires_grad or out.requires_grad):
+            self._all_gather_into(out, inp)
+        else:
+            _torch_ops.all_gather_into_tensor_out(out, inp, self._number)
+        return out
+
+    def _check_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
             raise ValueError(
                 f"out ({out.numel()} x {out.dtype}) must hold world * inp ({self.world} x {inp.numel()} x {inp.dtype})"
             )
         if out.device != inp.device:  # the fabric never takes it, and torch.distributed fails by backend
             raise ValueError(f"out is on {out.device}, inp on {inp.device}: all_gather_into_tensor takes one device")
-        h = self._h
+
+    def _all_gather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """The gather, at run time: the fabric when it takes the call, else torch.distributed; on the current stream."""
+        self._live()
+        g = self._g
         nbytes = inp.numel() * inp.element_size()
-        if nbytes == 0:
-            return out
-        if h is not None and self._takes(inp, nbytes, "all_gather") and self._takes(out, nbytes, "all_gather"):
-            if self._cuda:
-                code = _L.tpf_all_gather_async(h, inp.data_ptr(), out.data_ptr(), nbytes, self._stream())
+        if g is not None and self._takes(inp, nbytes, "all_gather") and self._takes(out, nbytes, "all_gather"):
+            try:
+                g.all_gather_raw(inp.data_ptr(), out.data_ptr(), nbytes, self._stream())
+            except _REFUSED as e:
+                self._refuse(e, nbytes, "all_gather")
             else:
-                code = _L.tpf_all_gather(h, inp.data_ptr(), out.data_ptr(), nbytes)
-            if self._settle(code, nbytes, "all_gather"):
                 self.calls["fabric"] += 1
-                return out
-        # As bytes: every dtype gathers alike (gloo has no bfloat16 in older torch), contiguous as torch.distributed needs.
+                return
         work = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        self._dist_gather(work, inp)
+        if work is not out:
+            out.copy_(work)
+
+    def _dist_gather(self, work: torch.Tensor, inp: torch.Tensor) -> None:
+        """torch.distributed's all-gather of ``inp`` into the contiguous ``work``, in rank order."""
+        # As bytes: every dtype gathers alike (gloo has no bfloat16 in older torch), contiguous as torch.distributed needs.
         dst, src = work.view(-1).view(torch.uint8), inp.contiguous().view(-1).view(torch.uint8)
         self.calls["torch.distributed"] += 1
         if self._nccl and dst.is_cuda:
             dist.all_gather_into_tensor(dst, src, group=self.group)
         else:  # gloo: the list form (all_gather_into_tensor is NCCL's in older torch)
             dist.all_gather(list(dst.chunk(self.world)), src, group=self.group)
-        if work is not out:
-            out.copy_(work)
+
+    def all_gather_v(self, out: torch.Tensor, inp: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """All-gather with a length per rank: ``counts[r]`` rows (along dim 0) from rank r, packed in rank order into ``out``.
+
+        ``counts`` (world entries, the same list on every rank); this rank's
+        ``inp`` has ``counts[rank]`` rows, ``out`` ``sum(counts)`` rows of
+        inp's row shape, dtype and device. The fabric takes it when the
+        largest rank's rows fit the cap, else torch.distributed (padded to the
+        largest, then packed). Returns ``out``. Inside ``torch.compile`` it is
+        the op ``tpfabric::all_gather_v`` (no graph break).
+        """
+        counts = [int(c) for c in counts]
+        if _torch_ops.REGISTERED and _torch_ops.compiling():
+            self._check_gather_v(out, inp, counts)
+            if out.numel() == 0:
+                return out
+            return out.copy_(_torch_ops.all_gather_v(inp, counts, self._number))
+        self._live()
+        self._check_gather_v(out, inp, counts)
+        if out.numel() == 0:
+            return out
+        if torch.is_grad_enabled() and (inp.requires_grad or out.requires_grad):
+            self._all_gather_v_into(out, inp, counts)
+        else:
+            _torch_ops.all_gather_v_out(out, inp, counts, self._number)
         return out
+
+    def _check_gather_v(self, out: torch.Tensor, inp: torch.Tensor, counts: List[int]) -> None:
+        if len(counts) != self.world or min(counts) < 0:
+            raise ValueError(f"counts {counts}: one count (rows, not negative) per rank, {self.world} in all")
+        if inp.dim() == 0 or inp.shape[0] != counts[self.rank]:
+            raise ValueError(f"inp is {tuple(inp.shape)}: counts[{self.rank}] = {counts[self.rank]} rows along dim 0")
+        want = (sum(counts),) + tuple(inp.shape[1:])
+        if tuple(out.shape) != want or out.dtype != inp.dtype or out.device != inp.device:
+            raise ValueError(f"out is {tuple(out.shape)} {out.dtype} on {out.device}; all_gather_v needs {want} "
+                             f"{inp.dtype} on {inp.device} (sum(counts) rows of inp's)")
+
+    def _all_gather_v_into(self, out: torch.Tensor, inp: torch.Tensor, counts: List[int]) -> None:
+        """The packed gather, at run time: the fabric when it takes the call, else torch.distributed."""
+        self._live()
+        g = self._g
+        row = inp.element_size()
+        for d in inp.shape[1:]:
+            row *= d
+        largest = max(counts) * row
+        if g is not None and self._takes(inp, largest, "all_gather_v") and self._takes(out, largest, "all_gather_v"):
+            # A rank with no rows passes out as its (unread) source: never a null pointer the library would
+            # refuse on that rank alone, sending it another way than the others.
+            send = inp.data_ptr() if inp.numel() else out.data_ptr()
+            try:
+                g.all_gather_v_raw(send, out.data_ptr(), [c * row for c in counts], self._stream())
+            except _REFUSED as e:
+                self._refuse(e, largest, "all_gather_v")
+            else:
+                self.calls["fabric"] += 1
+                return
+        # Every rank's rows padded to the largest count, gathered, then packed.
+        most = max(counts)
+        padded = torch.zeros((most,) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        padded[: counts[self.rank]].copy_(inp)
+        rows = torch.empty((self.world * most,) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        self._dist_gather(rows, padded)
+        at = 0
+        for r, c in enumerate(counts):
+            out[at:at + c].copy_(rows[r * most:r * most + c])
+            at += c
 
     # -- failures and the end --------------------------------------------------------------------------------
     def check(self, synchronize: bool = True) -> None:
@@ -391,7 +497,7 @@ class Communicator:
             if self._cuda and os.getpid() == self._pid:
                 torch.cuda.synchronize(self.device)
             self._g.close()  # in a forked child: drops the handle, the parent's membership stays
-            self._g, self._h = None, None
+            self._g = None
 
     def __enter__(self) -> "Communicator":
         return self
@@ -402,3 +508,17 @@ class Communicator:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"path={self.path} cap={self.agreed_cap}"
         return f"<tpfabric.torch.Communicator rank {self.rank} of {self.world} on {self.device} {state}>"
+
+
+def _check_out(tensor: torch.Tensor, out: Optional[torch.Tensor]) -> None:
+    """all_reduce's ``out`` has tensor's shape, dtype and device on every path.
+
+    Shape too, not only the count: torch.distributed's path copies tensor into
+    out, which fails for most other shapes; the fabric's would take them, and a
+    call would work or fail by its size.
+    """
+    if out is not None and (out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device):
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype} on {out.device}, tensor {tuple(tensor.shape)} {tensor.dtype} "
+            f"on {tensor.device}: all_reduce's out must match tensor (torch.empty_like(tensor))"
+        )

@@ -203,9 +203,62 @@ def test_options_layout_and_status_names() -> None:
         assert cls is not tpfabric.Error, f"no exception class for status {code} ({tpfabric.status_name(code)})"
         assert cls.name == tpfabric.status_name(code) and cls.code == code
         assert getattr(tpfabric, cls.name) is cls
-    assert code == 29  # TPF_BUSY, the last one of errc.h today
+    assert code == max(_errc_h().values())  # the library names every code of errc.h, and no other
     assert tpfabric.status_name(0) == "Ok"
     assert issubclass(tpfabric.Misaligned, ValueError) and issubclass(tpfabric.Timeout, TimeoutError)
+
+
+def _errc_h(text: str = "") -> dict:
+    """``enum tpf_status_code`` of include/tpfabric/errc.h as {name as tpf_status_name spells it: code}, TPF_OK left out.
+
+    TPF_PEER_LOST is "PeerLost", TPF_QP_ERROR "QpError": each word capitalised, the underscores dropped.
+    """
+    if not text:
+        root = os.environ.get("TPF_SOURCE_ROOT") or os.path.join(os.path.dirname(__file__), "..", "..")
+        with open(os.path.join(root, "include", "tpfabric", "errc.h")) as f:
+            text = f.read()
+    body = re.search(r"enum tpf_status_code\s*\{(.*?)\};", text, re.S)
+    assert body is not None, "no enum tpf_status_code in errc.h"
+    entries = re.findall(r"\bTPF_([A-Z0-9_]+)\s*=\s*(\d+)", body.group(1))
+    assert entries, "no TPF_* = N in enum tpf_status_code"
+    named = {"".join(w.capitalize() for w in caps.split("_")): int(code) for caps, code in entries}
+    assert named.pop("Ok") == 0
+    return named
+
+
+def _table_differences(errc: dict) -> list:
+    """How tpfabric.errors' table (and its classes) differs from ``errc``; empty when they agree."""
+    from tpfabric.errors import STATUS_CODES
+
+    diff = [f"{n} = {c} in errc.h, {STATUS_CODES.get(n)} in tpfabric.errors" for n, c in errc.items()
+            if STATUS_CODES.get(n) != c]
+    diff += [f"{n} = {c} in tpfabric.errors, not in errc.h" for n, c in STATUS_CODES.items() if n not in errc]
+    for n, c in errc.items():
+        cls = error_class(c)
+        if (cls.name, cls.code) != (n, c) or getattr(tpfabric.errors, n, None) is not cls:
+            diff.append(f"status {c} ({n}): class {cls.__name__} with name {cls.name}, code {cls.code}")
+    return diff
+
+
+def test_error_table_follows_errc_h() -> None:
+    """One exception class per status of include/tpfabric/errc.h, with its code, from one table; parsed, not copied."""
+    errc = _errc_h()
+    assert len(errc) >= 29
+    assert _table_differences(errc) == []
+    # The comparison sees a change to errc.h: a new code, a renumbering, a rename.
+    with open(os.path.join(os.environ.get("TPF_SOURCE_ROOT") or os.path.join(os.path.dirname(__file__), "..", ".."),
+                           "include", "tpfabric", "errc.h")) as f:
+        text = f.read()
+    last = max(errc.values())
+    grown = text.replace(f" = {last} ", f" = {last}, TPF_NEW_FAILURE = {last + 1} ", 1)
+    assert grown != text
+    assert _table_differences(_errc_h(grown)) == [f"NewFailure = {last + 1} in errc.h, None in tpfabric.errors",
+                                                 f"status {last + 1} (NewFailure): class Error with name Unknown, code -1"]
+    assert _table_differences(_errc_h(text.replace("TPF_PEER_LOST = 4", "TPF_PEER_LOST = 40")))
+    assert _table_differences(_errc_h(text.replace("TPF_BUSY", "TPF_FULL")))
+    # Every class of the package has its code from the table, and .code is what torch.py compares.
+    assert all(error_class(c).code == c for c in tpfabric.errors.STATUS_CODES.values())
+    assert tpfabric.CapMismatch.code == 7 and tpfabric.Closed.code == 25
 
 
 def test_empty_and_aligned() -> None:

@@ -202,11 +202,42 @@ def rank_communicator(rank: int, world: int, sock: str, port: int) -> Dict[str, 
     with pytest.raises(ValueError, match="must hold world"):
         comm.all_gather_into_tensor(torch.empty(3), inp)
 
+    # The functional kernels behind tpfabric::all_reduce / all_gather_into_tensor (the ops themselves where this
+    # torch registers them): a new tensor, the input untouched, the same choice of path as the methods.
+    from tpfabric import _torch_ops
+
+    rows = [refs.values_f32(q, 5, 1024) for q in range(world)]
+    x = _torch_of(rows[rank]).view(32, 32)
+    summed = _torch_ops.all_reduce(x, comm._number)
+    assert summed.shape == (32, 32) and summed.data_ptr() != x.data_ptr() and summed.is_contiguous()
+    assert np.array_equal(_bits(summed.reshape(-1)), refs.sum_f32(rows).view(np.uint32))
+    assert np.array_equal(_bits(x.reshape(-1)), rows[rank].view(np.uint32)), "the functional sum changed its input"
+    big = _ints(rank, 8192, torch.float32).view(2, 4096)  # above the cap: torch.distributed, inside the kernel
+    assert torch.equal(_torch_ops.all_reduce(big, comm._number), _int_sum(world, 8192, torch.float32).view(2, 4096))
+    part = (torch.arange(6, dtype=torch.int16) + 100 * rank).view(3, 2)
+    gathered = _torch_ops.all_gather_into_tensor(part, comm._number, world)
+    assert gathered.shape == (3 * world, 2)
+    assert torch.equal(gathered, torch.cat([(torch.arange(6, dtype=torch.int16) + 100 * q).view(3, 2) for q in range(world)]))
+    scalar = torch.tensor(float(rank))
+    assert torch.equal(_torch_ops.all_gather_into_tensor(scalar, comm._number, world), torch.arange(world, dtype=torch.float32))
+    with pytest.raises(ValueError, match=f"world {world + 1}, but communicator {comm._number} has {world} ranks"):
+        _torch_ops.all_gather_into_tensor(part, comm._number, world + 1)
+    assert comm.calls == {"fabric": 11, "torch.distributed": 6}, comm.calls
+
     comm.check()
     with comm:
         pass
     with pytest.raises(tpfabric.Closed):
         comm.all_reduce(x)
+    with pytest.raises(tpfabric.Closed, match="the communicator was closed"):  # the op, as compiled code calls it
+        _torch_ops.all_reduce(x, comm._number)
+    number = comm._number
+    del comm
+    import gc
+
+    gc.collect()
+    with pytest.raises(tpfabric.Closed, match=f"no communicator {number} in this process"):
+        _torch_ops.all_reduce(x, number)
     dist.destroy_process_group()
     return {"opened_with": opened_with, "routed": routed}
 
@@ -215,6 +246,57 @@ def rank_communicator(rank: int, world: int, sock: str, port: int) -> Dict[str, 
 def test_communicator_over_gloo(daemon: Daemon, world: int) -> None:
     results = run_ranks(rank_communicator, world, daemon.socket, free_port(), timeout=120)
     assert len({r["opened_with"] for r in results}) == 1
+
+
+def rank_comm_gather_v(rank: int, world: int, sock: str, port: int) -> Dict[str, int]:
+    import torch
+    import torch.distributed as dist
+
+    from tpfabric import _torch_ops
+    from tpfabric.torch import Communicator
+
+    _init_gloo(rank, world, port)
+    count = _Counted()
+    comm = Communicator(max_bytes=16384, socket_path=sock)
+    # One path: the method's eager calls go through the op's entry point (the op itself where registered).
+    entered: List[Any] = []
+    real_out = _torch_ops.all_gather_v_out
+
+    def counted_out(*a: Any) -> None:
+        entered.append(a[2])
+        real_out(*a)
+
+    _torch_ops.all_gather_v_out = counted_out
+
+    def rows_of(q: int, n: int, dtype: Any) -> Any:
+        return (torch.arange(n * 5) + 1000 * q).to(dtype).view(n, 5)
+
+    for counts, dtype, way in [([2, 0, 3][:world], torch.float32, "fabric"), ([1, 7, 4][:world], torch.bfloat16, "fabric"),
+                               ([1000, 3, 900][:world], torch.float32, "torch.distributed")]:  # 20 kB rows > the cap
+        want = torch.cat([rows_of(q, counts[q], dtype) for q in range(world)])
+        before, n = dict(comm.calls), count.total()
+        out = torch.full((sum(counts), 5), -1, dtype=dtype)
+        assert comm.all_gather_v(out, rows_of(rank, counts[rank], dtype), counts) is out
+        assert torch.equal(out, want), (counts, dtype)
+        assert comm.calls[way] == before[way] + 1 and (count.total() > n) == (way == "torch.distributed"), (counts, comm.calls)
+        got = _torch_ops.all_gather_v(rows_of(rank, counts[rank], dtype), counts, comm._number)  # the functional kernel
+        assert got.shape == want.shape and torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"counts \[1\]: one count"):
+        comm.all_gather_v(torch.empty(1, 5), rows_of(rank, 1, torch.float32)[: 1 if rank == 0 else 0], [1])
+    with pytest.raises(ValueError, match=r"all_gather_v needs"):
+        comm.all_gather_v(torch.empty(3, 4), rows_of(rank, 1, torch.float32), [1] * world)
+    assert comm.calls == {"fabric": 4, "torch.distributed": 2}, comm.calls
+    assert entered == [[2, 0, 3][:world], [1, 7, 4][:world], [1000, 3, 900][:world]], entered
+    _torch_ops.all_gather_v_out = real_out
+    comm.close()
+    dist.destroy_process_group()
+    return comm.calls
+
+
+def test_communicator_all_gather_v(daemon: Daemon) -> None:
+    """Rows per rank (a rank with none too), packed in rank order: by the fabric within the cap, by
+    torch.distributed (padded, then packed) above it; the method and the functional kernel alike."""
+    assert run_ranks(rank_comm_gather_v, 3, daemon.socket, free_port(), timeout=120)[0] == {"fabric": 4, "torch.distributed": 2}
 
 
 def rank_comm_fallback(rank: int, world: int, sock: str, port: int, why: str) -> str:
@@ -426,3 +508,67 @@ def test_communicator_misuse(daemon: Daemon) -> None:
     results = run_ranks(rank_comm_misuse, 2, daemon.socket, free_port(), timeout=120)
     assert [r["forked"] for r in results] == [2, 0]
     assert results[0]["opened_with"] == results[1]["opened_with"] > 0
+
+
+def test_custom_ops_registered_where_torch_has_custom_op() -> None:
+    """torch.library.custom_op (torch 2.4+): the six ops exist with fake kernels; without it (Debian's 1.13)
+    the registration is skipped, said why, and nothing named tpfabric exists in torch.ops."""
+    import torch
+
+    import tpfabric.torch as tt
+    from tpfabric import _torch_ops
+
+    names = ("tpfabric::all_reduce", "tpfabric::all_reduce_out", "tpfabric::all_gather_into_tensor",
+             "tpfabric::all_gather_into_tensor_out", "tpfabric::all_gather_v", "tpfabric::all_gather_v_out")
+    if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
+        assert tt.custom_ops == names and tt.custom_ops_skipped is None and _torch_ops.REGISTERED
+        assert _torch_ops.all_reduce is torch.ops.tpfabric.all_reduce.default
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():  # the fake kernels: shapes without a communicator or a call
+            x = torch.empty(4, 6, dtype=torch.bfloat16)
+            assert torch.ops.tpfabric.all_reduce(x, 12345).shape == (4, 6)
+            g = torch.ops.tpfabric.all_gather_into_tensor(x, 12345, 3)
+            assert g.shape == (12, 6) and g.dtype == torch.bfloat16
+            assert torch.ops.tpfabric.all_gather_v(x, [4, 0, 5], 12345).shape == (9, 6)
+    else:
+        assert tt.custom_ops == () and not _torch_ops.REGISTERED
+        assert tt.custom_ops_skipped is not None and "has no torch.library.custom_op" in tt.custom_ops_skipped
+        # the kernels, called directly (behind torch._disable_dynamo where torch has it)
+        assert getattr(_torch_ops.all_reduce, "__wrapped__", _torch_ops.all_reduce) is _torch_ops._all_reduce
+        with pytest.raises((RuntimeError, AttributeError)):
+            torch.ops.tpfabric.all_reduce
+    assert _torch_ops.compiling() is False
+
+
+_WITHOUT_CUSTOM_OP = """
+import os, sys, tempfile, torch, torch.distributed as dist
+for name in ("custom_op", "register_fake"):  # as torch before 2.4 (a no-op on 1.13, which has neither)
+    if hasattr(torch.library, name):
+        delattr(torch.library, name)
+import tpfabric.torch as tt
+assert tt.custom_ops == () and "has no torch.library.custom_op" in tt.custom_ops_skipped, tt.custom_ops_skipped
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+comm = tt.Communicator(max_bytes=4096)
+x = torch.arange(64, dtype=torch.float32)
+assert comm.all_reduce(x) is x and torch.equal(x, torch.arange(64, dtype=torch.float32))
+out = torch.empty(64)
+comm.all_gather_into_tensor(out, x)
+assert torch.equal(out, x) and comm.calls == {"fabric": 2, "torch.distributed": 0}, comm.calls
+comm.close()
+print("eager without ops:", comm.calls["fabric"], "fabric calls")
+sys.stdout.flush()
+os._exit(0)  # past gloo's teardown (tpf_testing._child says why)
+"""
+
+
+def test_without_custom_op_the_package_imports_and_works_eagerly() -> None:
+    """torch.library.custom_op removed before the import (torch before 2.4): the import says why and the
+    eager path works, through the same kernels (a world-1 group: no daemon)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _WITHOUT_CUSTOM_OP], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "eager without ops: 2 fabric calls" in r.stdout

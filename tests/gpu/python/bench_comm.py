@@ -167,7 +167,7 @@ def main() -> int:
     runtime = RuntimeGraph()
     mx, my = runtime.malloc(SIZES[-1]), runtime.malloc(world * SIZES[-1])  # cudaMalloc'd send / recv
     synced = a.timing == "synced"
-    lib, h = tpfabric_lib.lib, comm._h  # the C ABI beside the Communicator: same handle, buffers, stream
+    lib, h = tpfabric_lib.lib, comm._g._handle()  # the C ABI beside the Communicator: same handle, buffers, stream
     for op in ("all_gather", "all_reduce_bf16"):
         for size in SIZES:
             if op == "all_gather":

@@ -15,6 +15,16 @@
 #      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
 #      and 4: the same four scenarios; then bench_comm.py --backend gloo at
 #      W = 2 (the Communicator alone; TPF_GPU_NO_BENCH=1 skips it).
+#   Both parts also run compile_rank.py against the live daemon, after data
+#   and graph: torch._dynamo.explain of each collective (0 graph breaks), a
+#   tensor-parallel MLP compiled with fullgraph=True and with
+#   mode="reduce-overhead" bit-identical to eager over 100 steps, compiled
+#   calls the fabric does not take by torch.distributed; at W = 2 its
+#   benchmark (BENCH lines: the compiled MLP beside torch.distributed, the
+#   ops beside the C ABI inside a CUDA graph); JSON per rank under LOGDIR
+#   (py-compile-BACKEND-wW-rankR.json). TPF_PY_NO_COMPILE=1 skips it,
+#   TPF_PY_COMPILE_ONLY=1 runs it alone (no other scenario, no bench_comm.py);
+#   a torch without torch.compile or torch.library.custom_op prints SKIP.
 # TPF_PY_GPU_ONLY=pergpu or mps runs only that part (to split a run under a
 # command time limit); TPF_GPU_NO_BENCH=1 skips the benchmark.
 # Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
@@ -61,18 +71,39 @@ tpf_python_gpu_suite() {
     port=$(freeport)
     : >"$log"
     for ((r = 0; r < w; r++)); do
-      RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 \
+      RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout "${_rank_limit:-300}" \
         "${pyenv[@]}" "$py" "$dir/$prog" --socket "$sock" "$@" >>"$log" 2>&1 &
       pids+=($!)
     done
     for r in "${pids[@]}"; do wait "$r" || ok=1; done
     return $ok
   }
-  # _suite LABEL W BACKEND: the four scenarios.
+  # _compile LABEL W BACKEND SOCKET: compile_rank.py (torch.compile through the custom ops; its
+  # benchmark at W = 2 unless TPF_GPU_NO_BENCH); JSON under $logdir. TPF_PY_NO_COMPILE=1 skips it.
+  _compile() {
+    local label=$1 w=$2 backend=$3 sock=$4 st tag=$1-compile-w$2 bench=
+    [ -n "${TPF_PY_NO_COMPILE:-}" ] && { echo "SKIP python $label W=$w compile (TPF_PY_NO_COMPILE)"; return; }
+    [ "$w" = 2 ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && bench=--bench
+    if _rank_limit=540 _ranks "$tag" "$w" "$backend" "$sock" compile_rank.py --backend "$backend" --json-dir "$logdir" $bench
+    then st=PASS; else st=FAIL; rc=1; fi
+    grep -q '^SKIP' "$logdir/py-$tag.log" && st=SKIP
+    echo "$st python $label W=$w compile (torch.compile: explain, TP MLP fullgraph and reduce-overhead, fallbacks)"
+    grep -h '^RESULT\|^SKIP' "$logdir/py-$tag.log" | sort | uniq | sed 's/^/    /'
+    grep -h '^BENCH' "$logdir/py-$tag.log" | sed 's/^/    /'
+    [ $st = FAIL ] && grep -h '^FAIL' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|^PASS\|^FAIL\|^BENCH\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    return 0 # the verdict is in rc
+  }
+  # _suite LABEL W BACKEND: the four scenarios, and compile.
   _suite() {
     local label=$1 w=$2 backend=$3 st tag before
     _daemon "$label-w$w" || { rc=1; return; }
     local live=$_dpid
+    if [ -n "${TPF_PY_COMPILE_ONLY:-}" ]; then # compile_rank.py alone (its own benchmark at W = 2 included)
+      _compile "$label" "$w" "$backend" "$tmp/$label-w$w.sock"
+      kill "$live"; wait "$live" 2>/dev/null
+      return
+    fi
     for scen in data graph; do
       tag=$label-$scen-w$w
       if _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario $scen; then st=PASS; else st=FAIL; rc=1; fi
@@ -80,6 +111,7 @@ tpf_python_gpu_suite() {
       grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
       [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     done
+    _compile "$label" "$w" "$backend" "$tmp/$label-w$w.sock"
     kill "$live"; wait "$live" 2>/dev/null
     # fallback: a daemon that died (its socket file stays; connect is refused)
     _daemon "$label-stopped-w$w" && kill -9 "$_dpid" && wait "$_dpid" 2>/dev/null
@@ -108,7 +140,7 @@ tpf_python_gpu_suite() {
     (
       unset CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY # one process per GPU, no MPS
       _suite pergpu "$ngpu" nccl
-      if [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
+      if [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_PY_COMPILE_ONLY:-}" ]; then
         _daemon bench || exit 1
         echo "== python benchmark (tests/gpu/python/bench_comm.py, W=$ngpu, NCCL group): $(date -u +%FT%TZ)"
         if _ranks bench "$ngpu" nccl "$tmp/bench.sock" bench_comm.py; then grep -h '^ROW\|^INFO' "$logdir/py-bench.log"
@@ -127,7 +159,7 @@ tpf_python_gpu_suite() {
       own_mps=1
     fi
     for w in 2 4; do _suite mps "$w" gloo; done
-    if [ -z "${TPF_GPU_NO_BENCH:-}" ]; then # the Communicator alone, W = 2 on one GPU (run.sh's tpf-gpubench rows beside it)
+    if [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_PY_COMPILE_ONLY:-}" ]; then # the Communicator alone, W = 2 on one GPU (run.sh's tpf-gpubench rows beside it)
       _daemon mps-bench || exit 1
       echo "== python benchmark under MPS (bench_comm.py --backend gloo, W=2 on one GPU): $(date -u +%FT%TZ)"
       if _ranks mps-bench 2 gloo "$tmp/mps-bench.sock" bench_comm.py --backend gloo; then grep -h '^ROW\|^INFO' "$logdir/py-mps-bench.log"
