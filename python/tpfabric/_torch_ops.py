@@ -19,8 +19,10 @@ not as a Python object, which Dynamo cannot pass to an op:
 * ``tpfabric::all_reduce_out(Tensor input, Tensor(a!) out, int comm) -> ()``,
   ``tpfabric::all_gather_into_tensor_out(Tensor(a!) out, Tensor input, int comm) -> ()`` and
   ``tpfabric::all_gather_v_out(Tensor(a!) out, Tensor input, int[] counts, int comm) -> ()``:
-  what an eager call (and a hand-captured CUDA graph) goes through, writing
-  into the caller's tensor with no copy; ``out`` may be ``input``.
+  the in-place forms, for code that traces its own calls, writing into the
+  caller's tensor with no copy; ``out`` may be ``input``. The Communicator's
+  eager methods call the implementation directly instead, without the
+  dispatcher's per-call host cost of a Python custom op.
 
 Every op runs the Communicator's own implementation at run time: the
 choice between the fabric and torch.distributed, the stream

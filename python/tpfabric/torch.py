@@ -283,9 +283,11 @@ class Communicator:
             self._refused[op] = min(self._refused[op], nbytes)
 
     # -- collectives -------------------------------------------------------------------------------------
-    # Eager calls (and hand-captured CUDA graphs) go through the *_out ops, which write into the
-    # caller's tensor; compiled code through the functional ops and a copy_ that Inductor removes
-    # (_torch_ops). Every op runs _all_reduce_into / _all_gather_into at run time.
+    # Compiled code goes through the functional ops and a copy_ that Inductor removes (_torch_ops);
+    # eager calls (and hand-captured CUDA graphs) call the ops' implementation, _all_reduce_into /
+    # _all_gather_into, themselves: one implementation either way, without the dispatcher's per-call
+    # cost of a Python custom op (tens of microseconds on the host), which a CUDA graph does not
+    # replay but an eager decode step pays on every call.
     def all_reduce(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Sum ``tensor`` over the group; in place (``out`` None) or into ``out``. Returns the result tensor.
 
@@ -305,10 +307,7 @@ class Communicator:
         _check_out(tensor, out)
         if tensor.numel() == 0:
             return dst
-        if torch.is_grad_enabled() and (tensor.requires_grad or dst.requires_grad):
-            self._all_reduce_into(tensor, dst)  # outside the op, which has no autograd formula
-        else:
-            _torch_ops.all_reduce_out(tensor, dst, self._number)
+        self._all_reduce_into(tensor, dst)
         return dst
 
     def _all_reduce_into(self, tensor: torch.Tensor, dst: torch.Tensor) -> None:
@@ -356,10 +355,7 @@ class Communicator:
         self._check_gather(out, inp)
         if inp.numel() == 0:
             return out
-        if torch.is_grad_enabled() and (inp.requires_grad or out.requires_grad):
-            self._all_gather_into(out, inp)
-        else:
-            _torch_ops.all_gather_into_tensor_out(out, inp, self._number)
+        self._all_gather_into(out, inp)
         return out
 
     def _check_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
@@ -418,10 +414,7 @@ class Communicator:
         self._check_gather_v(out, inp, counts)
         if out.numel() == 0:
             return out
-        if torch.is_grad_enabled() and (inp.requires_grad or out.requires_grad):
-            self._all_gather_v_into(out, inp, counts)
-        else:
-            _torch_ops.all_gather_v_out(out, inp, counts, self._number)
+        self._all_gather_v_into(out, inp, counts)
         return out
 
     def _check_gather_v(self, out: torch.Tensor, inp: torch.Tensor, counts: List[int]) -> None:
