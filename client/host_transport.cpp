@@ -94,10 +94,10 @@ std::unique_ptr<HostTransport> make() {
 }
 
 constexpr HostTransportKind kHostTransports[] = {
-    {"carried", [](const Group::Impl&, const PeerOffer& p) { return proxyCarries(p.wire) && !p.region; },
-     make<CarriedTransport>},
-    {"host-direct", [](const Group::Impl&, const PeerOffer& p) { return p.wire == kWireShm && bool(p.region); },
-     make<HostDirectTransport>},
+    // carried: every wire the daemons' proxies carry, unless the peer's region is here
+    {[](const Group::Impl&, const PeerOffer& p) { return proxyCarries(p.wire) && !p.region; }, make<CarriedTransport>},
+    // host-direct: a same-node peer whose region the daemon handed over
+    {[](const Group::Impl&, const PeerOffer& p) { return p.wire == kWireShm && bool(p.region); }, make<HostDirectTransport>},
 };
 
 } // namespace

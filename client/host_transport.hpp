@@ -57,7 +57,6 @@ public:
 
 /// The registration of one client transport.
 struct HostTransportKind {
-    const char* name;
     /// Whether it can reach `peer` as offered (NCCL's canConnect).
     bool (*canConnect)(const Group::Impl& g, const PeerOffer& peer);
     std::unique_ptr<HostTransport> (*make)();
