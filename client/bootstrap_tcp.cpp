@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/format.hpp"
 #include "common/shm.hpp"
 #include "common/unix_socket.hpp"
 #include "proto/bootstrap.hpp"
@@ -118,9 +119,9 @@ Result<Bytes> receiveFrame(int fd, std::uint16_t op, std::uint32_t seq, std::siz
         return Error{code, std::string(r->message) + "; told by " + who};
     }
     if (m->header.opcode != op || m->header.seq != seq || m->payload.size() != bytes || !m->fds.empty())
-        return Error{Errc::BadMessage, who + " sent an unexpected bootstrap message (opcode " +
-                                           std::to_string(m->header.opcode) + ", " + std::to_string(m->payload.size()) +
-                                           " bytes): is another program using this bootstrap address?"};
+        return Error{Errc::BadMessage, format("{} sent an unexpected bootstrap message (opcode {}, {} bytes): is another program "
+                                              "using this bootstrap address?",
+                                              who, m->header.opcode, m->payload.size())};
     return std::move(m->payload);
 }
 
@@ -145,14 +146,13 @@ Status Bootstrap::allGatherUntil(const void* mine, void* out, std::size_t bytes,
 Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, std::uint32_t world,
                                                            const std::string& hostPort, std::chrono::milliseconds timeout) {
     if (world == 0)
-        return Error{Errc::OutOfRange, "bootstrap: world 0 (a group has 1 to " + std::to_string(kMaxWorld) + " ranks)"};
+        return Error{Errc::OutOfRange, format("bootstrap: world 0 (a group has 1 to {} ranks)", kMaxWorld)};
     if (rank >= world)
-        return Error{Errc::OutOfRange, "bootstrap: rank " + std::to_string(rank) + " not below world " + std::to_string(world) +
-                                           " (ranks are 0.." + std::to_string(world - 1) + ")"};
+        return Error{Errc::OutOfRange, format("bootstrap: rank {} not below world {} (ranks are 0..{})", rank, world, world - 1)};
     // The root's tables hold kMaxWorld ranks. A larger world elsewhere still
     // joins, so that the root refuses it by name to every rank.
     if (rank == 0 && world > kMaxWorld)
-        return Error{Errc::OutOfRange, "bootstrap: world " + std::to_string(world) + " outside 1.." + std::to_string(kMaxWorld)};
+        return Error{Errc::OutOfRange, format("bootstrap: world {} outside 1..{}", world, kMaxWorld)};
     auto addr = resolve(hostPort);
     if (!addr) return addr.error();
     std::unique_ptr<TcpBootstrap> b(new TcpBootstrap());
@@ -194,8 +194,8 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::create(std::uint32_t rank, s
         const int err = errno;
         ::close(fd);
         if (monotonicNs() >= deadline)
-            return Error{Errc::Timeout, kRootName + " at " + hostPort + " accepted no connection within " +
-                                            std::to_string(timeout.count()) + " ms (last: " + std::strerror(err) + ")"};
+            return Error{Errc::Timeout, format("{} at {} accepted no connection within {} ms (last: {})", kRootName, hostPort,
+                                              timeout.count(), std::string_view(std::strerror(err)))};
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
 }
@@ -239,10 +239,10 @@ Status TcpBootstrap::acceptRanks(const std::string& hostPort, std::uint64_t dead
             if (failure.code == Errc::Ok) {
                 std::uint32_t missing = 1;
                 while (missing < world_ && peers_[missing] >= 0) ++missing;
-                fail(Error{Errc::Timeout, rankName(missing) + " did not join the bootstrap at " + hostPort + " within " +
-                                              std::to_string((joinsBy - std::min(joinsBy, startNs)) / 1000000) + " ms (" +
-                                              std::to_string(joined) + " of " + std::to_string(world_) +
-                                              " ranks joined): is its process running, with this address?"},
+                fail(Error{Errc::Timeout, format("{} did not join the bootstrap at {} within {} ms ({} of {} ranks joined): is "
+                                                 "its process running, with this address?",
+                                                 rankName(missing), hostPort, (joinsBy - std::min(joinsBy, startNs)) / 1000000,
+                                                 joined, world_)},
                      missing);
                 if (!everyoneTold()) continue; // the linger: a rank starting now still hears why
             }
@@ -262,14 +262,13 @@ Status TcpBootstrap::acceptRanks(const std::string& hostPort, std::uint64_t dead
         expected = std::max(expected, std::min(w, kMaxWorld)); // a rank of a larger world expects to hear too
         if (failure.code == Errc::Ok) {
             if (w != world_) {
-                fail(Error{Errc::GroupMismatch, rankName(r) + " opens with world " + std::to_string(w) + ", rank 0 with world " +
-                                                    std::to_string(world_)},
-                     r);
+                fail(Error{Errc::GroupMismatch, format("{} opens with world {}, rank 0 with world {}", rankName(r), w, world_)}, r);
             } else if (r >= world_) {
-                fail(Error{Errc::OutOfRange, rankName(r) + " joins the bootstrap of world " + std::to_string(w)}, r);
+                fail(Error{Errc::OutOfRange, format("{} joins the bootstrap of world {}", rankName(r), w)}, r);
             } else if (r == 0 || peers_[r] >= 0) {
-                fail(Error{Errc::GroupMismatch, "two processes join the bootstrap as " + rankName(r) + " of world " +
-                                                    std::to_string(w) + " (each rank must open with its own rank number)"},
+                fail(Error{Errc::GroupMismatch, format("two processes join the bootstrap as {} of world {} (each rank must open "
+                                                       "with its own rank number)",
+                                                       rankName(r), w)},
                      r);
             } else {
                 peers_[r] = fd;

@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "client/format.hpp"
 #include "client/impl.hpp"
 
 struct tpf_group {
@@ -68,8 +69,7 @@ public:
         if (rc == TPF_OK) return okStatus();
         Errc code = Errc::PeerLost;
         if (rc < 0 || !errcFromWire(std::uint32_t(rc), code) || code == Errc::Ok) code = Errc::PeerLost;
-        return Error{code, "the bootstrap's all-gather callback returned " + std::to_string(rc) + " (" +
-                               std::string(errcName(code)) + ")"};
+        return Error{code, format("the bootstrap's all-gather callback returned {} ({})", rc, std::string_view(errcName(code)))};
     }
 
 private:
@@ -90,8 +90,8 @@ DType dtypeOf(std::int32_t d, bool& ok) {
 Status optionsOf(const tpf_open_options* in, Options& out) {
     if (!in) return okStatus();
     if (in->struct_size < offsetof(tpf_open_options, socket_path))
-        return Error{Errc::InvalidArgument, "tpf_open_options.struct_size is " + std::to_string(in->struct_size) +
-                                                "; call tpf_open_options_init first"};
+        return Error{Errc::InvalidArgument,
+                     format("tpf_open_options.struct_size is {}; call tpf_open_options_init first", in->struct_size)};
     // An older caller's shorter struct keeps our defaults for the fields it
     // lacks; a newer caller's extra fields are not ours to read.
     tpf_open_options o;

@@ -22,7 +22,7 @@ struct ClientEnv {
     std::uint32_t llChunks = 0;            ///< TPF_GPU_LL_CHUNKS: 1 | 2 | 4 (0 unset)
     bool pdl = true;                       ///< TPF_GPU_PDL: 1 | 0 (device calls: programmatic dependent launch)
     std::uint32_t pollWarps = 0;           ///< TPF_GPU_POLLERS: 1..4 (0 unset: kFlagCopies)
-    bool hostDirect = true;                ///< TPF_HOST_DIRECT: 1 | 0 (host groups: write same-node peers' regions directly)
+    bool hostDirect = true;                ///< TPF_HOST_DIRECT: 1 | 0 (host groups: read same-node peers' rows in their regions)
 };
 
 /// Reads every client variable; the first bad one is a ConfigError

@@ -257,7 +257,7 @@ Status probe(Group::Impl& g, GpuPath& p, Bootstrap& boot) {
 
 // Where NCCL overtakes the fabric kernel, per op: shards above it go by NCCL
 // when the group has a communicator. Two H200s, W = 2, ipc over NVLink
-// (docs/perf.md, 2026-11-29): the LL path beats NCCL at every size up to its
+// (docs/perf.md): the LL path beats NCCL at every size up to its
 // limit (512 KiB at W = 2), the flag path above it is slower than NCCL, so
 // the crossover is the LL limit. W > 2 is not measured beside NCCL (two GPUs
 // only); the same rule stands there. Proxy groups keep every size within the cap.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "client/format.hpp"
 #include "client/impl.hpp"
 #include "client/reduce.hpp"
 #include "common/cpu_relax.hpp"
@@ -21,16 +22,13 @@ constexpr std::uint64_t kSleepSliceNs = 10 * 1000 * 1000; // re-check the daemon
 // How long a wait still takes shards after its group broke: deliveries the
 // daemon had begun (a proxy copy, RDMA writes in flight) land; nothing new comes.
 constexpr std::uint64_t kBrokenGraceNs = 200 * 1000 * 1000;
-// A host-direct call needs no daemon, but only the daemon sees ranks die:
-// calls look at its socket this often and end DaemonLost once it is gone.
-constexpr std::uint64_t kDaemonCheckNs = 1000 * 1000;
 
 } // namespace
 
 void Group::Impl::noteForked() {
-    failure = Error{Errc::Closed, "this group was opened by process " + std::to_string(openedBy) +
-                                      "; a fork()ed child (process " + std::to_string(::getpid()) +
-                                      ") cannot use it: open a new group in the child"};
+    failure = Error{Errc::Closed, format("this group was opened by process {}; a fork()ed child (process {}) cannot use it: "
+                                         "open a new group in the child",
+                                         openedBy, ::getpid())};
 }
 
 Status Group::Impl::fail(Error e) {
@@ -111,14 +109,13 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         for (std::uint32_t k = 0; k < layout.stripes; ++k)
             if (who < world && who != rank && std::atomic_ref(*flagOf(phase, who, k)).load(std::memory_order_acquire) < e) {
                 if (carried && carried != kCarriedUnknown && e > carried) // its shard of e never comes: say why
-                    static_cast<void>(fail(Error{Errc::PeerLost, "rank " + std::to_string(who) + " left the group after epoch " +
-                                                                     std::to_string(carried) + " (this call is epoch " +
-                                                                     std::to_string(e) + ")"}));
+                    static_cast<void>(fail(Error{
+                        Errc::PeerLost, format("rank {} left the group after epoch {} (this call is epoch {})", who, carried, e)}));
                 return true;
             }
         // Still carried: wait as in a healthy group, up to the timeout (the
         // daemons carry the other ranks' shards of e, and host-direct peers
-        // still publish theirs: publish).
+        // still publish theirs: client/host_transport.cpp).
         if (e <= carried) return false;
         const std::uint64_t now = monotonicNs();
         if (!brokenSeenNs) brokenSeenNs = now;
@@ -149,9 +146,9 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (bad || failed()) return reportFailure();
         if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
         if (monotonicNs() >= deadline) {
-            std::string why = "rank " + std::to_string(missingPeer()) + " did not deliver epoch " + std::to_string(e) +
-                              " within " + std::to_string(options.timeout.count()) + " ms";
-            if (ringsProxy) why += proxyStalled(monotonicNs());
+            std::string why = format("rank {} did not deliver epoch {} within {} ms", missingPeer(), e, options.timeout.count());
+            const std::uint64_t stalledAt = monotonicNs();
+            for (const auto& t : transports) why += t->stalled(*this, stalledAt);
             return fail(Error{Errc::Timeout, why});
         }
     }
@@ -185,11 +182,13 @@ Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t 
         RowTrailer t;
         std::memcpy(&t, rowOf(phase, q) + at, sizeof t);
         if (t.epoch == e && t.magic == mine.magic && t.rowBytes == mine.rowBytes) continue;
-        const std::string who = "rank " + std::to_string(q), me = "rank " + std::to_string(rank) + "'s ";
         return fail(Error{Errc::GroupMismatch,
-                          (t.epoch == e ? who + " called " + callOf(t.magic, t.rowBytes) + ", not " + me
-                                        : who + " passed another size or op than " + me) +
-                              callOf(mine.magic, mine.rowBytes) + " (every rank of a call passes the same op, dtype and size)"});
+                          t.epoch == e ? format("rank {} called {}, not rank {}'s {} (every rank of a call passes the same op, "
+                                                "dtype and size)",
+                                                q, callOf(t.magic, t.rowBytes), rank, callOf(mine.magic, mine.rowBytes))
+                                       : format("rank {} passed another size or op than rank {}'s {} (every rank of a call "
+                                                "passes the same op, dtype and size)",
+                                                q, rank, callOf(mine.magic, mine.rowBytes))});
     }
     return okStatus();
 }
@@ -208,27 +207,13 @@ std::string Group::Impl::proxyStalled(std::uint64_t now) const {
            " ms: the daemon is stopped, hung or stuck (systemctl status tpfabricd)";
 }
 
+// Each transport publishes our staged row to its peers (carried first: the
+// proxy's RDMA writes overlap our own copies), then every peer's flags.
 Status Group::Impl::post(std::size_t bytes, std::uint32_t& phase) {
     const std::uint64_t e = ++epoch;
     phase = phaseOf(e);
-    if (ringsProxy) { // first, so that the proxy's RDMA writes overlap our own copies
-        const Doorbell d{e, std::uint32_t(bytes), handle};
-        const std::uint64_t deadline = monotonicNs() + std::uint64_t(options.timeout.count()) * 1000000ull;
-        while (!ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
-            if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
-            if (const std::uint64_t now = monotonicNs(); now >= deadline)
-                return fail(Error{Errc::Timeout, "this rank's command ring stayed full for " +
-                                                     std::to_string(options.timeout.count()) +
-                                                     " ms: tpfabricd's proxy takes no doorbells" + proxyStalled(now)});
-            ::sched_yield();
-        }
-        if (ring.proxyNeedsWake()) {
-            const std::uint64_t one = 1;
-            [[maybe_unused]] auto n = ::write(proxyEvent.get(), &one, sizeof one);
-        }
-    }
-    if (directPeers)
-        if (auto s = publish(e, phase); !s) return s;
+    for (const auto& t : transports)
+        if (auto s = t->publish(*this, e, phase, std::uint32_t(bytes)); !s) return s;
     return waitPeers(e, phase);
 }
 
@@ -238,32 +223,6 @@ bool Group::Impl::stillCarried(std::uint64_t e) {
     if (!err) return true;
     return err == std::uint32_t(Errc::PeerLost) && !std::atomic_ref(c.abort).load(std::memory_order_acquire) &&
            e <= std::atomic_ref(c.carriedThrough).load(std::memory_order_acquire);
-}
-
-// Host-direct is "pull": our row of epoch e is staged in our own slot
-// (exchange, allGatherV); our own flags, released in our own region, publish
-// it, and each direct peer polls them and reads the row from our region
-// (rowOf, flagOf), so a call writes nothing into a peer's region but a wake.
-// Safe by the two-phase rule: we re-stage slot phase(e) at epoch e + 2 only
-// after completing e + 1, which needs every peer's e + 1 flag, which a peer
-// releases only after it finished reading our row of epoch e. Nothing is
-// published once the group broke (the proxy drops a broken group's doorbells
-// too), but an orderly leave after epoch E breaks nothing up to E: we still
-// publish those epochs, as the proxy still carries them (stillCarried).
-Status Group::Impl::publish(std::uint64_t e, std::uint32_t phase) {
-    if (const std::uint64_t now = monotonicNs(); now - daemonCheckedNs >= kDaemonCheckNs) {
-        daemonCheckedNs = now;
-        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection"});
-    }
-    if (!stillCarried(e)) return okStatus(); // the group broke: waitPeers reports it
-    for (std::uint32_t k = 0; k < layout.stripes; ++k) std::atomic_ref(*flag(phase, rank, k)).store(e, std::memory_order_release);
-    for (std::uint32_t i = 0; i + 1 < world; ++i) {
-        const std::uint32_t q = peerAt(rank, i, world);
-        if (!(directPeers >> q & 1u)) continue;
-        auto& c = *reinterpret_cast<ControlBlock*>(peerRegions[q].data() + layout.controlOffset());
-        wakeIfWaiting(&c.waiters, &c.wakeSeq);
-    }
-    return okStatus();
 }
 
 Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
@@ -283,7 +242,7 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes) {
     if (s) {
         // Our own row from send, first (no other row overwrites it then):
         // the peers are reading our slot now, and reading it here as well
-        // made a W = 2 4 KiB sum 0.3 us slower than the private copy.
+        // is slower than the private copy.
         if (bytes) std::memmove(out + std::size_t(g.rank) * bytes, send, bytes);
         for (std::uint32_t q = 0; q < g.world; ++q)
             if (q != g.rank) std::memmove(out + std::size_t(q) * bytes, g.rowOf(phase, q), bytes);
@@ -331,8 +290,7 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
         if (r) offset[r] = offset[r - 1] + counts[r - 1];
     }
     if (!fits(largest))
-        return Error{Errc::CapMismatch, "allGatherV row of " + std::to_string(largest) + " bytes above the agreed cap of " +
-                                            std::to_string(g.agreedCap)};
+        return Error{Errc::CapMismatch, format("allGatherV row of {} bytes above the agreed cap of {}", largest, g.agreedCap)};
     auto* out = static_cast<std::uint8_t*>(recv);
     if (g.world == 1) {
         std::memmove(out, send, counts[0]);
@@ -354,20 +312,18 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
         RowHeader h;
         std::memcpy(&h, g.rowOf(phase, q), sizeof h);
         if (h.magic != kRowHeaderMagic)
-            s = g.fail(Error{Errc::GroupMismatch, "rank " + std::to_string(q) + " called another op than rank " +
-                                                      std::to_string(g.rank) + "'s allGatherV (every rank of a call passes the same op)"});
+            s = g.fail(Error{Errc::GroupMismatch, format("rank {} called another op than rank {}'s allGatherV (every rank of a call "
+                                                         "passes the same op)",
+                                                         q, g.rank)});
         else if (h.countsHash != mine.countsHash || h.rowBytes != counts[q])
             // Only its own row's length travels, with a hash of its counts:
             // name the row when that is what differs, else say the counts do.
             s = g.fail(Error{Errc::GroupMismatch,
-                             "allGatherV: rank " + std::to_string(q) + " passed other counts than rank " +
-                                 std::to_string(g.rank) +
-                                 (h.rowBytes != counts[q]
-                                      ? " (its row is " + std::to_string(h.rowBytes) + " bytes; counts[" + std::to_string(q) +
-                                            "] here is " + std::to_string(counts[q]) + ")"
-                                      : " (its own row agrees, counts[" + std::to_string(q) + "] = " +
-                                            std::to_string(counts[q]) + ": another entry differs)") +
-                                 "; every rank passes the same counts"});
+                             format("allGatherV: rank {} passed other counts than rank {}{}; every rank passes the same counts", q,
+                                    g.rank,
+                                    h.rowBytes != counts[q]
+                                        ? format(" (its row is {} bytes; counts[{}] here is {})", h.rowBytes, q, counts[q])
+                                        : format(" (its own row agrees, counts[{}] = {}: another entry differs)", q, counts[q]))});
     }
     if (s) {
         if (counts[g.rank]) std::memmove(out + offset[g.rank], send, counts[g.rank]); // first, as in allGather

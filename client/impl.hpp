@@ -7,9 +7,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "client/env.hpp"
 #include "client/fork_guard.hpp"
+#include "client/format.hpp"
+#include "client/host_transport.hpp"
 #include "client/testing.hpp"
 #include "common/fd.hpp"
 #include "common/shm.hpp"
@@ -44,12 +47,9 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     RingView ring;
     std::uint64_t epoch = 0;
     std::uint32_t seq = 1;
-    // Host-direct (Host groups, TPF_HOST_DIRECT unset or 1): the regions of
-    // the same-node peers, whose rows and flags this rank reads there itself.
-    std::array<Mapping, kMaxWorld> peerRegions; ///< mapped at the ranks of directPeers only
-    std::uint32_t directPeers = 0;              ///< bit per rank read directly (Verdict.hostPeers)
-    bool ringsProxy = true;                     ///< some peer is reached through the proxy: ring for each call
-    std::uint64_t daemonCheckedNs = 0;          ///< when a host-direct call last looked at the daemon's socket
+    // The host path's peers (client/host_transport.hpp), chosen at open.
+    std::vector<std::unique_ptr<HostTransport>> transports; ///< each publishes a call's row to its peers, in this order
+    std::array<std::uint8_t*, kMaxWorld> sources{};        ///< per rank, the region its rows and flags are read from
 
     /// Sticky; code Ok while healthy. Written once, by fail() (first
     /// failure wins), which may run on a thread in abort() while another
@@ -70,14 +70,13 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint64_t* flag(std::uint32_t phase, std::uint32_t src, std::uint32_t k) const {
         return reinterpret_cast<std::uint64_t*>(region.data() + layout.flagOffset(phase, src, k));
     }
-    /// The region that holds rank q's row and flags as this rank reads them:
-    /// a direct peer's own (it publishes there), else ours (our own row, and
-    /// the rows the proxy delivers).
-    std::uint8_t* regionOf(std::uint32_t q) const { return (directPeers >> q & 1u ? peerRegions[q] : region).data(); }
-    const std::uint8_t* rowOf(std::uint32_t phase, std::uint32_t q) const { return regionOf(q) + layout.slotOffset(phase, q); }
+    /// Rank q's row and flags as this rank reads them, at its source: our
+    /// own region (our row, and the rows a carried transport delivers) or a
+    /// host-direct peer's (it publishes there).
+    const std::uint8_t* rowOf(std::uint32_t phase, std::uint32_t q) const { return sources[q] + layout.slotOffset(phase, q); }
     /// Only loaded (atomic_ref of a const object is not C++20).
     std::uint64_t* flagOf(std::uint32_t phase, std::uint32_t q, std::uint32_t k) const {
-        return reinterpret_cast<std::uint64_t*>(regionOf(q) + layout.flagOffset(phase, q, k));
+        return reinterpret_cast<std::uint64_t*>(sources[q] + layout.flagOffset(phase, q, k));
     }
 
     /// Stage [`bytes` of `send` | RowTrailer{epoch, bytes, magic} at
@@ -94,10 +93,6 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// "; tpfabricd's proxy ... has made no pass for N ms ..." when the ring's
     /// heartbeat says the daemon stalls, else "" (a Timeout's suffix).
     std::string proxyStalled(std::uint64_t now) const;
-    /// Host-direct: release the own row of `epoch` (staged in our own slot)
-    /// by our own flags, then wake the directPeers that sleep; they read it
-    /// from our region (the proxy carries it to the other peers).
-    Status publish(std::uint64_t epoch, std::uint32_t phase);
     /// Shards of `epoch` still flow: the group is healthy, or its only
     /// record is a rank's orderly leave after an epoch >= `epoch`
     /// (ControlBlock::carriedThrough, written before the error).
@@ -125,20 +120,32 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.
     Status checkCounts(const void* send, const void* recv, std::span<const std::size_t> counts) const {
         if (counts.size() != world)
-            return Error{Errc::InvalidArgument, "allGatherV: " + std::to_string(counts.size()) + " counts for a world of " +
-                                                    std::to_string(world)};
+            return Error{Errc::InvalidArgument, format("allGatherV: {} counts for a world of {}", counts.size(), world)};
         std::size_t total = 0;
         for (std::size_t c : counts) total += c;
         if ((!send && counts[rank]) || (!recv && total)) return Error{Errc::InvalidArgument, "allGatherV: send or recv is null"};
         return okStatus();
     }
+    /// How teardown() takes leave of the daemon.
+    enum class Leave {
+        Silently,   ///< nothing sent (a failed bootstrap round: the socket's close says it)
+        FailedOpen, ///< the OpenReport (metrics only, no reply)
+        Close,      ///< an orderly close, its reply awaited; the device's counts flushed first
+    };
+    /// The one teardown, for close() and for a failed open: the GPU side
+    /// first (it unregisters the host mappings below), then the daemon told
+    /// as `how` says, then every descriptor, mapping and transport at once.
+    /// In a fork()ed child only the child's own mappings and descriptors go.
+    void teardown(Leave how, const client_proto::OpenReport& report = {});
     /// Count one host-path call of `op` in the ring's RankStats (a failed one under `failure`).
     void record(StatsOp op, std::uint64_t startNs, std::size_t bytes, bool ok);
 };
 
-/// What in-tree benchmarks and tests may read of an open group (not installed).
+/// What in-tree benchmarks and tests may read of an open group (not
+/// installed), and how Group::open's steps hand over the group they opened.
 struct GroupAccess {
     static const Group::Impl& of(const Group& g) { return *g.impl_; }
+    static std::unique_ptr<Group> make(std::unique_ptr<Group::Impl> impl) { return std::unique_ptr<Group>(new Group(std::move(impl))); }
 };
 
 // Test hooks (tpf::testing): client/testing.hpp.
@@ -157,8 +164,8 @@ Status gpuAttach(Group::Impl& g, Bootstrap& boot);
 inline Result<std::size_t> sumBytes(std::size_t count, DType type, std::uint64_t agreedCap) {
     std::size_t bytes = 0;
     if (__builtin_mul_overflow(count, dtypeSize(type), &bytes))
-        return Error{Errc::CapMismatch, "allReduceSum of " + std::to_string(count) + " elements is more bytes than size_t " +
-                                            "holds, above the agreed cap of " + std::to_string(agreedCap)};
+        return Error{Errc::CapMismatch,
+                     format("allReduceSum of {} elements is more bytes than size_t holds, above the agreed cap of {}", count, agreedCap)};
     return bytes;
 }
 

@@ -1,6 +1,7 @@
 // NcclBootstrap: open-time records all-gathered through NCCL.
 #include <tpfabric/nccl.hpp>
 
+#include "client/format.hpp"
 #include "client/gpu_check.hpp"
 #include "client/impl.hpp"
 
@@ -71,10 +72,10 @@ Status NcclBootstrap::allGatherUntil(const void* mine, void* out, std::size_t by
         if (now >= deadline) {
             wedged_ = true;
             const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
-            return Error{Errc::Timeout, "the NCCL bootstrap's all-gather did not complete within " + std::to_string(ms) +
-                                            " ms (the open's deadline): some rank of the communicator did not call "
-                                            "open, or is stuck; the communicator has a collective pending "
-                                            "(ncclCommAbort it)"};
+            return Error{Errc::Timeout, format("the NCCL bootstrap's all-gather did not complete within {} ms (the open's "
+                                               "deadline): some rank of the communicator did not call open, or is stuck; the "
+                                               "communicator has a collective pending (ncclCommAbort it)",
+                                               ms)};
         }
         if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
