@@ -116,7 +116,7 @@ Args parse(int argc, char** argv) {
     return a;
 }
 
-void runSuite(Wire wire, std::uint32_t W) {
+void runSuite(gputest::Wire wire, std::uint32_t W) {
     SimOptions o;
     o.world = W;
     o.wire = wire;
@@ -129,10 +129,11 @@ void runSuite(Wire wire, std::uint32_t W) {
     testSum(o, Elem::BF16);
     testGraph(o);
     testTimeout(o);
-    if (wire == Wire::Ipc) testCallMismatches(o); // the proxy route does not carry the call's tag
+    if (wire == gputest::Wire::Ipc) testCallMismatches(o); // the proxy route does not carry the call's tag
     testDaemonStop(o, /*abort=*/true);
     testDaemonStop(o, /*abort=*/false);
     testBackToBack(o, 2000);
+    testComposed(o);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("== %-5s W=%u: %s (%.1f s)\n", wireName(wire), W, g_stats.failed == failedBefore ? "ok" : "FAILED", s);
     std::fflush(stdout);
@@ -159,14 +160,15 @@ int main(int argc, char** argv) {
         TPF_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
         // All W ranks launch from this one thread: no kernel may be loaded
-        // lazily while another rank's collective spins (first run, 2026-11-29:
-        // a lazy load of the verify kernel stalled rank 0 for the 2 s timeout).
+        // lazily while another rank's collective spins (a lazy load of the
+        // verify kernel once stalled rank 0 for the whole 2 s timeout).
         TPF_CUDA_CHECK(kernels::preloadKernels());
         preloadCheckKernels();
+        preloadComposedKernels();
         if (args.tests) {
             testLayoutProbe();
-            const Wire wires[] = {Wire::Ipc, Wire::Proxy};
-            for (Wire w : wires) {
+            const gputest::Wire wires[] = {gputest::Wire::Ipc, gputest::Wire::Proxy};
+            for (gputest::Wire w : wires) {
                 if (!args.wire.empty() && args.wire != wireName(w)) continue;
                 for (std::uint32_t W : {2u, 4u, 8u})
                     if (args.world == 0 || args.world == W) runSuite(w, W);
