@@ -24,9 +24,7 @@ struct Shared {
 
 /// The barrier of the kernel's work threads (the first kThreadsPerBlock),
 /// once the extra poller warps went their own way.
-__device__ __forceinline__ void workBarrier() {
-    asm volatile("bar.sync 1, %0;" ::"r"(kThreadsPerBlock) : "memory");
-}
+__device__ __forceinline__ void workBarrier() { barSync<1>(kThreadsPerBlock); }
 
 /// Threads a collectiveKernel block has: the kThreadsPerBlock work threads,
 /// then, for a call with a proxy-route peer, `pollWarps` extra warps (1..

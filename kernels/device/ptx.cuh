@@ -132,7 +132,17 @@ __device__ __forceinline__ uint4 ldLl(const void* p) {
     return v;
 }
 
-// ---- Launch order and time --------------------------------------------------
+// ---- Barriers, launch order and time -----------------------------------------
+
+/// Named barrier `id` (1..15; 0 is __syncthreads') of the first `threads`
+/// threads of the block (a multiple of 32): the threads that reach it wait for
+/// each other, with block-scope memory order as __syncthreads; threads past
+/// `threads` (a kernel's extra warps) never take part.
+template <std::uint32_t id>
+__device__ __forceinline__ void barSync(std::uint32_t threads) {
+    static_assert(id >= 1 && id <= 15);
+    asm volatile("bar.sync %0, %1;" ::"n"(id), "r"(threads) : "memory");
+}
 
 /// Programmatic dependent launch (sm_90+; no-ops in a kernel launched
 /// without the attribute). gridDepWait: this thread waits until the grids

@@ -53,7 +53,8 @@ build_here() {
   sed -e "s/@TPF_VERSION_MAJOR@/$maj/" -e "s/@TPF_VERSION_MINOR@/$min/" -e "s/@TPF_VERSION_PATCH@/$pat/" \
       -e "s/@TPF_VERSION_STRING@/$ver/" include/tpfabric/version.h.in >build-gpu-device/include/tpfabric/version.h
   local srcs=(kernels/collectives.cu kernels/layout_probe.cu tests/gpu/test_collectives.cu tests/gpu/cases_data.cu
-              tests/gpu/cases_fault.cu tests/gpu/bench.cu tests/gpu/check_kernels.cu tests/gpu/sim_group.cpp)
+              tests/gpu/cases_fault.cu tests/gpu/cases_primitives.cu tests/gpu/bench.cu tests/gpu/check_kernels.cu
+              tests/gpu/sim_group.cpp)
   local objs=() pids=() s o ok=1
   for s in "${srcs[@]}"; do
     o=build-gpu-device/$(basename "$s").o
