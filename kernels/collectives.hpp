@@ -1,6 +1,8 @@
 // tpfabric — the device side of the GPU data path: one fused kernel per
 // collective call (put, wait, gather or sum), host-callable launchers, and
-// what the host reads back after a failure. See docs/gpu.md.
+// what the host reads back after a failure. See docs/gpu.md. The kernels are
+// composed from the device primitives of kernels/device/ (put, publish, wait,
+// LL lines, the rank-order sum), which tests/gpu and bench/gpu compose too.
 //
 // One call, epoch e = DeviceState::epoch + 1, phase p = e & 1:
 //   1. put: the shard goes to slot (p, rank) of the own region when a proxy
@@ -33,6 +35,7 @@
 #include "proto/layout.hpp"
 #include "proto/ring.hpp"
 #include "proto/peer_wire.hpp"
+#include "kernels/device/ll.hpp"
 
 namespace tpf::kernels {
 
@@ -45,8 +48,8 @@ inline constexpr std::uint64_t kBytesPerBlock = 16384;  ///< shard bytes one blo
 /// The same for a call with a proxy-route peer above kProxyOneBlockMax: its
 /// rows are staged to and read from host memory over PCIe, where the loads
 /// in flight (not the bandwidth) bound the speed, so more blocks share the
-/// bytes (one H200: a 64 KiB row read back in 1.2 us by 16 blocks after the
-/// flag, where a copy kernel of 4 blocks takes 7 us; docs/perf.md).
+/// bytes (a row read back by 16 blocks after the flag takes a fraction of
+/// what a copy kernel of 4 blocks takes).
 inline constexpr std::uint64_t kProxyBytesPerBlock = 4096;
 inline constexpr std::uint64_t kProxyOneBlockMax = 8192;
 inline constexpr std::uint32_t kThreadsPerBlock = 256;
@@ -70,12 +73,7 @@ struct DeviceState {
     std::uint32_t ringTail;      ///< @56 RingHeader::subTail as last read: the ring is re-read (a PCIe round trip)
                                  ///<     only when it looks full from here
     std::uint32_t reserved0;     ///< @60
-    std::uint64_t timeline[4];   ///< @64 calls while setKernelTimeline(true), block 0's view (ns summed); flag
-                                 ///<     path: [0] entry to the doorbell (the put), [1] doorbell to every peer's
-                                 ///<     flag seen, [2] flags to its part of the output written; LL path: [0] epoch
-                                 ///<     read to the puts issued, [1] to every line seen, [2] to the output; [3] calls
-    std::uint64_t publishedNs;   ///< @96 %globaltimer of the running call's doorbell (timeline only)
-    std::uint8_t reserved[24];
+    std::uint8_t reserved[64];   ///< @64 (the line's rest: the counters above share no line with another group's)
 };
 static_assert(sizeof(DeviceState) == 128);
 static_assert(std::is_trivially_copyable_v<DeviceState>);
@@ -88,8 +86,8 @@ inline constexpr std::uint64_t kVerdictFailed = 1ull << 63;
 /// bytes with fire-and-forget atomics while it waits for its peers (taken
 /// back if it fails); nothing is counted at a kernel's end, where the call's
 /// completion would wait for it. Latencies are not counted: timing a call
-/// on the device and keeping it cost 1.0 us a call at 4 KiB (37 %, two
-/// H200s, 2026-11-30), more than they are worth; the host path has them.
+/// on the device and keeping it costs about a third of a 4 KiB call, more
+/// than they are worth; the host path has them.
 struct DeviceStats {
     OpStats ops[kStatsOps];
     std::uint64_t errorsByCode[kStatsErrcSlots];
@@ -113,16 +111,14 @@ struct CallTag {
                                 ///< different sizes, and an LL wait for lines a shorter sender never
                                 ///< wrote would only end at the timeout; flags end every rank's wait,
                                 ///< so the row headers can name the mismatch.
-    std::uint32_t flags = 0;    ///< kTagTimeline: sum the phases into DeviceState::timeline
 };
-inline constexpr std::uint32_t kTagTimeline = 1;
 
 /// What every rank of a device call must agree on, hashed to 32 bits (never
 /// 0): the kernel's operation (`kernelOp`: the gather, or the sum of one
 /// dtype), the op the call counts as, and its bytes (an all-gather-v: the
 /// padded rows it launches, the same on every rank, since its counts differ
 /// by design and its row headers check them). Ipc peers compare it on every
-/// call (the LL path's tag line, ll_kernel.cuh; the flag path's tag word,
+/// call (the LL path's tag line, kernels/device/ll.cuh; the flag path's tag word,
 /// Layout::kFlagTagOffset), so ranks that pass another size, dtype or op
 /// fail the call with GroupMismatch on every rank, nothing written.
 TPF_HD constexpr std::uint32_t callTagOf(std::uint32_t kernelOp, const CallTag& t, std::uint64_t n16) {
@@ -163,7 +159,7 @@ struct DeviceGroupView {
                                               ///< data arrived. 0: plain launches
     std::uint32_t pollWarps = 0;              ///< calls with a proxy-route peer: warps that poll its flags in host
                                               ///< memory, each its own copy (1..kFlagCopies; 0: kFlagCopies); 1:
-                                              ///< warp 0 alone (the one poller before 2026-12-02)
+                                              ///< warp 0 alone
     std::uint32_t llChunks = 0;               ///< LL calls above one block: 256-thread blocks of this many chunks a thread (1, 2, 4); 0: the measured grid
     Layout ll{};                              ///< LL area's layout (2 x 8 data bytes per 16-byte line); world 0: no LL path
     std::uint64_t llOffset = 0;               ///< where the LL area starts in every ipc region (own and peers')
@@ -172,52 +168,9 @@ struct DeviceGroupView {
 };
 static_assert(std::is_trivially_copyable_v<DeviceGroupView>);
 
-/// The low-latency (LL) protocol, used for calls whose every peer is ipc and
-/// whose shard is at most llMaxBytes(world): each 8 bytes of payload travel
-/// with a 32-bit copy of the epoch in every 16-byte line ({d0, e, d1, e}, one
-/// volatile 16-byte store, NCCL's LL layout), into an area of the device
-/// regions after Layout::totalBytes(), so the receiver polls the data itself
-/// and no fence, release or separate flag is on the path. Each thread holds
-/// the peers' rows of its chunks in registers until every block has them
-/// (all-or-none output, as the flag path).
-inline constexpr std::uint32_t kLlThreads = 256;
-/// W = 2, one chunk a thread: the one-peer kernel needs about 40 registers,
-/// so its blocks can be 1,024 threads; used for W = 2 shards above
-/// kLlOnePeerAbove (faster there, slower below: fewer SMs move the lines).
-inline constexpr std::uint32_t kLlThreadsOnePeer = 1024;
-inline constexpr std::uint64_t kLlOnePeerAbove = 128 * 1024;
-inline constexpr std::uint32_t kLlHeld = 16; ///< 16-byte chunks of peers' rows one thread holds
-/// Blocks of one LL call, at most: W = 2 kernels hold one peer (few
-/// registers, many blocks fit); wider worlds hold up to kLlHeld chunks
-/// (about 240 registers, one block per SM), and every block of every rank
-/// sharing a GPU must be resident at once.
-constexpr std::uint32_t llMaxBlocks(std::uint32_t world) { return world <= 2 ? 32u : 8u; }
-/// Most 16-byte chunks per thread for world W: 4, 2 or 1, so that (W - 1) x chunks <= kLlHeld.
-constexpr std::uint32_t llChunksPerThread(std::uint32_t world) {
-    return world <= 1 ? 4u : (world - 1) * 4 <= kLlHeld ? 4u : (world - 1) * 2 <= kLlHeld ? 2u : 1u;
-}
-/// Largest shard the LL path takes at this world (W = 2: 512 KiB; 3..5: 128 KiB; 6..9: 64 KiB; 10..16: 32 KiB).
-constexpr std::uint64_t llMaxBytes(std::uint32_t world) {
-    return std::uint64_t(llMaxBlocks(world)) * kLlThreads * llChunksPerThread(world) * 16;
-}
-/// Chunks per thread of a multi-block LL call when DeviceGroupView::llChunks
-/// is 0 and W > 2 (W = 2: two chunks up to kLlOnePeerAbove, see llGridFor).
-inline constexpr std::uint32_t kLlChunksDefault = 1;
-/// W > 2, llChunks 0, shards of at most llMaxBlocks(W) x this many 16-byte
-/// chunks: one chunk a thread over blocks of this many threads, so that the
-/// W - 1 copies of every line are stored (and the peers' lines polled) by
-/// several SMs instead of one block's; the cross-block verdict costs less
-/// than one SM storing (W - 1) x 2 x the shard (docs/perf.md).
-inline constexpr std::uint32_t kLlSpreadThreads = 64;
-/// Offset of the LL area in a device region of this layout.
-constexpr std::uint64_t llAreaOffset(const Layout& l) { return roundUp(l.totalBytes(), kSlotAlign); }
-/// The LL area's own layout (two phases x world slots of twice the LL bytes and a tag line), or world 0 when none fits.
-Layout llLayoutOf(const Layout& l);
-/// Bytes a device region needs for the flag path and the LL area.
-inline std::uint64_t regionBytesWithLl(const Layout& l) {
-    const Layout ll = llLayoutOf(l);
-    return ll.world ? llAreaOffset(l) + ll.totalBytes() : l.totalBytes();
-}
+// The LL protocol's sizes (llMaxBytes, llLayoutOf, regionBytesWithLl, ...):
+// kernels/device/ll.hpp.
+
 /// Turns the LL path on for an ipc view whose regions (own and peers') are
 /// regionBytesWithLl bytes, zeroed before first use.
 void enableLowLatency(DeviceGroupView& view);
@@ -252,24 +205,6 @@ cudaError_t launchAllGather(const DeviceGroupView& view, const void* send, void*
 /// nearest even once. Same contract as launchAllGather otherwise.
 cudaError_t launchAllReduceSum(const DeviceGroupView& view, const void* send, void* recv, std::uint64_t count,
                                DType dtype, cudaStream_t stream, const CallTag* tag = nullptr);
-
-/// Diagnostics for the benchmark (bench/gpu --mode parts): while on, every
-/// call (flag path and LL) launched from now on (and every graph captured from now
-/// on) sums its phases into DeviceState::timeline. Off by default: it costs
-/// a few %globaltimer reads and stores a call.
-void setKernelTimeline(bool on);
-
-/// Benchmark of the proxy hop alone (bench/gpu --mode hop, --mode parts):
-/// `iters` calls of a `bytes` shard (16-byte multiple, at most the slot) by
-/// one warp of one launch, no output and no launch per call: stage,
-/// doorbell, wait for every peer's flags. With `laps` (device memory, iters
-/// entries) lap i is the ns from the doorbell to the last peer flag seen
-/// (the daemon's carry of the shard included, the staging not). Needs a view
-/// with a proxy (shm or verbs) peer, the same on every rank; every rank runs
-/// it with the same iters and bytes, between calls. Returns
-/// cudaErrorInvalidValue, launching nothing, for an ipc-only view or a bad size.
-cudaError_t launchProxyHopLoop(const DeviceGroupView& view, std::uint64_t iters, std::uint64_t* laps,
-                               cudaStream_t stream, std::uint64_t bytes = 16);
 
 /// Loads every collective kernel variant now. CUDA loads a kernel lazily at
 /// its first launch (CUDA_MODULE_LOADING=LAZY, the default), and that load

@@ -1,84 +1,27 @@
-// The low-latency (LL) collective kernel: ipc-only groups, small shards.
-// Included by collectives.cu only; the contract is in collectives.hpp.
+// The low-latency (LL) collective kernel: ipc-only groups, small shards,
+// composed from the device primitives of kernels/device/ (the protocol, its
+// line format, tag line and scrub: kernels/device/ll.cuh); the contract is in
+// collectives.hpp. The body (llCall) takes a probe: the library's kernel runs
+// it with NoProbe, bench/gpu with its timeline.
 //
-// Every 16-byte line a rank stores into a peer's LL slot is {d0, f, d1, f}
-// with f = the low 32 bits of the epoch, written by one st.volatile.v4: each
-// 8-byte half (data word + flag) lands whole, so a reader that sees f in both
-// halves has the line's data, with no fence, release store or separate flag
-// (NCCL's LL protocol). Stale lines carry f of epoch e - 2 (same phase), and
-// the area is zeroed at creation (epochs start at 1).
-//
-// The call's tag (callTagOf: op, dtype, bytes) travels in one more line,
-// the tag line at 2n of the slot, {tag, f, kLlTagMagic, f}, stored by block
-// 0's thread 0 before its data; block 0's threads 0..W-2 (one peer each)
-// load it with their own lines each pass and check it once those are in
-// (the data wait itself is the protocol's, untouched). A rank that called
-// with another size finds there a data line of the peer or the peer's tag
-// of another call: GroupMismatch, naming the peer. It then fills the lines
-// of its slot past its tag line in every peer with {0, f, 0, f}, lines a
-// peer of a larger size still waits for, whose tag line thus reads tag 0
-// (no call's) at this epoch: every rank fails the call at once, nothing
-// written. A peer whose size took the flag path instead (above llMaxBytes)
-// writes no lines: both end in Timeout, nothing written.
-//
-// f is 32 bits of a 64-bit epoch: a line a call of epoch e' left and nothing
-// rewrote since would pass for one of epoch e' + 2^32 (half a day of calls at
-// 100,000 a second, after a large call and only smaller ones). So every call
-// also scrubs one line of each peer's slot (p, rank) that it does not write,
-// round robin over the slot: line (e >> 1) mod lines (32 bits of the
-// counter), if past 2n (the tag line), gets
-// {0, f + 2^31, 0, f + 2^31}, a flag no epoch within 2^31 of e has. Every line
-// of a slot is then rewritten (data or scrub) within 2 x lines epochs of the
-// slot's phase. A peer reads only lines up to 2n of slot (p, rank) at e, and
-// at e + 2 only after this rank's kernel of e ended (the protocol's own
-// argument): the scrub never races a read.
-//
-// Per thread: kPer 16-byte chunks of the shard; of n chunks, chunk c goes to
-// line c (its first 8 bytes) and line n + c (its last 8) of slot (p, rank)
-// of every peer's LL area, so that each store and load instruction of a warp
-// covers 512 contiguous bytes in whole 32-byte sectors (lines 2c and 2c + 1
-// left a 16-byte hole after every 16 bytes of each instruction: 9 to 30 %
-// slower from 8 KiB, docs/perf.md). The thread then waits for
-// the same chunks of every peer, keeps them in registers, and only once every
-// thread of every block has all of them writes the output: all-or-none, as
-// the flag path (block AND, then a count of the blocks per call that every
-// block waits on; the last to arrive advances the epoch).
+// Per thread: kPer 16-byte chunks of the shard, stored into slot (p, rank)
+// of every peer's LL area; the thread then waits for the same chunks of every
+// peer, keeps them in registers, and only once every thread of every block
+// has all of them writes the output: all-or-none, as the flag path (block
+// AND, then a count of the blocks per call that every block waits on; the
+// last to arrive advances the epoch). Block 0's threads 0..W-2 (one peer
+// each) also load that peer's tag line with their own lines each pass and
+// check it once those are in (the data wait itself is the protocol's,
+// untouched). A peer whose size took the flag path instead (above
+// llMaxBytes) writes no lines: both end in Timeout, nothing written.
 #pragma once
 
-#include "kernels/collectives_kernel.cuh"
+#include "kernels/collectives.hpp"
+#include "kernels/device/call.cuh"
+#include "kernels/device/ll.cuh"
+#include "kernels/device/reduce.cuh"
 
 namespace tpf::kernels::detail {
-
-__device__ __forceinline__ void stLl(void* p, std::uint32_t a, std::uint32_t b, std::uint32_t f) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(f), "r"(b), "r"(f) : "memory");
-}
-__device__ __forceinline__ uint4 ldLl(const void* p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ std::uint32_t ldAcquireGpu(const std::uint32_t* p) {
-    std::uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ std::uint32_t ldRelaxedGpu(const std::uint32_t* p) {
-    std::uint32_t v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-/// Failure codes a block shares (shared memory), beyond the Errc values.
-constexpr std::uint32_t kLlKeep = 0xffffu; ///< fail without touching the control block (sticky, daemon-written)
-constexpr std::uint32_t kLlTagMagic = 0x47415454u; ///< "TTAG": the third word of a tag line (never a filler's 0)
-
-template <class V>
-__device__ __forceinline__ void accumulate(float* acc, uint4 x, bool first) {
-    float f[V::kLanes];
-    V::widen(x, f);
-#pragma unroll
-    for (int k = 0; k < V::kLanes; ++k) acc[k] = first ? f[k] : __fadd_rn(acc[k], f[k]);
-}
 
 /// Block size bound of a variant: 1,024 for one chunk of one peer (about 40
 /// registers), else 256.
@@ -86,12 +29,14 @@ constexpr std::uint32_t llThreadsMax(std::uint32_t per, std::uint32_t peers) {
     return per == 1 && peers == 1 ? kLlThreadsOnePeer : kLlThreads;
 }
 
-/// kPer: 16-byte chunks a thread; kPeers: peers one thread holds
-/// (world - 1 <= kPeers <= kLlHeld / kPer), 1 for W = 2 so that its loops
-/// carry no dead peers.
-template <Op op, std::uint32_t kPer, std::uint32_t kPeers>
-__global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const DeviceGroupView v, const std::uint8_t* send,
-                                                       std::uint8_t* recv, std::uint64_t n16, const CallTag tag) {
+/// One LL call, by every thread of every block of the launch. kPer: 16-byte
+/// chunks a thread; kPeers: peers one thread holds (world - 1 <= kPeers <=
+/// kLlHeld / kPer), 1 for W = 2 so that its loops carry no dead peers. A
+/// probe with kOn gets phases(epoch read, puts issued, lines seen, output
+/// written) from block 0's thread 0 (its view of the call, %globaltimer).
+template <Op op, std::uint32_t kPer, std::uint32_t kPeers, class Probe>
+__device__ __forceinline__ void llCall(const DeviceGroupView& v, const std::uint8_t* send, std::uint8_t* recv,
+                                       std::uint64_t n16, const CallTag& tag, Probe* probe) {
     static_assert(kPer * kPeers <= kLlHeld);
     __shared__ std::uint32_t sCode, sMissing, sFill;
     DeviceState* st = v.state;
@@ -121,21 +66,17 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     for (std::uint32_t i = 0; i + 1 < W; ++i) {
         const std::uint32_t q = peerAt(me, i, W);
         std::uint8_t* dst = v.peerRegions[q] + v.llOffset + v.ll.slotOffset(p, me);
-        if (b == 0 && threadIdx.x == 0) stLl(dst + 2 * n16 * 16, ctag, kLlTagMagic, f); // the tag line
+        if (b == 0 && threadIdx.x == 0) llPutTag(dst, n16, ctag, f);
 #pragma unroll
         for (std::uint32_t k = 0; k < kPer; ++k) {
             const std::uint64_t c = base + std::uint64_t(k) * blockDim.x;
-            if (c < n16) {
-                stLl(dst + c * 16, own[k].x, own[k].y, f);
-                stLl(dst + (n16 + c) * 16, own[k].z, own[k].w, f);
-            }
+            if (c < n16) llPutChunk(dst, n16, c, own[k], f);
         }
     }
     __syncthreads(); // sCode / sMissing initialised
     if (b == 0 && threadIdx.x == 0) countCall(v, tag); // completes while the lines travel (no fence on this path)
-    const bool timedBlock = (tag.flags & kTagTimeline) != 0 && b == 0; // uniform in the block
-    const bool timed = timedBlock && threadIdx.x == 0;
-    const std::uint64_t tPut = timed ? globalTimerNs() : 0;
+    std::uint64_t tPut = 0;
+    if constexpr (Probe::kOn) tPut = b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
 
     // 2. wait for the same chunks of every peer (rank order, self skipped).
     // Each pass loads every line still missing before it looks at any, so
@@ -170,25 +111,23 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
                     z[k][j] = ldLl(line + n16 * 16);
                 }
         if (tagThread) t = ldLl(tagLine);
-        // The scrub (top of the file), by block 0's thread 0 while its first
-        // pass's loads are in flight, so that its arithmetic is off the
-        // call's path (within 0.05 us of no scrub at 4 and 64 KiB, W = 2,
-        // docs/perf.md). 32-bit arithmetic: the counter's wrap every 2^33
-        // epochs restarts the round.
+        // The scrub (kernels/device/ll.cuh), by block 0's thread 0 while its
+        // first pass's loads are in flight, so that its arithmetic is off the
+        // call's path (it then costs no measurable time). 32-bit arithmetic:
+        // the counter's wrap every 2^33 epochs restarts the round.
         if (TPF_LL_SCRUB && spins == 1 && b == 0 && threadIdx.x == 0) {
             const std::uint32_t lines = std::uint32_t(v.ll.slotBytes / 16), m = std::uint32_t(e >> 1) % lines;
             if (m > 2 * n16)
                 for (std::uint32_t i = 0; i + 1 < W; ++i)
-                    stLl(v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me) + std::uint64_t(m) * 16, 0,
-                         0, f + (1u << 31));
+                    llScrub(v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me), m, f);
         }
 #pragma unroll
         for (std::uint32_t k = 0; k < kPer; ++k)
 #pragma unroll
             for (std::uint32_t j = 0; j < kPeers; ++j) {
                 const std::uint32_t bit = 1u << (k * kPeers + j);
-                if ((pending & bit) && a[k][j].y == f && a[k][j].w == f && z[k][j].y == f && z[k][j].w == f) {
-                    held[k][j] = make_uint4(a[k][j].x, a[k][j].z, z[k][j].x, z[k][j].z);
+                if ((pending & bit) && llSeen(a[k][j], z[k][j], f)) {
+                    held[k][j] = llChunk(a[k][j], z[k][j]);
                     pending &= ~bit;
                 }
             }
@@ -237,8 +176,8 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     // its lines); another tag, or a line of the peer's data or filler there,
     // is another size, dtype or op.
     for (std::uint32_t spins = 1; ok && tagThread; ++spins) {
-        if (t.y == f && t.w == f) {
-            if (t.x != ctag || t.z != kLlTagMagic) {
+        if (llTagIn(t, f)) {
+            if (!llTagAgrees(t, ctag)) {
                 atomicMin(&sMissing, tagSrc);
                 atomicCAS(&sCode, 0u, std::uint32_t(Errc::GroupMismatch));
                 ok = false;
@@ -272,7 +211,8 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     // and waits until all have; the last to arrive records a failure and
     // advances the epoch (every block read it already).
     bool good = __syncthreads_and(ok) != 0;
-    const std::uint64_t tLines = timed ? globalTimerNs() : 0;
+    std::uint64_t tLines = 0;
+    if constexpr (Probe::kOn) tLines = b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
     if (threadIdx.x == 0) {
         const std::uint32_t mine = good ? 0u : (code != 0 ? code : std::uint32_t(Errc::Timeout));
         sFill = mine == std::uint32_t(Errc::GroupMismatch); // block 0 only: its threads check the tags
@@ -292,8 +232,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
             while ((word & 0xffffu) != nb) {
                 if (globalTimerNs() - t0 > 2 * v.timeoutNs + 1000000000ull) { // a block never ran
                     word = 0x10000u;
-                    stRelaxedSys(&v.control->missingPeer, kNoPeer);
-                    stReleaseSys(&v.control->error, std::uint32_t(Errc::Timeout));
+                    recordFailure(v.control, std::uint32_t(Errc::Timeout), kNoPeer);
                     break;
                 }
                 word = ldAcquireGpu(count);
@@ -312,8 +251,7 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
                 stRelaxedSys(&v.control->epoch, e);
                 if (failCode != kLlKeep) {
                     const bool named = failCode == std::uint32_t(Errc::Timeout) || failCode == std::uint32_t(Errc::GroupMismatch);
-                    stRelaxedSys(&v.control->missingPeer, named ? missing : kNoPeer);
-                    stReleaseSys(&v.control->error, failCode);
+                    recordFailure(v.control, failCode, named ? missing : kNoPeer);
                 }
                 atomicAdd(&st->failures, 1u);
             }
@@ -327,13 +265,12 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
     // their put: the next kernel may be scheduled (collectiveKernel's rule).
     gridDepRelease();
     // A tag that disagreed: the filler past the own tag line in every peer
-    // (top of the file), so that a peer of a larger size fails now too.
+    // (kernels/device/ll.cuh), so that a peer of a larger size fails now too.
     if (sFill) {
         const std::uint64_t lines = v.ll.slotBytes / 16;
-        for (std::uint32_t i = 0; i + 1 < W; ++i) {
-            std::uint8_t* dst = v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me);
-            for (std::uint64_t l = 2 * n16 + 1 + threadIdx.x; l < lines; l += blockDim.x) stLl(dst + l * 16, 0, 0, f);
-        }
+        for (std::uint32_t i = 0; i + 1 < W; ++i)
+            llFill(v.peerRegions[peerAt(me, i, W)] + v.llOffset + v.ll.slotOffset(p, me), n16, lines, f, threadIdx.x,
+                   blockDim.x);
     }
 
     // 4. the result, only when every block of this rank has every row.
@@ -363,18 +300,19 @@ __global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const Dev
             }
         }
     }
-    // DeviceState::timeline (setKernelTimeline), block 0: from the epoch
-    // read to the puts issued, to every line of the block seen, to its output.
-    if (timedBlock) {
-        __syncthreads();
-        if (timed) {
-            const std::uint64_t out = globalTimerNs();
-            st->timeline[0] += tPut - t0;
-            st->timeline[1] += tLines - tPut;
-            st->timeline[2] += out - tLines;
-            st->timeline[3] += 1;
+    if constexpr (Probe::kOn) {
+        if (b == 0) {
+            __syncthreads();
+            if (threadIdx.x == 0) probe->phases(t0, tPut, tLines, globalTimerNs());
         }
     }
+}
+
+/// The library's LL kernel (launched by collectives.cu).
+template <Op op, std::uint32_t kPer, std::uint32_t kPeers>
+__global__ void __launch_bounds__(llThreadsMax(kPer, kPeers)) llKernel(const DeviceGroupView v, const std::uint8_t* send,
+                                                                       std::uint8_t* recv, std::uint64_t n16, const CallTag tag) {
+    llCall<op, kPer, kPeers, NoProbe>(v, send, recv, n16, tag, nullptr);
 }
 
 } // namespace tpf::kernels::detail

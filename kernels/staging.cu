@@ -1,14 +1,13 @@
 // Pack and unpack kernels of staged calls (kernels/staging.hpp).
 #include "kernels/staging.hpp"
 
-#include "kernels/device_sync.cuh"
+#include "kernels/device/call.cuh"
 
 namespace tpf::kernels {
 
 namespace {
 
-using detail::stRelaxedSys;
-using detail::stReleaseSys;
+using detail::recordFailure;
 
 constexpr std::uint32_t kThreads = 256;
 constexpr std::uint32_t kMaxBlocksStaging = 32;
@@ -80,8 +79,7 @@ __global__ void __launch_bounds__(kThreads) unpackKernel(const DeviceGroupView v
             if (bad != kNoPeer) {
                 go = 0;
                 if (blockIdx.x == 0) { // one block records the failure; every block reached the same verdict
-                    stRelaxedSys(&v.control->missingPeer, bad);
-                    stReleaseSys(&v.control->error, std::uint32_t(Errc::GroupMismatch));
+                    recordFailure(v.control, std::uint32_t(Errc::GroupMismatch), bad);
                     atomicAdd(&v.state->failures, 1u);
                     countMismatch(v, rows);
                 }

@@ -1,8 +1,14 @@
+// The reference kernels of tpf-gpubench (bench_kernels.hpp), composed from
+// the device primitives' PTX helpers (kernels/device/ptx.cuh).
 #include "bench/gpu/bench_kernels.hpp"
+
+#include "kernels/device/ptx.cuh"
 
 namespace tpf::gpubench {
 
 namespace {
+
+using namespace kernels::detail;
 
 __device__ __forceinline__ void copyVectors(uint4* dst, const uint4* src, std::uint64_t n) {
     for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
@@ -13,9 +19,9 @@ __global__ void copyK(uint4* dst, const uint4* src, std::uint64_t n) { copyVecto
 // The floor of a call launched with programmatic dependent launch: the same
 // copy, waiting on the GPU for the kernel before it (as the collectives do).
 __global__ void copyPdlK(uint4* dst, const uint4* src, std::uint64_t n) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    gridDepWait();
     copyVectors(dst, src, n);
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    gridDepRelease();
 }
 
 // launchExchangeFloor (bench_kernels.hpp). Block b of rank r stores its part
@@ -25,7 +31,7 @@ __global__ void copyPdlK(uint4* dst, const uint4* src, std::uint64_t n) {
 // agrees because every rank runs the same calls.
 template <bool kPdl>
 __global__ void exchangeFloorK(const ExchangeFloor f, const uint4* src, std::uint64_t n) {
-    if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if constexpr (kPdl) gridDepWait();
     const unsigned b = blockIdx.x;
     for (std::uint32_t q = 0; q < f.world; ++q)
         if (q != f.rank) copyVectors(reinterpret_cast<uint4*>(f.peerArea[q] + f.rank * f.rowBytes), src, n);
@@ -36,30 +42,25 @@ __global__ void exchangeFloorK(const ExchangeFloor f, const uint4* src, std::uin
             if (q == f.rank) continue;
             std::uint32_t* flag =
                 reinterpret_cast<std::uint32_t*>(f.peerArea[q] + f.world * f.rowBytes) + f.rank * kFloorMaxBlocks + b;
-            if (f.system) asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(e) : "memory");
-            else asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(e) : "memory");
+            if (f.system) stReleaseSys(flag, e);
+            else stReleaseGpu(flag, e);
         }
         for (std::uint32_t q = 0; q < f.world; ++q) {
             if (q == f.rank) continue;
             const std::uint32_t* flag = f.flags + q * kFloorMaxBlocks + b;
             std::uint32_t v;
-            do {
-                if (f.system) asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-                else asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-            } while (std::int32_t(v - e) < 0); // a peer may already be one call ahead
+            do v = f.system ? ldAcquireSys(flag) : ldAcquireGpu(flag);
+            while (std::int32_t(v - e) < 0); // a peer may already be one call ahead
         }
         f.epochs[b] = e;
     }
-    if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if constexpr (kPdl) gridDepRelease();
 }
 
 __global__ void pingPongK(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters) {
     for (std::uint64_t i = 1; i <= iters; ++i) {
-        asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ping), "l"(i) : "memory");
-        std::uint64_t v = 0;
-        do {
-            asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(pong) : "memory");
-        } while (v < i);
+        stReleaseSys(ping, i);
+        while (ldAcquireSys(pong) < i) {}
     }
 }
 
@@ -72,24 +73,18 @@ __global__ void pingPongWarpsK(std::uint64_t* ping, const std::uint64_t* pong, s
     for (std::uint64_t i = 1; i <= iters; ++i) {
         if (lane == 0) {
             if (w == 0) {
-                std::uint64_t t;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                t0 = t;
-                asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ping), "l"(i) : "memory");
+                t0 = globalTimerNs();
+                stReleaseSys(ping, i);
                 published = i;
             } else {
                 while (published < i) {}
-                std::uint64_t a, b;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(a));
-                do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(b));
-                while (b - a < w * 250);
+                const std::uint64_t a = globalTimerNs();
+                while (globalTimerNs() - a < w * 250) {}
             }
             while (seen < i) {
-                std::uint64_t v;
-                asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(pong + w * 4) : "memory");
+                const std::uint64_t v = ldAcquireSys(pong + w * 4);
                 if (v >= i) {
-                    std::uint64_t t;
-                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                    const std::uint64_t t = globalTimerNs();
                     if (atomicCAS(const_cast<unsigned long long*>(reinterpret_cast<volatile unsigned long long*>(&seen)),
                                   (unsigned long long)(i - 1), (unsigned long long)i) == i - 1)
                         tSeen = t;

@@ -19,13 +19,13 @@ void launchCopyPdl(void* dst, const void* src, std::uint64_t bytes, cudaStream_t
 /// pong == i+1 written by a CPU thread. Returns when done; the host measures.
 void launchPingPong(std::uint64_t* ping, const std::uint64_t* pong, std::uint64_t iters, cudaStream_t s);
 /// The same round trip polled as the collectives poll a flag in host memory
-/// (collectives_kernel.cuh, waitPeers): `warps` warps (1..4), warp w reading
+/// (kernels/device/flag.cuh, waitPeers): `warps` warps (1..4), warp w reading
 /// pong[w * 4] (its own 32-byte copy) from w * 250 ns after warp 0's store to
 /// ping; the CPU thread writes all `warps` copies. laps[i]: %globaltimer from
 /// the store to the first warp's sight of pong (ns).
 void launchPingPongWarps(std::uint64_t* ping, const std::uint64_t* pong, std::uint32_t warps, std::uint64_t iters,
                          std::uint64_t* laps, cudaStream_t s);
-/// The exchange floor of a W-rank all-gather (issue 16, target 1): every
+/// The exchange floor of a W-rank all-gather: every
 /// rank's area is `world` rows of `rowBytes` and then the flags, one word per
 /// (sender, block); the peers' areas are mapped through CUDA IPC.
 constexpr std::uint32_t kFloorMaxWorld = 16, kFloorMaxBlocks = 32;
@@ -48,7 +48,7 @@ constexpr std::uint64_t floorAreaBytes(std::uint32_t world, std::uint64_t rowByt
 /// is read back or copied out: what a one-shot flag protocol over these
 /// links pays at least (the LL path, whose lines carry their own flags, does
 /// without the release; at W = 8 the one thread that releases and polls
-/// every peer's flag in turn makes this no floor: docs/perf.md). `pdl`:
+/// every peer's flag in turn makes this no floor). `pdl`:
 /// launched as the collectives are (programmatic dependent launch), else
 /// plainly.
 void launchExchangeFloor(const ExchangeFloor& f, const void* src, std::uint64_t bytes, bool pdl, cudaStream_t s);

@@ -20,7 +20,8 @@
 //   group over an NcclBootstrap, which routes each size as an application's
 //   group would (fabric up to the crossover, NCCL above it).
 // --mode hop: proxy route 16 B gathers (a graph of 100, per call), then the
-//   hop alone (doorbell -> daemon -> flag -> waiting kernel; proxyHop below),
+//   hop alone (doorbell -> daemon -> flag -> waiting kernel; proxyHop below,
+//   parts_kernels.hpp),
 //   both also with one poller warp (TPF_GPU_POLLERS=1), beside raw
 //   host-mapped flag ping-pongs (kernel <-> CPU thread) in the same run:
 //   one thread's round trip (the host clock's mean), and warp 0 alone or
@@ -36,7 +37,8 @@
 //   bytes (proxyHop: doorbell -> the daemon's copy -> flag, laps p50), and
 //   the gather's own phases as its block 0 sees them (kernel entry to the
 //   doorbell, doorbell to the peer's flag, flag to the output written; the
-//   mean over the graph's calls, kernels::setKernelTimeline).
+//   mean over the graph's calls: the library's kernel bodies with a timeline
+//   probe, parts_kernels.hpp).
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -53,6 +55,7 @@
 #include <vector>
 
 #include "bench/gpu/bench_kernels.hpp"
+#include "bench/gpu/parts_kernels.hpp"
 #include "client/testing.hpp"
 #include "kernels/collectives.hpp"
 #include "tpf_config.h"
@@ -204,22 +207,30 @@ void closeFloor(gpubench::ExchangeFloor& f) {
 }
 
 // One side of --mode parts: its graph timed (ROW name), and for a group's
-// side the phases its kernels summed meanwhile (DeviceState::timeline,
-// kernels::setKernelTimeline), block 0's mean per call, one ROW each.
+// side (its calls launched through gpubench::launchTimed*, summing into `tl`)
+// the phases summed meanwhile, block 0's mean per call, one ROW each.
 int timeParts(const char* name, const std::function<void()>& call, Group* g, std::uint64_t bytes, cudaStream_t st,
-              const char* const (&phases)[3]) {
-    std::uint64_t t0[4] = {}, t1[4] = {};
-    const kernels::DeviceGroupView* view = g ? &tpf::testing::deviceView(*g) : nullptr;
-    if (view) CK(cudaMemcpy(t0, view->state->timeline, sizeof t0, cudaMemcpyDeviceToHost));
+              const char* const (&phases)[3], const gpubench::Timeline* tl) {
+    gpubench::Timeline t0{}, t1{};
+    if (g) CK(cudaMemcpy(&t0, tl, sizeof t0, cudaMemcpyDeviceToHost));
     double us = 0;
     if (timeGraph(st, call, us, g)) return 1;
     row(name, bytes, us);
-    if (!view) return 0;
-    CK(cudaMemcpy(t1, view->state->timeline, sizeof t1, cudaMemcpyDeviceToHost));
-    const double calls = double(t1[3] - t0[3]);
+    if (!g) return 0;
+    CK(cudaMemcpy(&t1, tl, sizeof t1, cudaMemcpyDeviceToHost));
+    const double calls = double(t1.calls - t0.calls);
     if (calls == 0) return 0;
-    for (int k = 0; k < 3; ++k) row(phases[k], bytes, double(t1[k] - t0[k]) / calls / 1e3);
+    for (int k = 0; k < 3; ++k) row(phases[k], bytes, double(t1.phase[k] - t0.phase[k]) / calls / 1e3);
     return 0;
+}
+
+// A Device group's call as the library launches it, with the phases summed
+// into `tl` (gpubench::launchTimed*: the library's kernel bodies and shapes).
+void timedGather(Group& g, const void* send, void* recv, std::uint64_t bytes, gpubench::Timeline* tl, cudaStream_t st) {
+    (void)gpubench::launchTimedAllGather(tpf::testing::deviceView(g), send, recv, bytes, tl, st);
+}
+void timedSumBf16(Group& g, const void* send, void* recv, std::uint64_t count, gpubench::Timeline* tl, cudaStream_t st) {
+    (void)gpubench::launchTimedAllReduceSum(tpf::testing::deviceView(g), send, recv, count, DType::BF16, tl, st);
 }
 
 // Rows name-p50 / -mean / -p99 (us) of laps in ns (sorted here).
@@ -233,7 +244,7 @@ void lapRows(const std::string& name, std::uint64_t bytes, std::vector<std::uint
 }
 
 // --mode hop, the hop alone: every rank runs one launch of kHopCalls 16-byte
-// calls (kernels::launchProxyHopLoop: stage, doorbell, wait for the peer's
+// calls (gpubench::launchProxyHopLoop: stage, doorbell, wait for the peer's
 // flag; no launch and no output per call), after a warm-up launch. Rows: the
 // period per call (host clock over the launch / calls: with several poller
 // warps it includes the slower pollers' last reads, which a collective call
@@ -247,11 +258,11 @@ int proxyHop(Group& g, cudaStream_t st, Barrier& barrier, std::uint64_t bytes = 
     std::uint64_t* laps = nullptr;
     CK(cudaMalloc(&laps, kHopCalls * sizeof(std::uint64_t)));
     barrier();
-    CK(kernels::launchProxyHopLoop(view, kWarmup, nullptr, st, bytes));
+    CK(gpubench::launchProxyHopLoop(view, kWarmup, nullptr, st, bytes));
     CK(cudaStreamSynchronize(st));
     barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    CK(kernels::launchProxyHopLoop(view, kHopCalls, laps, st, bytes));
+    CK(gpubench::launchProxyHopLoop(view, kHopCalls, laps, st, bytes));
     CK(cudaStreamSynchronize(st));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (auto c = g.check(); !c) return std::fprintf(stderr, "rank %u: hop: %s\n", a.rank, c.error().describe().c_str()), 1;
@@ -393,6 +404,7 @@ int main(int argc, char** argv) {
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return std::printf("SKIP: no CUDA device\n"), 77;
     CK(cudaSetDevice(a.device >= 0 ? a.device : int(a.rank % std::uint32_t(n))));
     CK(gpubench::preloadBenchKernels());
+    CK(gpubench::preloadPartsKernels());
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     const std::uint64_t maxBytes = 512 * 1024;
@@ -474,25 +486,31 @@ int main(int argc, char** argv) {
         auto c1 = Group::open(**boot, a.rank, a.world, maxBytes, o);
         ::unsetenv("TPF_GPU_LL_CHUNKS");
         if (!c1) return std::fprintf(stderr, "rank %u: open (TPF_GPU_LL_CHUNKS=1): %s\n", a.rank, c1.error().describe().c_str()), 1;
-        kernels::setKernelTimeline(true);
+        gpubench::Timeline* tl = nullptr; // the group sides' calls sum their phases here
+        CK(cudaMalloc(&tl, sizeof *tl));
+        CK(cudaMemset(tl, 0, sizeof *tl));
+        Group& g1 = **c1;
         for (std::uint64_t bytes = 4096; bytes <= 65536; bytes *= 2) {
             const Side sides[] = {
                 {"copy-kernel-pdl", [&] { gpubench::launchCopyPdl(recv2, send, bytes, st); }, nullptr},
-                {"ipc-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
-                {"ipc-gather-c1", [&] { (void)(*c1)->allGather(send, recv, bytes, st); }, c1->get()},
-                {"ipc-sum-bf16", [&] { (void)g.allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, &g},
-                {"ipc-sum-bf16-c1", [&] { (void)(*c1)->allReduceSum(send, recv, bytes / 2, DType::BF16, st); }, c1->get()},
+                {"ipc-gather", [&] { timedGather(g, send, recv, bytes, tl, st); }, &g},
+                {"ipc-gather-c1", [&] { timedGather(g1, send, recv, bytes, tl, st); }, &g1},
+                {"ipc-sum-bf16", [&] { timedSumBf16(g, send, recv, bytes / 2, tl, st); }, &g},
+                {"ipc-sum-bf16-c1", [&] { timedSumBf16(g1, send, recv, bytes / 2, tl, st); }, &g1},
             };
             static const char* const phases[3] = {"ll-epoch-to-puts", "ll-puts-to-lines", "ll-lines-to-output"};
             for (const auto& sd : sides) {
                 barrier();
-                if (timeParts(sd.name.c_str(), sd.call, sd.g, bytes, st, phases)) return 1;
+                if (timeParts(sd.name.c_str(), sd.call, sd.g, bytes, st, phases, tl)) return 1;
             }
         }
         barrier();
+        cudaFree(tl);
     } else if (a.mode == "parts") {
         const kernels::DeviceGroupView& view = tpf::testing::deviceView(g);
-        kernels::setKernelTimeline(true); // graphs captured from here on sum their phases
+        gpubench::Timeline* tl = nullptr; // the gather's calls sum their phases here
+        CK(cudaMalloc(&tl, sizeof *tl));
+        CK(cudaMemset(tl, 0, sizeof *tl));
         // Phase 0's slots: the calls between these graphs rewrite them anyway.
         std::uint8_t* const own = view.hostRegion + view.layout.slotOffset(0, a.rank);
         std::uint8_t* const peer = view.hostRegion + view.layout.slotOffset(0, (a.rank + 1) % a.world);
@@ -502,7 +520,7 @@ int main(int argc, char** argv) {
         for (std::uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 4) {
             const Side sides[] = {
                 {"copy-kernel", [&] { gpubench::launchCopy(recv2, send, bytes, st); }, nullptr},
-                {"proxy-gather", [&] { (void)g.allGather(send, recv, bytes, st); }, &g},
+                {"proxy-gather", [&] { timedGather(g, send, recv, bytes, tl, st); }, &g},
                 {"stage-kernel", [&] { gpubench::launchCopy(own, send, bytes, st); }, nullptr},
                 {"stage-kernel-pinned", [&] { gpubench::launchCopy(dpinned, send, bytes, st); }, nullptr},
                 {"read-kernel", [&] { gpubench::launchCopy(recv2, peer, bytes, st); }, nullptr},
@@ -512,13 +530,14 @@ int main(int argc, char** argv) {
                                                   "gather-flags-to-output"};
             for (const auto& sd : sides) {
                 barrier();
-                if (timeParts(sd.name.c_str(), sd.call, sd.g, bytes, st, phases)) return 1;
+                if (timeParts(sd.name.c_str(), sd.call, sd.g, bytes, st, phases, tl)) return 1;
             }
             barrier();
             if (proxyHop(g, st, barrier, bytes, 2000)) return 1;
         }
         barrier();
         cudaFreeHost(pinned);
+        cudaFree(tl);
     } else { // hop
         barrier();
         if (timeGraph(st, [&] { gpubench::launchCopy(recv2, send, 16, st); }, us, nullptr)) return 1;

@@ -50,6 +50,9 @@ void testTimeout(const SimOptions& o);
 void testCallMismatches(const SimOptions& o); // ipc groups: ranks that disagree on a call's size, dtype or op
 void testDaemonStop(const SimOptions& o, bool abort);
 void testBackToBack(const SimOptions& o, std::uint32_t calls);
+// cases_primitives.cu: kernels the test composes from kernels/device/.
+void preloadComposedKernels();
+void testComposed(const SimOptions& o);
 // bench.cu
 void runLatencyBench();
 

@@ -1,4 +1,4 @@
-# The GPU chaos run (issue 15), sourced by tests/gpu/run.sh inside its MPS
+# The GPU chaos run, sourced by tests/gpu/run.sh inside its MPS
 # suite: for TPF_GPU_CHAOS_SECONDS (default 60) seconds, rounds of one Device
 # group each (W = 2..4 rank processes on the one GPU under MPS, route ipc or
 # proxy, chosen at random) running checked calls back to back

@@ -53,7 +53,8 @@ build_here() {
   sed -e "s/@TPF_VERSION_MAJOR@/$maj/" -e "s/@TPF_VERSION_MINOR@/$min/" -e "s/@TPF_VERSION_PATCH@/$pat/" \
       -e "s/@TPF_VERSION_STRING@/$ver/" include/tpfabric/version.h.in >build-gpu-device/include/tpfabric/version.h
   local srcs=(kernels/collectives.cu kernels/layout_probe.cu tests/gpu/test_collectives.cu tests/gpu/cases_data.cu
-              tests/gpu/cases_fault.cu tests/gpu/bench.cu tests/gpu/check_kernels.cu tests/gpu/sim_group.cpp)
+              tests/gpu/cases_fault.cu tests/gpu/cases_primitives.cu tests/gpu/bench.cu tests/gpu/check_kernels.cu
+              tests/gpu/sim_group.cpp)
   local objs=() pids=() s o ok=1
   for s in "${srcs[@]}"; do
     o=build-gpu-device/$(basename "$s").o
@@ -276,7 +277,7 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
     grep -h RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | sort | sed 's/^/    /'
     [ $st = FAIL ] && grep -hv RESULT "$logdir/tpf-gpurank-mixed-auto-w$w.log" | head -20 | sed 's/^/    ! /'
   done
-  # ---- status and idle CPU of an ipc Device group (issue 13 item 5, issue 16 item 6) ----
+  # ---- status and idle CPU of an ipc Device group ----
   # While an open W = 2 ipc group idles: tpfabricctl status shows ipc routes
   # and the ranks' device regions, and the daemon's CPU over 2 s stays under
   # 5 % of a core (its proxy polls no ipc-only ring). Needs $bin/tpfabricctl.
@@ -308,7 +309,7 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
     judge 77; echo "SKIP gpu-multiprocess idle: no $bin/tpfabricctl (carry build-gpu/ctl/tpfabricctl)"
   fi
   # An idle proxy-route group: the daemon busy-polls its ring (a kernel cannot
-  # wake it), a whole core; proxy.gpu_poll_us = 100 bounds that (issue 16.6).
+  # wake it), a whole core; proxy.gpu_poll_us = 100 bounds that.
   # Both measured, the bounded one must stay under 20 % of a core, and the
   # group's calls before and after the idle stretch must be right.
   if [ -x "$bin/tpfabricctl" ]; then
@@ -389,8 +390,8 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && [ -z "${TPF_GPU_NO_PYTHON:-}" ]; then
   echo "$st gpu-python (tests/gpu/python/run.sh)"
 fi
 
-# The host path on this machine's host CPUs, in the same run (issue 16's
-# targets 4 and 6: W = 2..16 beside the shared-memory floor, the sum beside
+# The host path on this machine's host CPUs, in the same run (the host
+# path's targets: W = 2..16 beside the shared-memory floor, the sum beside
 # the gather, open times, the daemon's memory and idle CPU; docs/perf.md).
 # Last, with the MPS daemon and the suite's tpfabricd stopped first and a
 # few seconds to settle: the targets are stated for idle host CPUs, and 16

@@ -133,6 +133,7 @@ void runSuite(gputest::Wire wire, std::uint32_t W) {
     testDaemonStop(o, /*abort=*/true);
     testDaemonStop(o, /*abort=*/false);
     testBackToBack(o, 2000);
+    testComposed(o);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("== %-5s W=%u: %s (%.1f s)\n", wireName(wire), W, g_stats.failed == failedBefore ? "ok" : "FAILED", s);
     std::fflush(stdout);
@@ -159,10 +160,11 @@ int main(int argc, char** argv) {
         TPF_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
         // All W ranks launch from this one thread: no kernel may be loaded
-        // lazily while another rank's collective spins (first run, 2026-11-29:
-        // a lazy load of the verify kernel stalled rank 0 for the 2 s timeout).
+        // lazily while another rank's collective spins (a lazy load of the
+        // verify kernel once stalled rank 0 for the whole 2 s timeout).
         TPF_CUDA_CHECK(kernels::preloadKernels());
         preloadCheckKernels();
+        preloadComposedKernels();
         if (args.tests) {
             testLayoutProbe();
             const gputest::Wire wires[] = {gputest::Wire::Ipc, gputest::Wire::Proxy};
