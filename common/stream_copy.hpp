@@ -1,7 +1,7 @@
 // Copies into host memory that a GPU reads next over PCIe: non-temporal
 // stores for whole 64-byte lines, so the copy neither reads the destination
 // lines first nor leaves them dirty in this core's cache for the GPU's reads
-// to snoop. Measured (docs/perf.md, 2026-12-01, proxy route, one H200): 6 to
+// to snoop. On the proxy route (one H200, docs/perf.md) that is 6 to
 // 17 % faster from 128 KiB a stripe, 1 to 2 us slower at 4..64 KiB, hence
 // the threshold. Not for a CPU reader (it would then read from memory
 // instead of another core's cache). Non-temporal stores are weakly ordered:
@@ -60,7 +60,7 @@ inline void streamCopy(void* dst, const void* src, std::size_t n) {
 /// changes no data, and CPUs without CLDEMOTE run its encoding as a NOP;
 /// nothing on other CPUs. It costs the calling thread: on the proxy's path
 /// of a 4 KiB row it delayed the flag (issued before it) or the next carry
-/// (after it) by 0.3-1.3 us (docs/perf.md, 2026-12-02), so call it off the
+/// (after it) by 0.3-1.3 us (docs/perf.md), so call it off the
 /// latency path (daemon/proxy: idle passes).
 inline void demoteLines(const void* p, std::size_t n) {
 #if defined(__x86_64__)
