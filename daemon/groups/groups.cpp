@@ -520,7 +520,8 @@ std::uint64_t GroupTable::publishProxyTable() {
                 const std::uint32_t q = peerAt(rank, i, g.world);
                 // A Device group member's kernels reach some same-node peers by ipc (its DeviceAttach).
                 const bool ipc = m.attach && m.attach->wires[q] == kWireIpc;
-                pr.addPeer(q, transportTo(*g.proxyGroup, rank, q, ipc ? kWireIpc : g.proxyGroup->wires[q], direct >> q & 1u));
+                const std::uint8_t wire = ipc ? std::uint8_t(kWireIpc) : g.proxyGroup->wires[q];
+                pr.addPeer(q, transportTo(*g.proxyGroup, rank, q, wire, direct >> q & 1u));
             }
             table.push_back(std::move(pr));
         }

@@ -42,7 +42,8 @@ struct ProxyGroup {
     Layout layout{};
     std::uint64_t agreedCap = 0;
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
-    std::array<std::uint8_t, kMaxWorld> wires{};                 ///< how this node reaches each rank (the transports are chosen from them)
+    /// How this node reaches each rank; the transports are chosen from them.
+    std::array<std::uint8_t, kMaxWorld> wires{};
     std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
     /// Once broken: doorbells of epochs up to this are still carried (ranks
     /// closed in order after it: ControlBlock::carriedThrough); 0 after a

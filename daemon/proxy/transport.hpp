@@ -7,11 +7,15 @@
 // calling the rank's transports in peerAt order (Proxy::resume) and tests no
 // wire per doorbell. The implementations:
 //
-// | transport | wire | for a doorbell |
-// | --- | --- | --- |
-// | DirectTransport (here) | ipc; shm between two host-direct ranks | nothing: the rank's kernel stored the shard into the peer's region, or the peer reads it from the rank's region |
-// | ShmTransport (shm_transport.hpp) | shm | adds one row per stripe to the doorbell's CarryRows; the proxy copies them (with the carry threads) and releases each row's flag |
-// | VerbsTransport (verbs_transport.hpp) | verbs | posts each stripe (payload WRITE, then flag WRITE) on its rail's queue pair while that is under its in-flight cap; Later at the cap |
+// - DirectTransport (here), the ipc wire and the shm wire between two
+//   host-direct ranks: nothing; the rank's kernel stored the shard into the
+//   peer's region, or the peer reads it from the rank's region.
+// - ShmTransport (shm_transport.hpp), the shm wire: one row per stripe into
+//   the doorbell's CarryRows; the proxy copies them (with the carry threads)
+//   and releases each row's flag.
+// - VerbsTransport (verbs_transport.hpp), the verbs wire: each stripe posted
+//   (payload WRITE, then flag WRITE) on its rail's queue pair while that is
+//   under its in-flight cap; Later at the cap.
 //
 // Adding a wire (a TCP stream between daemons, say) is one class deriving
 // from Transport and its case in GroupTable::publishProxyTable: carry()
@@ -105,8 +109,12 @@ struct CarryStep {
 
 /// What carry() came to.
 enum class Carried : std::uint8_t {
-    Done,  ///< the doorbell needs nothing more towards this peer (carried, queued in CarryRows, or dropped: link failed)
-    Later, ///< stopped at an in-flight cap: the proxy calls carry() again on a later pass, from step.stripe
+    /// The doorbell needs nothing more towards this peer: carried, queued
+    /// in CarryRows, or dropped (its link failed).
+    Done,
+    /// Stopped at an in-flight cap: the proxy calls carry() again on a
+    /// later pass, from step.stripe.
+    Later,
 };
 
 /// How one local rank's doorbells reach one peer. One object per (local

@@ -31,7 +31,8 @@ public:
     Carried carry(CarryStep& step) override;
     /// RDMA WRITEs from the other node wake nobody here.
     bool watchesInbound() const override { return group_ != nullptr; }
-    /// Requests outstanding on a live link to the peer.
+    /// Requests outstanding on a live link to the peer (a failed link's
+    /// requests flush and do not count).
     bool inFlight() const override;
 
 private:
