@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "daemon/groups/cap.hpp"
+#include "daemon/proxy/shm_transport.hpp"
+#include "daemon/proxy/verbs_transport.hpp"
 
 namespace tpf::daemon {
 
@@ -21,6 +23,21 @@ CapAgreement capAgreement(const GroupTable::Group& g, const NodeId& self, std::u
         for (const auto& n : g.negotiation->nodes())
             if (n.daemonMax) daemons.push_back({n.node, n.daemonMax});
     return agreeCap(g.roster, daemons);
+}
+
+// The transport that carries local rank `rank`'s doorbells to `peer`
+// (daemon/proxy/transport.hpp), chosen once per table: `wire` is the rank's
+// wire to it; `direct`: both opened host-direct, so the peer reads the
+// rank's row itself. A new wire's transport is registered here.
+std::shared_ptr<Transport> transportTo(const ProxyGroup& g, std::uint32_t rank, std::uint32_t peer, std::uint8_t wire,
+                                       bool direct) {
+    if (direct) return directTransport();
+    switch (wire) {
+    case kWireShm: return std::make_shared<ShmTransport>(g.layout, rank, g.regions[rank], g.regions[peer]);
+    case kWireVerbs: return std::make_shared<VerbsTransport>(g.layout, rank, peer, g.verbs);
+    case kWireIpc: return directTransport(); // its kernel stores into the peer's device region
+    }
+    return directTransport();
 }
 } // namespace
 
@@ -498,8 +515,14 @@ std::uint64_t GroupTable::publishProxyTable() {
             if (!m.ring) continue;
             ProxyRank pr{g.proxyGroup, rank, m.ring};
             pr.gpuDoorbells = g.ringsProxy(m);
-            for (std::uint32_t q = 0; m.attach && q < g.world; ++q) pr.ipcPeers |= std::uint32_t(m.attach->wires[q] == kWireIpc) << q;
-            pr.directPeers = g.directPeers(rank, m);
+            const std::uint32_t direct = g.directPeers(rank, m);
+            for (std::uint32_t i = 0; i + 1 < g.world; ++i) {
+                const std::uint32_t q = peerAt(rank, i, g.world);
+                // A Device group member's kernels reach some same-node peers by ipc (its DeviceAttach).
+                const bool ipc = m.attach && m.attach->wires[q] == kWireIpc;
+                const std::uint8_t wire = ipc ? std::uint8_t(kWireIpc) : g.proxyGroup->wires[q];
+                pr.addPeer(q, transportTo(*g.proxyGroup, rank, q, wire, direct >> q & 1u));
+            }
             table.push_back(std::move(pr));
         }
     }

@@ -1,9 +1,9 @@
 // Helper threads that copy beside the proxy thread (proxy.carry_threads):
 // parts of a large row, or a doorbell's small rows at once. One proxy
 // thread copying every local rank's shard into every peer's region in turn
-// was the one-host proxy route's cost at 64 KiB and above; three cores
-// copying parts of each shard took a GPU call of 64 KiB from 22.3 to 16.8
-// us and of 512 KiB from 85.7 to 54.7 (docs/perf.md, 2026-12-02 10:50).
+// is the one-host proxy route's cost at 64 KiB and above; three cores
+// copying parts of each shard take a GPU call of 64 KiB from 22.3 to 16.8
+// us and of 512 KiB from 85.7 to 54.7.
 //
 // The proxy posts a batch of copies (the same-node rows of one doorbell, one
 // to each peer) as chunks: a row below kSplitMin is one chunk, a larger one
@@ -14,8 +14,8 @@
 // (std::atomic::wait), so an idle pool costs no CPU. Helpers asleep when a
 // copy comes are woken after it (wakeIdle(), once the proxy released the
 // copy's flags), awake then for the calls that follow: waking them first
-// delayed the copy itself at every size, since a helper takes longer to run
-// than the copy (bench/carry_bench.cpp, docs/perf.md).
+// delays the copy itself at every size, since a helper takes longer to run
+// than the copy (bench/carry_bench.cpp measures it).
 #pragma once
 
 #include <array>
@@ -43,9 +43,8 @@ struct CarryItem {
 class CarryPool {
 public:
     /// Copies below this many bytes are one chunk, and batches below it the
-    /// proxy's alone. Measured on the GPU machine (docs/perf.md, 2026-12-02
-    /// 10:50): split from 16 KiB, the proxy route gained nothing at 16 and
-    /// 32 KiB and 0.76x at 64 KiB.
+    /// proxy's alone: split from 16 KiB, the proxy route gains nothing at 16
+    /// and 32 KiB and takes 0.76x the time at 64 KiB.
     static constexpr std::size_t kSplitMin = 64 * 1024;
     /// No chunk is smaller than this (a multiple of 64: whole lines, and the
     /// 16-byte alignment streamLines needs is kept from chunk to chunk).

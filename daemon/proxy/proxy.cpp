@@ -13,6 +13,7 @@
 #include "common/cpu_relax.hpp"
 #include "common/shm.hpp"
 #include "common/stream_copy.hpp"
+#include "daemon/proxy/verbs_transport.hpp"
 
 namespace tpf::daemon {
 
@@ -89,38 +90,24 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
     resume(pr);
 }
 
-// Peers in peerAt order: shm peers' rows join the doorbell's batch (copied
-// and flagged in carryBatch(), at the end or before a wait); verbs peers
-// stripe by stripe while their queue pairs are under the cap. A stripe at
-// the cap leaves the rest for a later pass (the caller serves the other
-// rings meanwhile), so one stalled queue pair holds up only this ring.
+// The rank's transports in peerAt order: shm rows join the doorbell's batch
+// (copied and flagged in carryBatch(), at the end or before a come-back-later);
+// verbs stripes are posted while their queue pairs are under the cap. A
+// transport at its cap leaves the rest for a later pass (the caller serves
+// the other rings meanwhile), so one stalled queue pair holds up only this
+// ring.
 bool Proxy::resume(ProxyRank& pr) {
-    ProxyGroup& g = *pr.group;
+    const ProxyGroup& g = *pr.group;
     CommandRing& ring = *pr.ring;
     CommandRing::Delivery& cur = *ring.delivering;
     const Doorbell& d = cur.doorbell;
     if (g.drops(d.epoch)) return ring.delivering.reset(), true;
-    const std::uint32_t phase = phaseOf(d.epoch);
-    const HostRegion& src = *g.regions[pr.rank];
     const std::uint32_t gone = g.gone.load(std::memory_order_relaxed); // closed in order: they need nothing more
-    for (; cur.peer + 1 < g.world; ++cur.peer, cur.stripe = 0) {
-        const std::uint32_t q = peerAt(pr.rank, cur.peer, g.world);
-        if ((pr.ipcPeers | pr.directPeers) >> q & 1u) continue; // the rank (or its kernel) stored it there itself
-        if (gone >> q & 1u) continue;
-        if (g.wires[q] == kWireVerbs) {
-            if (!resumeVerbs(pr, q, phase, cur)) return carryBatch(d.epoch, pr.gpuDoorbells), false;
-            continue;
-        }
-        if (g.wires[q] != kWireShm) continue;
-        const HostRegion& dst = *g.regions[q];
-        for (std::uint32_t k = 0; k < g.layout.stripes; ++k) {
-            const Stripe s = stripeOf(d.bytes, g.layout.stripes, k);
-            // Copied in carryBatch(), the flag released after: a GPU reads
-            // these rows over PCIe (pr.gpuDoorbells), streamed lines there.
-            batch_.push_back(CarryItem{dst.slot(phase, pr.rank) + s.offset, src.slot(phase, pr.rank) + s.offset, s.bytes,
-                                       pr.gpuDoorbells && s.bytes >= kStreamCopyMin});
-            releases_.push_back(Release{dst.flag(phase, pr.rank, k), &dst});
-        }
+    CarryStep step{d, phaseOf(d.epoch), pr.gpuDoorbells, cur.stripe, batch_, *this};
+    for (; cur.peer < pr.peers.size(); ++cur.peer, cur.stripe = 0) {
+        const ProxyPeer& peer = pr.peers[cur.peer];
+        if (gone >> peer.rank & 1u) continue;
+        if (peer.transport->carry(step) == Carried::Later) return carryBatch(d.epoch, pr.gpuDoorbells), false;
     }
     carryBatch(d.epoch, pr.gpuDoorbells);
     ring.delivering.reset();
@@ -132,20 +119,19 @@ bool Proxy::resume(ProxyRank& pr) {
 // the carry threads and flagged at once, so that its reader starts on it
 // while the next one is copied; the smaller rows as one batch when they
 // come to kSplitMin together (shared among the carry threads: a W = 8
-// call's seven rows of 16 KiB, which one proxy thread copied one after the
-// other), flagged after it, else each copied and flagged at once. Flagging
-// each row only once a whole poll pass's rows were copied measured slower
-// wherever the GPUs' PCIe reads of the rows had overlapped the copies (W =
-// 4, 64 KiB and up: 2x; docs/perf.md 2026-12-03).
+// call's seven rows of 16 KiB, which one proxy thread copies one after the
+// other), flagged after it, else each copied and flagged at once. Flags are
+// not held until a whole poll pass's rows are copied: the GPUs' PCIe reads
+// of the rows overlap the copies (2x faster at W = 4, 64 KiB and up).
 void Proxy::carryBatch(std::uint64_t epoch, bool gpu) {
     const HostRegion* woken = nullptr;
     const auto release = [&](std::size_t i) {
-        const Release& r = releases_[i];
+        const CarryRows::Release& r = batch_.releases[i];
         if (gpu) {
             // Copy 0 first, then the copies the kernel's other pollers read (proto/layout.hpp).
             for (std::uint32_t c = 0; c < kFlagCopies; ++c)
                 std::atomic_ref(r.flag[c * kFlagCopyStride / sizeof *r.flag]).store(epoch, std::memory_order_release);
-            const CarryItem& row = batch_[i];
+            const CarryItem& row = batch_.items[i];
             if (row.bytes <= kDemoteMax && demotes_.size() < kDemotesHeld)
                 demotes_.push_back({static_cast<const std::uint8_t*>(row.to), row.bytes, r.flag});
         } else {
@@ -154,7 +140,7 @@ void Proxy::carryBatch(std::uint64_t epoch, bool gpu) {
         if (r.dst != woken) r.dst->wakeIfWaiting(), woken = r.dst;
     };
     // Runs: a row of kSplitMin and more alone, else consecutive smaller rows.
-    const std::span<const CarryItem> rows(batch_);
+    const std::span<const CarryItem> rows(batch_.items);
     for (std::size_t begin = 0, end; begin < rows.size(); begin = end) {
         std::size_t bytes = rows[begin].bytes;
         end = begin + 1;
@@ -168,35 +154,7 @@ void Proxy::carryBatch(std::uint64_t epoch, bool gpu) {
         }
     }
     batch_.clear();
-    releases_.clear();
     carry_.wakeIdle(); // after the flags: a futex wake must not delay them
-}
-
-// Each stripe: if its QP is at the in-flight cap (or its CQ half full), stop
-// here and come back later; else post payload + flag. A failed link breaks
-// the group; the doorbell is not carried further to that peer (the group's
-// ranks end with PeerLost).
-bool Proxy::resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur) {
-    ProxyGroup& g = *pr.group;
-    if (!g.verbs) return true;
-    for (; cur.stripe < g.layout.stripes; ++cur.stripe) {
-        const std::uint32_t k = cur.stripe;
-        QpLink* link = g.verbs->link(pr.rank, peer, k);
-        if (!link || link->failed) return true;
-        // Half the CQ for signaled flags: a QP in error also completes its payloads.
-        if (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth()) {
-            pollCqs();
-            if (link->failed) return true;
-            if (link->gate.mustWait(2) || 2 * (link->hca().outstanding + 1) >= link->hca().cqDepth()) return false;
-        }
-        const Stripe s = stripeOf(cur.doorbell.bytes, g.layout.stripes, k);
-        if (auto st = link->postStripe(g.layout, phase, pr.rank, k, s, cur.doorbell.epoch); !st) {
-            link->failed = true;
-            linkFailed(*link, st.error().describe());
-            return true;
-        }
-    }
-    return true;
 }
 
 void Proxy::finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next) {
@@ -214,42 +172,38 @@ void Proxy::finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRa
     }
 }
 
-void Proxy::linkFailed(QpLink& link, const std::string& why) {
-    if (events_.peerFailed)
-        events_.peerFailed(link.groupHandle, link.remoteRank,
-                           Error{Errc::PeerLost, "queue pair " + std::to_string(link.qpn()) + " to rank " +
-                                                     std::to_string(link.remoteRank) + " on rail " + std::to_string(link.rail) +
-                                                     " (" + link.hca().name() + ") failed: " + why});
+void Proxy::peerFailed(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why) {
+    if (events_.peerFailed) events_.peerFailed(groupHandle, remoteRank, std::move(why));
 }
 
 bool Proxy::pollCqs() {
     bool busy = false;
     for (auto& h : hcas_) {
         if (!h->outstanding) continue;
-        pollCompletions(*h, [](void* self, QpLink& link, const std::string& why) {
-            static_cast<Proxy*>(self)->linkFailed(link, why);
+        tpf::daemon::pollCompletions(*h, [](void* self, QpLink& link, const std::string& why) {
+            static_cast<Proxy*>(self)->peerFailed(link.groupHandle, link.remoteRank, qpFailure(link, why));
         }, this);
         busy |= h->outstanding != 0;
     }
     return busy;
 }
 
-bool Proxy::wakeVerbsWaiters(std::vector<ProxyRank>& table) {
+bool Proxy::wakeInboundWaiters(std::vector<ProxyRank>& table) {
     bool waiting = false;
     for (auto& pr : table) {
+        if (!pr.watchesInbound) continue;
         const ProxyGroup& g = *pr.group;
-        if (!g.verbs) continue;
         const HostRegion& r = *g.regions[pr.rank];
         if (std::atomic_ref(r.control().waiters).load(std::memory_order_relaxed) == 0) continue;
         waiting = true;
         std::uint64_t sum = 0;
         for (std::uint32_t p = 0; p < 2; ++p)
-            for (std::uint32_t q = 0; q < g.world; ++q)
-                if (g.wires[q] == kWireVerbs)
+            for (const ProxyPeer& peer : pr.peers)
+                if (peer.watchesInbound)
                     for (std::uint32_t k = 0; k < g.layout.stripes; ++k)
-                        sum += std::atomic_ref(*r.flag(p, q, k)).load(std::memory_order_acquire);
-        if (sum != pr.verbsFlagSum) {
-            pr.verbsFlagSum = sum;
+                        sum += std::atomic_ref(*r.flag(p, peer.rank, k)).load(std::memory_order_acquire);
+        if (sum != pr.inboundFlagSum) {
+            pr.inboundFlagSum = sum;
             r.wakeIfWaiting();
         }
     }
@@ -270,22 +224,26 @@ void Proxy::retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRan
     }
 }
 
-// A rank leaving the table (its Close, or its connection gone) may have RDMA
-// WRITEs still on the wire: its last shards. drained() waits until they
-// completed, so that its group's other nodes learn it left (or, when it was
-// the group's last local rank, that the group closed) only after they landed.
+// A rank leaving the table (its Close, or its connection gone) may have
+// writes still on the wire (RDMA WRITEs): its last shards. drained() waits
+// until they landed, so that its group's other nodes learn it left (or, when
+// it was the group's last local rank, that the group closed) only after they
+// did.
 void Proxy::land(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next, std::uint64_t nowNs) {
     for (const auto& pr : old) {
-        const auto& vg = pr.group->verbs;
-        if (!vg || !vg->busy(pr.rank)) continue;
+        if (!pr.inFlight()) continue;
         bool stays = false;
         for (const auto& n : next) stays |= n.ring == pr.ring;
-        if (!stays) landing_.push_back(Landing{vg, pr.rank, nowNs});
+        if (!stays) landing_.push_back(Landing{pr.peers, nowNs});
     }
 }
 
 void Proxy::reportDrained(std::uint64_t nowNs) {
-    std::erase_if(landing_, [&](const Landing& l) { return !l.group->busy(l.rank) || nowNs - l.sinceNs > kLandingNs; });
+    std::erase_if(landing_, [&](const Landing& l) {
+        bool inFlight = false;
+        for (const auto& p : l.peers) inFlight |= p.transport->inFlight();
+        return !inFlight || nowNs - l.sinceNs > kLandingNs;
+    });
     if (!landing_.empty()) return;
     const std::uint64_t version = std::exchange(drainDue_, 0);
     if (version && events_.drained) events_.drained(version);
@@ -358,7 +316,6 @@ void Proxy::run() {
     markAwake(true, monotonicNs());
     demotes_.reserve(kDemotesHeld);
     batch_.reserve(kBatchReserve);
-    releases_.reserve(kBatchReserve);
     std::vector<ProxyRank> table;
     std::uint64_t version = 0;
     std::uint64_t lastWork = monotonicNs();
@@ -396,7 +353,7 @@ void Proxy::run() {
             }
         }
         const std::uint64_t now = monotonicNs();
-        // The verbs wire: completions, retiring groups, waits on remote flags.
+        // The verbs wire: completions, retiring groups; waits on flags other nodes write.
         bool verbsBusy = pollCqs();
         if (!retiring_.empty()) {
             std::erase_if(retiring_, [&](Retiring& r) {
@@ -414,7 +371,7 @@ void Proxy::run() {
             reportDrained(now);
             verbsBusy = true;
         }
-        verbsBusy |= wakeVerbsWaiters(table);
+        verbsBusy |= wakeInboundWaiters(table);
         if (now - lastBeat > 1000000) {
             for (auto& pr : table) std::atomic_ref(pr.ring->view.header().heartbeatNs).store(now, std::memory_order_relaxed);
             lastBeat = now;

@@ -1,13 +1,15 @@
 // The proxy thread: polls the command rings of open groups and carries each
-// doorbell out on the wire of every peer (shm: copy + release store of the
-// epoch flag; verbs: RDMA WRITEs under each queue pair's in-flight cap; a
-// doorbell whose queue pair is at the cap is resumed on a later pass, so it
-// holds up only its own ring). Busy-polls while there is work, sleeps on an eventfd after
-// proxy.spin_us without any (idle CPU about 0), and never sleeps while it
-// serves a ring that GPU kernels may ring (a kernel cannot write the
-// eventfd): a Device group member with a proxy-route peer, or one that has
-// not reported its wires yet (DeviceAttach). Members whose every peer is ipc
-// cost nothing while idle. A doorbell's rows between regions of this node
+// doorbell out to every peer through that peer's transport (transport.hpp:
+// shm copies + release stores of the epoch flag, verbs RDMA WRITEs under each
+// queue pair's in-flight cap, nothing where the rank moves the shard itself);
+// a doorbell whose transport comes back later (a queue pair at its cap) is
+// resumed on a later pass, so it holds up only its own ring. Busy-polls
+// while there is work, sleeps on an eventfd after proxy.spin_us without any
+// (idle CPU about 0), and never sleeps while it serves a ring that GPU
+// kernels may ring (a kernel cannot write the eventfd): a Device group
+// member with a proxy-route peer, or one that has not reported its wires
+// yet (DeviceAttach). Members whose every peer is ipc cost nothing while
+// idle. A doorbell's rows between regions of this node
 // are copied by the carry threads as well (carry.hpp): each row of 64 KiB
 // and more in parts, the smaller ones together when they come to 64 KiB.
 #pragma once
@@ -24,6 +26,7 @@
 #include "common/fd.hpp"
 #include "daemon/proxy/carry.hpp"
 #include "daemon/proxy/shared_state.hpp"
+#include "daemon/proxy/transport.hpp"
 #include "daemon/verbs/qp.hpp"
 #include "daemon/verbs/verbs_group.hpp"
 #include "proto/client_msg.hpp"
@@ -39,7 +42,8 @@ struct ProxyGroup {
     Layout layout{};
     std::uint64_t agreedCap = 0;
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
-    std::array<std::uint8_t, kMaxWorld> wires{};                 ///< how this node reaches each rank
+    /// How this node reaches each rank; the transports are chosen from them.
+    std::array<std::uint8_t, kMaxWorld> wires{};
     std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
     /// Once broken: doorbells of epochs up to this are still carried (ranks
     /// closed in order after it: ControlBlock::carriedThrough); 0 after a
@@ -55,21 +59,41 @@ struct ProxyGroup {
     }
 };
 
-/// One local rank the proxy serves: its group and its ring.
+/// One peer of a ProxyRank and the transport that carries the rank's
+/// doorbells to it.
+struct ProxyPeer {
+    std::uint32_t rank = 0;
+    std::shared_ptr<Transport> transport;
+    bool watchesInbound = false; ///< transport->watchesInbound(), read every poll pass
+};
+
+/// One local rank the proxy serves: its group, its ring, and a transport per
+/// peer.
 struct ProxyRank {
     std::shared_ptr<ProxyGroup> group;
     std::uint32_t rank = 0;
     std::shared_ptr<CommandRing> ring;
-    std::uint64_t verbsFlagSum = 0; ///< proxy-private: flags from other nodes last seen (to wake sleeping waits)
     /// GPU kernels may ring this ring: the proxy never sleeps while it serves it.
     bool gpuDoorbells = false;
-    /// Peers this rank's kernels reach by ipc (bit per rank, its DeviceAttach):
-    /// the proxy carries its doorbells to the group's other wires only.
-    std::uint32_t ipcPeers = 0;
-    /// Same-node peers that read this rank's shards themselves (host-direct, bit per
-    /// rank): skipped too. Its ring then carries doorbells only for ranks of
-    /// other nodes, and an all-local host-direct rank never rings.
-    std::uint32_t directPeers = 0;
+    /// The group's other ranks in peerAt order (addPeer), each with the
+    /// transport chosen for it (GroupTable::publishProxyTable). A rank all
+    /// of whose transports are direct never rings.
+    std::vector<ProxyPeer> peers;
+    bool watchesInbound = false;     ///< some peer's watchesInbound
+    std::uint64_t inboundFlagSum = 0; ///< proxy-private: those peers' flags last seen (to wake sleeping waits)
+
+    /// Append the next peer in peerAt order.
+    void addPeer(std::uint32_t peer, std::shared_ptr<Transport> transport) {
+        const bool watches = transport->watchesInbound();
+        peers.push_back(ProxyPeer{peer, std::move(transport), watches});
+        watchesInbound |= watches;
+    }
+    /// Some transport's writes may not have landed yet (Transport::inFlight).
+    bool inFlight() const {
+        for (const auto& p : peers)
+            if (p.transport->inFlight()) return true;
+        return false;
+    }
 };
 
 /// Events the proxy reports; called on the proxy thread (post them on).
@@ -105,7 +129,7 @@ struct ProxyOptions {
     std::uint32_t carryThreads = 0;
 };
 
-class Proxy {
+class Proxy : private TransportHost {
 public:
     Proxy(const ProxyOptions& options, ProxyEvents events);
     ~Proxy();
@@ -147,32 +171,33 @@ private:
     bool popOne(ProxyRank& pr);
     /// Check a popped doorbell and start carrying it out (resume()).
     void deliver(ProxyRank& pr, const Doorbell& d);
-    /// Carry out the ring's doorbell in progress as far as the in-flight caps
-    /// allow; true once it is done (or dropped: group broken, link failed).
-    /// Same-node rows join the doorbell's batch (carryBatch).
+    /// Carry out the ring's doorbell in progress through the rank's
+    /// transports, in peerAt order from the delivery's peer on; true once it
+    /// is done (or dropped: group broken), false when a transport came back
+    /// later. Same-node rows join the doorbell's batch (carryBatch).
     bool resume(ProxyRank& pr);
     /// Copy the batch's rows (with the carry threads), release their flags
     /// (the doorbell's epoch; gpu: every kFlagCopies copy, the rows kept to
     /// demote) and wake their waits: at the end of a doorbell, and before a
-    /// wait for a queue pair's cap.
+    /// transport's come-back-later.
     void carryBatch(std::uint64_t epoch, bool gpu);
-    /// Post the stripes of one verbs peer from cur.stripe on; false when a
-    /// queue pair is at its cap (cur.stripe says where to go on).
-    bool resumeVerbs(ProxyRank& pr, std::uint32_t peer, std::uint32_t phase, CommandRing::Delivery& cur);
     /// Finish the deliveries of rings leaving the table, waiting on the caps
     /// (so that drained() still means every doorbell was carried out).
     void finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);
     bool goIdle(std::vector<ProxyRank>& table);
     /// Poll every HCA CQ with requests outstanding; true if any is still busy.
     bool pollCqs();
-    void linkFailed(QpLink& link, const std::string& why);
-    /// Wake host waits of ranks whose flags a remote node wrote; true if a
-    /// rank of a verbs group is waiting (then the proxy must not sleep).
-    bool wakeVerbsWaiters(std::vector<ProxyRank>& table);
+    // TransportHost
+    void pollCompletions() override { pollCqs(); }
+    void peerFailed(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why) override;
+    /// Wake host waits of ranks whose flags another node wrote (peers whose
+    /// transport watchesInbound); true if such a rank is waiting (then the
+    /// proxy must not sleep).
+    bool wakeInboundWaiters(std::vector<ProxyRank>& table);
     void retire(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);
-    /// Note the verbs ranks leaving the table, whose RDMA WRITEs drained() waits for.
+    /// Note the ranks leaving the table whose writes are in flight (ProxyRank::inFlight): drained() waits for them.
     void land(const std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next, std::uint64_t nowNs);
-    /// Report drained(drainDue_) once every leaving rank's writes completed (or kLandingNs passed).
+    /// Report drained(drainDue_) once every leaving rank's writes landed (or kLandingNs passed).
     void reportDrained(std::uint64_t nowNs);
     /// Proxy thread, at each sleep/wake transition: close or open an awake period.
     void markAwake(bool awake, std::uint64_t nowNs);
@@ -207,37 +232,30 @@ private:
     /// Rows the proxy copied for a GPU to read, with their flag lines, whose
     /// lines it pushes out of its core's caches in idle passes (demoteLines):
     /// a GPU's read of a line still in this core's cache waits on a snoop
-    /// (flags to output at 4 KiB 2.2 -> 1.8 us, docs/perf.md 2026-12-03).
+    /// (demoted, a 4 KiB call's flags-to-output takes 1.8 us instead of 2.2).
     /// One kDemoteChunk a pass, newest row first, its flag line after it, so
     /// a doorbell that comes meanwhile waits on one chunk at most (a whole
-    /// row a pass made the 16 B hop's p99 1 us longer). A hint, not owed:
-    /// all dropped at a table switch (their regions may go), and rows past
-    /// kDemotesHeld are not held (keeping the newest instead measured no
-    /// faster at W = 8, docs/perf.md 2026-12-03 06:24).
+    /// row a pass adds about 1 us to a 16-byte hop's p99). A hint, not owed: all
+    /// dropped at a table switch (their regions may go), and rows past
+    /// kDemotesHeld are not held (keeping the newest instead is no faster at
+    /// W = 8).
     struct Demote {
         const std::uint8_t* row;
         std::size_t bytes; ///< left to demote
         const std::uint64_t* flag;
     };
-    static constexpr std::size_t kDemoteMax = 16 * 1024; ///< rows above this are left alone (64 KiB rows measured slower)
+    static constexpr std::size_t kDemoteMax = 16 * 1024; ///< rows above this are left alone (demoting a 64 KiB row slows the calls)
     static constexpr std::size_t kDemoteChunk = 1024;
     static constexpr std::size_t kDemotesHeld = 64;
     std::vector<Demote> demotes_; ///< proxy thread
-    /// A row of batch_ carried: the flag released once it is copied.
-    struct Release {
-        std::uint64_t* flag; ///< copy 0 (a GPU's: every kFlagCopies copy)
-        const HostRegion* dst;
-    };
     static constexpr std::size_t kBatchReserve = (kMaxWorld - 1) * kMaxStripes; ///< a doorbell's rows, at most
-    std::vector<CarryItem> batch_;   ///< same-node rows of the doorbell in progress (proxy thread)
-    std::vector<Release> releases_;  ///< one per row of batch_
+    CarryRows batch_; ///< same-node rows of the doorbell in progress (proxy thread)
     std::vector<Retiring> retiring_; ///< dropped groups whose QPs still have requests posted (proxy thread)
     struct Landing {
-        std::shared_ptr<VerbsGroup> group;
-        std::uint32_t rank;
+        std::vector<ProxyPeer> peers; ///< the leaving rank's transports (they keep their links alive)
         std::uint64_t sinceNs;
     };
-    std::vector<Landing> landing_; ///< ranks that left with RDMA WRITEs still posted (proxy thread)
+    std::vector<Landing> landing_; ///< ranks that left with writes still in flight (proxy thread)
     std::uint64_t drainDue_ = 0;   ///< table version whose drained() waits for landing_ (0: none)
 };
 

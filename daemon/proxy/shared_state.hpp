@@ -49,10 +49,11 @@ struct CommandRing {
     RingView view;
     std::uint32_t tail = 0;    ///< the proxy's private consumer index
     std::uint64_t lastEpoch = 0; ///< the proxy's record of the last doorbell carried out
-    /// The proxy's doorbell in progress: a verbs stripe found its queue pair
-    /// at the in-flight cap, so the delivery resumes at (peer index in peerAt
-    /// order, stripe) on a later pass, and this ring's later doorbells wait
-    /// behind it, while every other ring is served meanwhile.
+    /// The proxy's doorbell in progress: a peer's transport came back later
+    /// (a verbs queue pair at its in-flight cap), so the delivery resumes at
+    /// (peer index in peerAt order, stripe) on a later pass, and this ring's
+    /// later doorbells wait behind it, while every other ring is served
+    /// meanwhile.
     struct Delivery {
         Doorbell doorbell{};
         std::uint32_t peer = 0;

@@ -32,15 +32,6 @@ struct VerbsGroup {
             if (l && l->gate.wrs()) return true;
         return false;
     }
-    /// Work requests still posted on a live link of local rank `local` (proxy
-    /// thread): its RDMA WRITEs have not all been acknowledged by the remote
-    /// HCA. A failed link's requests flush and do not count.
-    bool busy(std::uint32_t local) const {
-        for (std::uint32_t q = 0; q < world; ++q)
-            for (std::uint32_t k = 0; k < links.lanes(); ++k)
-                if (const QpLink* l = link(local, q, k); l && !l->failed && l->gate.wrs()) return true;
-        return false;
-    }
 };
 
 } // namespace tpf::daemon

@@ -1,6 +1,7 @@
 // The in-flight cap (docs/design.md, "4. Data path", step 2), driven through
-// the daemon's own proxy (daemon/proxy/proxy.cpp, running its thread) and
-// gate (daemon/verbs/inflight.hpp) over the NIC of fake_nic.cpp: two local
+// the daemon's own proxy (daemon/proxy/proxy.cpp, running its thread), its
+// shm and verbs transports and the gate (daemon/verbs/inflight.hpp) over the
+// NIC of fake_nic.cpp: two local
 // ranks of a world-4 group, the other two ranks on another node behind two
 // rails, doorbells from both rings, completions that come late and in bursts.
 // The NIC counts for itself what is outstanding on each queue pair: no post
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "daemon/proxy/proxy.hpp"
+#include "daemon/proxy/shm_transport.hpp"
+#include "daemon/proxy/verbs_transport.hpp"
 #include "daemon/verbs/inflight.hpp"
 #include "fake_nic.hpp"
 #include "proto/layout.hpp"
@@ -113,7 +116,18 @@ void run(const Scenario& sc) {
     proxy.setHcas(hcas);
     REQUIRE(proxy.start().ok());
     std::vector<ProxyRank> table;
-    for (std::uint32_t i = 0; i < 2; ++i) table.push_back(ProxyRank{group, kLocal[i], rings[i]});
+    for (std::uint32_t i = 0; i < 2; ++i) {
+        // The transports as GroupTable::publishProxyTable chooses them: shm to the same-node rank, verbs to the others.
+        ProxyRank pr{group, kLocal[i], rings[i]};
+        for (std::uint32_t j = 0; j + 1 < kWorld; ++j) {
+            const std::uint32_t q = peerAt(kLocal[i], j, kWorld);
+            if (group->wires[q] == kWireShm)
+                pr.addPeer(q, std::make_shared<ShmTransport>(*layout, kLocal[i], group->regions[kLocal[i]], group->regions[q]));
+            else
+                pr.addPeer(q, std::make_shared<VerbsTransport>(*layout, kLocal[i], q, wire));
+        }
+        table.push_back(std::move(pr));
+    }
     proxy.publish(table, 1);
 
     // Where epoch e of rank src lands: the other node's regions, and the same-node peer's.
@@ -209,4 +223,64 @@ TEST_CASE("inflight gate: completions retire posts in post order") {
     CHECK(g.retireOldest());
     CHECK(g.bytes() == 8);
     CHECK(g.wrs() == 1);
+}
+
+TEST_CASE("transports: the proxy carries a doorbell through each peer's transport, none to a direct peer or one gone") {
+    // One node, W = 4: rank 0's shard goes by shm to ranks 1 and 3; rank 2
+    // reads it itself (direct); rank 3 then closes in order (gone).
+    constexpr std::uint32_t kW = 4;
+    auto layout = Layout::of(kW, 4096, 1);
+    REQUIRE(layout.ok());
+    auto group = std::make_shared<ProxyGroup>();
+    group->handle = kHandle;
+    group->world = kW;
+    group->layout = *layout;
+    group->agreedCap = 4096;
+    for (std::uint32_t r = 0; r < kW; ++r) {
+        auto region = HostRegion::create(*layout, "tpf-test-transports-r" + std::to_string(r));
+        REQUIRE(region.ok());
+        group->regions[r] = *region;
+        group->wires[r] = kWireShm;
+    }
+    auto ring = CommandRing::create(16, kHandle, "tpf-test-transports-ring");
+    REQUIRE(ring.ok());
+    ProxyRank pr{group, 0, *ring};
+    for (std::uint32_t q : {1u, 2u, 3u})
+        pr.addPeer(q, q == 2 ? directTransport() : std::make_shared<ShmTransport>(*layout, 0, group->regions[0], group->regions[q]));
+    CHECK_FALSE(pr.watchesInbound);
+    CHECK_FALSE(pr.inFlight());
+
+    std::atomic<int> reports{0};
+    Proxy proxy(ProxyOptions{}, ProxyEvents{[](std::uint64_t) {}, [&](std::uint32_t, std::uint32_t, Error) { ++reports; },
+                                            [&](std::uint32_t, std::uint32_t, Error) { ++reports; }});
+    REQUIRE(proxy.start().ok());
+    proxy.publish({pr}, 1);
+    const auto flagOf = [&](std::uint32_t dst, std::uint64_t e) {
+        return std::atomic_ref(*group->regions[dst]->flag(phaseOf(e), 0, 0)).load(std::memory_order_acquire);
+    };
+    const auto ringAndWait = [&](std::uint64_t e) {
+        std::uint8_t* slot = group->regions[0]->slot(phaseOf(e), 0);
+        for (std::uint64_t b = 0; b < 100; ++b) slot[b] = staged(e, 0, b);
+        REQUIRE((*ring)->view.push(Doorbell{e, 100, kHandle}));
+        proxy.wake();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (proxy.doorbells() < e) { // counted once every flag of it was released
+            REQUIRE(std::chrono::steady_clock::now() < deadline);
+            std::this_thread::yield();
+        }
+    };
+    ringAndWait(1);
+    CHECK(flagOf(3, 1) == 1);
+    CHECK(flagOf(2, 1) == 0); // direct: rank 2 reads rank 0's region itself
+    for (std::uint32_t q : {1u, 3u})
+        for (std::uint64_t b = 0; b < 100; ++b) REQUIRE(group->regions[q]->slot(1, 0)[b] == staged(1, 0, b));
+    CHECK(group->regions[2]->slot(1, 0)[0] == 0);
+
+    group->gone.fetch_or(1u << 3);
+    ringAndWait(2);
+    CHECK(flagOf(3, 2) == 0); // closed in order: nothing more is carried to it
+    CHECK(flagOf(2, 2) == 0);
+    proxy.stop();
+    CHECK(reports == 0);
+    CHECK(proxy.doorbells() == 2);
 }
