@@ -23,7 +23,7 @@
 #include "daemon/config/config.hpp"
 #include "daemon/control/server.hpp"
 #include "daemon/groups/groups.hpp"
-#include "daemon/negotiate/negotiations.hpp"
+#include "daemon/negotiate/negotiation_table.hpp"
 #include "daemon/proxy/proxy.hpp"
 #include "daemon/status/status.hpp"
 #include "daemon/verbs/hca.hpp"
@@ -174,7 +174,7 @@ int run(DaemonConfig cfg, bool foreground) {
                             [&](std::uint32_t handle, std::uint32_t rank, Error why) {
                                 boost::asio::post(io, [&, handle, rank, why] { groupsPtr->peerFailed(handle, rank, why); });
                             }});
-    Negotiations negotiations(io, cfg, nodeId);
+    NegotiationTable negotiations(io, cfg, nodeId);
     GroupTable groups(io, cfg, nodeId, proxy, negotiations);
     groupsPtr = &groups;
 

@@ -25,7 +25,7 @@ CapAgreement capAgreement(const GroupTable::Group& g, const NodeId& self, std::u
 } // namespace
 
 GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy,
-                       Negotiations& negotiations)
+                       NegotiationTable& negotiations)
     : io_(io), cfg_(cfg), nodeId_(nodeId), proxy_(proxy), negotiations_(negotiations) {}
 
 void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {

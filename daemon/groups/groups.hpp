@@ -20,7 +20,7 @@
 #include "daemon/config/config.hpp"
 #include "daemon/groups/metrics.hpp"
 #include "daemon/negotiate/negotiation.hpp"
-#include "daemon/negotiate/negotiations.hpp"
+#include "daemon/negotiate/negotiation_table.hpp"
 #include "daemon/proxy/proxy.hpp"
 #include "proto/client_msg.hpp"
 
@@ -43,7 +43,7 @@ public:
 class GroupTable : public NegotiationEvents {
 public:
     GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy,
-               Negotiations& negotiations);
+               NegotiationTable& negotiations);
 
     /// A rank asks to join. The verdict arrives through link.sendVerdict, now
     /// or when the last local rank joins (or the open times out).
@@ -213,7 +213,7 @@ private:
     const DaemonConfig& cfg_;
     NodeId nodeId_;
     Proxy& proxy_;
-    Negotiations& negotiations_;
+    NegotiationTable& negotiations_;
     std::map<GroupId, Group> groups_;
     std::uint32_t nextHandle_ = 1;
     bool stopping_ = false;

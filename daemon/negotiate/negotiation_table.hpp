@@ -23,9 +23,9 @@
 
 namespace tpf::daemon {
 
-class Negotiations : public PeerHandler {
+class NegotiationTable : public PeerHandler {
 public:
-    Negotiations(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self);
+    NegotiationTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self);
 
     /// The verbs wire: the opened HCAs and the peer service. Without both a
     /// group spanning nodes cannot open.
