@@ -90,7 +90,7 @@ Status Negotiation::bringUp() {
     std::vector<NegotiationTable::Parked> ready;
     for (auto& n : nodes_) {
         if (n.weConnect) {
-            n.session = desk_.peers_->connect(n.addr, n.port, n.node, n.ourRecord);
+            n.session = desk_.peers_.connect(n.addr, n.port, n.node, n.ourRecord);
             continue;
         }
         if (const Error* e = desk_.refusalOf(n.node))

@@ -23,16 +23,12 @@ Bytes verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::ui
     return peer_proto::encode(opcode, 0, v);
 }
 
-NegotiationTable::NegotiationTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self)
-    : io_(io), cfg_(cfg), self_(self) {}
-
-void NegotiationTable::attach(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers) {
-    hcas_ = std::move(hcas);
-    peers_ = peers;
-}
+NegotiationTable::NegotiationTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self,
+                                   std::vector<std::shared_ptr<VerbsHca>> hcas)
+    : io_(io), cfg_(cfg), self_(self), hcas_(std::move(hcas)), peers_(io, cfg, self, *this) {}
 
 std::optional<Error> NegotiationTable::unavailable() const {
-    if (!peers_ || !peers_->enabled())
+    if (!peers_.enabled())
         return Error{Errc::Unavailable, "ranks are on other nodes and this daemon has no peer link (set peer.listen)"};
     if (hcas_.empty())
         return Error{Errc::Unavailable, "ranks are on other nodes and this daemon has no usable HCA "
@@ -97,7 +93,7 @@ void NegotiationTable::dropParked(const GroupId& id) {
 // a link opened for that alone (or on the link it already parked here).
 void NegotiationTable::tellRefused(const GroupId& id, const std::vector<RosterEntry>& roster, Errc code,
                                const std::string& why) {
-    if (!peers_ || !peers_->enabled()) return;
+    if (!peers_.enabled()) return;
     const bool told = refusedGroup(id, true) != nullptr;
     rememberRefusal(id, Error{code, why}, true);
     if (told) return;
@@ -116,7 +112,7 @@ void NegotiationTable::tellRefused(const GroupId& id, const std::vector<RosterEn
         done.push_back(node);
         spdlog::info("group {}: telling node {} ({}) that it was refused here", id.shortHex(), node.shortHex(),
                      endpointText(e.endpointAddr, e.endpointPort));
-        peers_->connect(e.endpointAddr, e.endpointPort, node, v, true);
+        peers_.connect(e.endpointAddr, e.endpointPort, node, v, true);
     }
 }
 

@@ -107,9 +107,14 @@ void run(const Scenario& sc) {
     std::atomic<int> reports{0};
     ProxyOptions options;
     options.carryThreads = 2; // same-node copies through the carry threads too
-    Proxy proxy(options,
-                ProxyEvents{[](std::uint64_t) {}, [&](std::uint32_t, std::uint32_t, Error) { ++reports; },
-                            [&](std::uint32_t, std::uint32_t, Error) { ++reports; }});
+    struct Reports final : ProxyEvents {
+        std::atomic<int>& count;
+        explicit Reports(std::atomic<int>& c) : count(c) {}
+        void drained(std::uint64_t) override {}
+        void badDoorbell(std::uint32_t, std::uint32_t, Error) override { ++count; }
+        void peerFailed(std::uint32_t, std::uint32_t, Error) override { ++count; }
+    } events(reports);
+    Proxy proxy(options, events);
     proxy.setHcas(hcas);
     REQUIRE(proxy.start().ok());
     std::vector<ProxyRank> table;
