@@ -61,11 +61,12 @@ public:
     /// break with PeerLost naming it once the proxy drained its ring (and its
     /// RDMA WRITEs completed); only a dropped connection counts as a broken
     /// group in the metrics. After a Close the group breaks only after the
-    /// rank's last epoch (rankLeft): the calls up to it still complete. Its calls stay counted in the daemon's lifetime
-    /// totals. A group whose last local rank left is erased then, except
-    /// that after an orderly Close a group with ranks on other nodes stays
-    /// (closingAt) until the proxy drained it, so that the other daemons learn
-    /// it closed only after its last shards landed there.
+    /// rank's last epoch (GroupState::Carrying): the calls up to it still
+    /// complete. Its calls stay counted in the daemon's lifetime totals. A
+    /// group whose last local rank left is erased then, except that after an
+    /// orderly Close a group with ranks on other nodes stays (Closing) until
+    /// the proxy drained it, so that the other daemons learn it closed only
+    /// after its last shards landed there.
     void leave(MemberLink& link, bool orderly);
     /// The daemon is stopping (SIGTERM, SIGINT): the connections it drops
     /// from now on are logged as its own doing, not as ranks that died.
