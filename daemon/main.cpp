@@ -10,7 +10,6 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <algorithm>
 #include <chrono>
@@ -23,7 +22,7 @@
 #include "daemon/config/config.hpp"
 #include "daemon/control/server.hpp"
 #include "daemon/groups/groups.hpp"
-#include "daemon/negotiate/negotiations.hpp"
+#include "daemon/negotiate/negotiation_table.hpp"
 #include "daemon/proxy/proxy.hpp"
 #include "daemon/status/status.hpp"
 #include "daemon/verbs/hca.hpp"
@@ -161,23 +160,10 @@ int run(DaemonConfig cfg, bool foreground) {
     // node: an operator's `kill -HUP` after editing the config must not.
     boost::asio::signal_set ignored(io, SIGHUP, SIGUSR1, SIGUSR2);
     ignoreSignals(ignored);
-    GroupTable* groupsPtr = nullptr;
-    Proxy proxy(ProxyOptions{.spinUs = cfg.proxySpinUs,
-                             .heartbeatMs = cfg.heartbeatMs,
-                             .cpu = cfg.proxyCpu,
-                             .gpuPollUs = cfg.gpuPollUs,
-                             .carryThreads = cfg.carryThreads},
-                ProxyEvents{[&](std::uint64_t v) { boost::asio::post(io, [&, v] { groupsPtr->drained(v); }); },
-                            [&](std::uint32_t handle, std::uint32_t rank, Error why) {
-                                boost::asio::post(io, [&, handle, rank, why] { groupsPtr->badDoorbell(handle, rank, why); });
-                            },
-                            [&](std::uint32_t handle, std::uint32_t rank, Error why) {
-                                boost::asio::post(io, [&, handle, rank, why] { groupsPtr->peerFailed(handle, rank, why); });
-                            }});
-    Negotiations negotiations(io, cfg, nodeId);
-    GroupTable groups(io, cfg, nodeId, proxy, negotiations);
-    groupsPtr = &groups;
-
+    // Built in dependency order, each from the parts before it only: the
+    // HCAs; the negotiations (owning the peer service, which reports to them);
+    // the group table (owning the proxy, which reports to it on the control
+    // thread); the control socket's server.
     // The verbs wire: every discovered HCA opened once, shared by all groups.
     std::vector<std::shared_ptr<VerbsHca>> verbsHcas;
     for (const auto& card : hcas) {
@@ -190,11 +176,16 @@ int run(DaemonConfig cfg, bool foreground) {
         }
         verbsHcas.push_back(*h);
     }
-    PeerService peers(io, cfg, nodeId, negotiations);
+    NegotiationTable negotiations(io, cfg, nodeId, verbsHcas);
+    GroupTable groups(io, cfg, nodeId, negotiations,
+                      ProxyOptions{.spinUs = cfg.proxySpinUs,
+                                   .heartbeatMs = cfg.heartbeatMs,
+                                   .cpu = cfg.proxyCpu,
+                                   .gpuPollUs = cfg.gpuPollUs,
+                                   .carryThreads = cfg.carryThreads},
+                      verbsHcas);
     // The message names the remedy (a port held, an address not up yet).
-    if (auto s = peers.start(); !s) return startFailed(s.error());
-    proxy.setHcas(verbsHcas);
-    negotiations.attach(verbsHcas, &peers);
+    if (auto s = negotiations.start(); !s) return startFailed(s.error());
     const auto endpoint = endpointBytes(cfg.peerListen, hcas);
 
     client_proto::HelloReply hello{};
@@ -207,20 +198,20 @@ int run(DaemonConfig cfg, bool foreground) {
         client_proto::NodeCard card;
         nodeId.copyTo(card.fixed.nodeId);
         card.fixed.usableCap = cfg.maxBytes;
-        card.fixed.endpointPort = peers.enabled() ? cfg.peerPort : 0;
+        card.fixed.endpointPort = negotiations.peersEnabled() ? cfg.peerPort : 0;
         std::memcpy(card.fixed.endpointAddr, endpoint.data(), 16);
         card.hcas = hcas;
         card.fixed.hcaCount = std::uint16_t(hcas.size());
         return card;
     };
 
-    Server* serverPtr = nullptr;
-    const StatusSources statusSources{cfg,   nodeId, socketPath, hello.startedUnixNs, startedSteady, hcas, hcasNoneReason,
-                                      proxy, groups, [&] { return serverPtr ? serverPtr->clients() : 0; }};
-    auto statusJson = [&] { return statusDocument(statusSources).dump(); };
+    const StatusSources statusSources{cfg,           nodeId,         socketPath,     hello.startedUnixNs,
+                                      startedSteady, hcas,           hcasNoneReason, groups.proxy(),
+                                      groups};
+    auto statusJson = [&](std::size_t clients) { return statusDocument(statusSources, clients).dump(); };
 
     Server server(io, cfg, groups, statusJson, hello, nodeCard);
-    serverPtr = &server;
+    Proxy& proxy = groups.proxy();
     if (auto s = proxy.start(); !s)
         return startFailed({s.code(), "proxy: " + s.error().detail},
                            s.code() == Errc::ConfigError
@@ -236,7 +227,7 @@ int run(DaemonConfig cfg, bool foreground) {
         notify("STOPPING=1");
         groups.stopping();
         server.stop();
-        peers.stop();
+        negotiations.stop();
         proxy.stop();
         io.stop();
     });

@@ -147,7 +147,7 @@ void Connection::finish() {
 HelloReply Connection::helloReply() { return server_.hello_; }
 std::string Connection::busyFor(std::uint32_t role) { return role == kRoleControl ? std::string() : overLimit_; }
 NodeCard Connection::nodeCard() { return server_.nodeCard_(); }
-std::string Connection::statusJson() { return server_.statusJson_(); }
+std::string Connection::statusJson() { return server_.statusJson_(server_.clients()); }
 void Connection::join(const GroupOpen& m) { server_.groups_.join(*this, m); }
 void Connection::leave() { server_.groups_.leave(*this, true); }
 void Connection::abort() { server_.groups_.abort(*this); }
@@ -234,7 +234,8 @@ void Connection::close() {
 
 void Connection::shutdown() { close(); }
 
-Server::Server(asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups, std::function<std::string()> statusJson,
+Server::Server(asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups,
+               std::function<std::string(std::size_t clients)> statusJson,
                HelloReply hello, std::function<NodeCard()> nodeCard)
     : io_(io), cfg_(cfg), groups_(groups), statusJson_(std::move(statusJson)), hello_(hello),
       nodeCard_(std::move(nodeCard)), acceptor_(io), acceptPause_(io) {}

@@ -122,8 +122,9 @@ Status checkSocketDirectory(const std::string& path);
 /// Accepts connections and routes their requests to the group table.
 class Server {
 public:
+    /// `statusJson(clients)`: the status document, given the connections now.
     Server(boost::asio::io_context& io, const DaemonConfig& cfg, GroupTable& groups,
-           std::function<std::string()> statusJson, client_proto::HelloReply hello,
+           std::function<std::string(std::size_t clients)> statusJson, client_proto::HelloReply hello,
            std::function<client_proto::NodeCard()> nodeCard);
     ~Server();
 
@@ -159,7 +160,7 @@ private:
     boost::asio::io_context& io_;
     const DaemonConfig& cfg_;
     GroupTable& groups_;
-    std::function<std::string()> statusJson_;
+    std::function<std::string(std::size_t clients)> statusJson_;
     client_proto::HelloReply hello_;
     std::function<client_proto::NodeCard()> nodeCard_;
     boost::asio::local::stream_protocol::acceptor acceptor_;

@@ -1,5 +1,6 @@
 #include "daemon/groups/groups.hpp"
 
+#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -41,9 +42,97 @@ std::shared_ptr<Transport> transportTo(const ProxyGroup& g, std::uint32_t rank, 
 }
 } // namespace
 
-GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy,
-                       Negotiations& negotiations)
-    : io_(io), cfg_(cfg), nodeId_(nodeId), proxy_(proxy), negotiations_(negotiations) {}
+// What a transition of one group's life does outside it (GroupLifeEffects),
+// for GroupTable::transition. A failed negotiation is held until the
+// transition returned: the negotiation's refusal comes back at once.
+class GroupTable::Effects final : public GroupLifeEffects {
+public:
+    Effects(GroupTable& table, Group& g, std::shared_ptr<CommandRing> ring, bool rang, std::shared_ptr<VerbsGroup> wire)
+        : t_(table), g_(g), ring_(std::move(ring)), rang_(rang), wire_(std::move(wire)) {}
+
+    void refuseMembers(Errc code, const std::string& why, bool tellOtherNodes) override {
+        if (tellOtherNodes) t_.negotiations_.tellRefused(g_.id, g_.roster, code, why);
+        for (auto& [rank, m] : g_.members) t_.refuse(*m.link, code, why);
+        g_.members.clear();
+    }
+    void open() override {
+        if (wire_) g_.verbs = std::move(wire_);
+        t_.finishOpen(g_);
+    }
+    void tellOtherNodes(Errc code, std::uint32_t rank, const std::string& why, std::uint64_t leftAfter) override {
+        if (g_.negotiation) g_.negotiation->tellBroken(code, rank, why, leftAfter);
+    }
+    void failCalls(Errc code, std::uint32_t rank, const std::string& why, std::uint64_t carriedThrough,
+                   bool replace) override {
+        g_.lastError = Error{code, why};
+        if (g_.proxyGroup) {
+            g_.proxyGroup->carriedThrough.store(carriedThrough, std::memory_order_relaxed);
+            g_.proxyGroup->broken.store(true, std::memory_order_release);
+        }
+        for (auto& [r, m] : g_.members)
+            if (m.region) m.region->fail(code, rank, carriedThrough, replace);
+    }
+    void markGone(std::uint32_t rank) override {
+        if (g_.proxyGroup) g_.proxyGroup->gone.fetch_or(1u << rank, std::memory_order_relaxed);
+    }
+    void countBroken(Errc code) override { t_.lifetime_.groupBroken(code); }
+    std::uint64_t retire(std::uint32_t rank, bool orderly) override {
+        // Its ring leaves the proxy; once drained, the others learn it is gone.
+        const std::uint64_t v = t_.publishProxyTable();
+        // "left" is an orderly Close; a rank whose connection just closed exited or was killed mid-group.
+        t_.pendingBreaks_.push_back(
+            {v, g_.id, rank,
+             orderly ? std::string()
+                     : "rank " + std::to_string(rank) +
+                           " is gone (its connection closed without Close: the process exited or was killed)",
+             orderly, orderly ? ring_ : nullptr, rang_});
+        return v;
+    }
+    void failNegotiation(Errc code, const std::string& why) override { negotiationFailure_ = Error{code, why}; }
+
+    /// The negotiation to fail once the transition returned.
+    const std::optional<Error>& negotiationFailure() const { return negotiationFailure_; }
+
+private:
+    GroupTable& t_;
+    Group& g_;
+    std::shared_ptr<CommandRing> ring_;
+    bool rang_;
+    std::shared_ptr<VerbsGroup> wire_;
+    std::optional<Error> negotiationFailure_;
+};
+
+GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId,
+                       NegotiationTable& negotiations, const ProxyOptions& proxy,
+                       std::vector<std::shared_ptr<VerbsHca>> hcas)
+    : io_(io), cfg_(cfg), nodeId_(nodeId), negotiations_(negotiations), proxy_(proxy, *this) {
+    proxy_.setHcas(std::move(hcas));
+}
+
+GroupLife::Outcome GroupTable::transition(Group& g, const GroupEvent& e, std::shared_ptr<CommandRing> ring, bool rang,
+                                          std::shared_ptr<VerbsGroup> wire) {
+    Effects fx(*this, g, std::move(ring), rang, std::move(wire));
+    const GroupLife::Outcome out = g.life.on(e, fx);
+    if (g.life.state() == GroupState::Closed) {
+        erase(groups_.find(g.id));
+        return out;
+    }
+    // A refusal comes back through negotiationRefused, which drops the group: last.
+    if (const auto& why = fx.negotiationFailure()) g.negotiation->fail(why->code, why->detail);
+    return out;
+}
+
+void GroupTable::drained(std::uint64_t version) {
+    boost::asio::post(io_, [this, version] { onDrained(version); });
+}
+
+void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, Error why) {
+    boost::asio::post(io_, [this, handle, rank, why = std::move(why)] { onBadDoorbell(handle, rank, why); });
+}
+
+void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, Error why) {
+    boost::asio::post(io_, [this, handle, remoteRank, why = std::move(why)] { onPeerFailed(handle, remoteRank, why); });
+}
 
 void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
     Verdict v{};
@@ -51,13 +140,6 @@ void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
     setText(v.reason, why);
     lifetime_.openRefused(code);
     link.sendVerdict(v, {});
-}
-
-void GroupTable::refuseAll(Group& g, Errc code, const std::string& why) {
-    spdlog::warn("group {}: unavailable: {}: {}", shortId(g.id), errcName(code), why);
-    if (g.state == State::Pending) negotiations_.tellRefused(g.id, g.roster, code, why);
-    for (auto& [rank, m] : g.members) refuse(*m.link, code, why);
-    g.members.clear();
 }
 
 void GroupTable::join(MemberLink& link, const GroupOpen& m) {
@@ -76,12 +158,14 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         return refuseJoin(Errc::GroupMismatch, "rank " + std::to_string(f.rank) +
                                                      "'s roster entry names another node than this daemon");
     auto it = groups_.find(id);
-    if (it != groups_.end() && it->second.closingAt) {
-        // Its id opens again while the old group waits for its last shards: drop that one now.
-        spdlog::info("group {}: closed (opened again)", shortId(id));
-        std::erase_if(pendingBreaks_, [&](const PendingBreak& b) { return b.id == id; });
-        erase(it);
-        it = groups_.end();
+    if (it != groups_.end()) {
+        Group& old = it->second;
+        const bool open = old.life.state() == GroupState::Open;
+        if (transition(old, GroupEvent::join()) == GroupLife::Outcome::Refused)
+            return refuseJoin(Errc::GroupMismatch, "group " + shortId(id) + " is already " + (open ? "open" : "broken"));
+        it = groups_.find(id);
+        // A Closing group whose id opens again went: its breaks due with it too.
+        if (it == groups_.end()) std::erase_if(pendingBreaks_, [&](const PendingBreak& b) { return b.id == id; });
     }
     if (it == groups_.end()) {
         if (groups_.size() >= cfg_.maxGroups) {
@@ -92,6 +176,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         }
         Group g;
         g.id = id;
+        g.life = GroupLife(shortId(id));
         g.handle = nextHandle_++;
         g.world = f.world;
         g.roster = m.roster;
@@ -109,14 +194,11 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
         spdlog::info("group {}: opening, world {}, local ranks mask {:#x}", shortId(id), f.world, it->second.localMask);
     }
     Group& g = it->second;
-    if (g.state != State::Pending)
-        return refuseJoin(Errc::GroupMismatch, "group " + shortId(id) + " is already " +
-                                                     (g.state == State::Open ? "open" : "broken"));
     if (f.world != g.world || m.roster.size() != g.roster.size() ||
         std::memcmp(m.roster.data(), g.roster.data(), g.roster.size() * sizeof(RosterEntry)) != 0) {
         const std::string why = "rank " + std::to_string(f.rank) + " disagrees with the group's world or roster";
         refuseJoin(Errc::GroupMismatch, why);
-        return refuseAll(g, Errc::GroupMismatch, why), eraseIfEmpty(id);
+        return void(transition(g, GroupEvent::refuse(Errc::GroupMismatch, why)));
     }
     // A group belongs to the uid that opened it; root may join any.
     if (!g.members.empty() && link.uid() != 0 && link.uid() != g.ownerUid) {
@@ -127,7 +209,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     if (g.everJoined >> f.rank & 1u) {
         const std::string why = "rank " + std::to_string(f.rank) + " joined twice";
         refuseJoin(Errc::GroupMismatch, why);
-        return refuseAll(g, Errc::GroupMismatch, why), eraseIfEmpty(id);
+        return void(transition(g, GroupEvent::refuse(Errc::GroupMismatch, why)));
     }
     g.everJoined |= 1u << f.rank;
     g.gpuDoorbells |= (f.flags & kOpenGpuDoorbells) != 0;
@@ -142,8 +224,8 @@ void GroupTable::tryOpen(Group& g) {
     g.openTimer->cancel();
     const GroupId id = g.id;
     const bool remote = g.negotiation != nullptr;
-    if (const auto why = remote ? negotiations_.unavailable() : std::nullopt)
-        return refuseAll(g, why->code, why->detail), eraseIfEmpty(id);
+    const auto refuseOpen = [&](Errc code, const std::string& why) { transition(g, GroupEvent::refuse(code, why)); };
+    if (const auto why = remote ? negotiations_.unavailable() : std::nullopt) return refuseOpen(why->code, why->detail);
     // The roster and our daemon.max_bytes: other daemons' maxima are at least
     // their ranks' roster entries (a client clamps its entry to its daemon's
     // node card), and each checks ours against its cap in the negotiation.
@@ -151,13 +233,12 @@ void GroupTable::tryOpen(Group& g) {
     // Across nodes a shard is striped over every HCA pair (pairing checks both
     // nodes have as many); within one node there is one stripe.
     auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote ? negotiations_.hcaCount() : 1);
-    if (!layout) return refuseAll(g, layout.code(), layout.error().detail), eraseIfEmpty(id);
+    if (!layout) return refuseOpen(layout.code(), layout.error().detail);
     g.layout = *layout;
     const std::uint64_t need = std::uint64_t(std::popcount(g.localMask)) * g.layout.totalBytes();
     if (hostRegionBytes() + need > cfg_.maxRegionBytes)
-        return refuseAll(g, Errc::Unavailable,
-                         "regions would exceed daemon.max_region_bytes (" + std::to_string(cfg_.maxRegionBytes) + ")"),
-               eraseIfEmpty(id);
+        return refuseOpen(Errc::Unavailable,
+                          "regions would exceed daemon.max_region_bytes (" + std::to_string(cfg_.maxRegionBytes) + ")");
     for (std::uint32_t r = 0; r < g.world; ++r) g.wires[r] = (g.localMask >> r & 1u) ? kWireShm : kWireVerbs;
     for (auto& [rank, m] : g.members) {
         const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
@@ -166,13 +247,13 @@ void GroupTable::tryOpen(Group& g) {
                            : Result<std::shared_ptr<CommandRing>>(region.error());
         if (!region || !ring) {
             const Error& e = region ? ring.error() : region.error();
-            return refuseAll(g, Errc::Unavailable, "creating shared memory: " + e.describe()), eraseIfEmpty(id);
+            return refuseOpen(Errc::Unavailable, "creating shared memory: " + e.describe());
         }
         m.region = *region;
         m.ring = *ring;
     }
-    if (!remote) return finishOpen(g);
-    g.state = State::Negotiating;
+    if (!remote) return void(transition(g, GroupEvent::ready()));
+    transition(g, GroupEvent::negotiate());
     NegotiationPlan plan{g.handle, g.layout, g.agreedCap, {}};
     for (auto& [rank, m] : g.members)
         plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region});
@@ -181,18 +262,13 @@ void GroupTable::tryOpen(Group& g) {
 
 void GroupTable::negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) {
     auto it = groups_.find(id);
-    if (it == groups_.end() || it->second.state != State::Negotiating) return;
-    it->second.verbs = std::move(wire);
-    finishOpen(it->second);
+    if (it != groups_.end()) transition(it->second, GroupEvent::negotiationReady(), nullptr, false, std::move(wire));
 }
 
 // Every other node was told; refuse every local rank, drop the group.
 void GroupTable::negotiationRefused(const GroupId& id, Errc code, const std::string& why) {
     auto it = groups_.find(id);
-    if (it == groups_.end()) return;
-    it->second.state = State::Broken;
-    refuseAll(it->second, code, why);
-    eraseIfEmpty(id);
+    if (it != groups_.end()) transition(it->second, GroupEvent::negotiationRefused(code, why));
 }
 
 void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
@@ -200,23 +276,12 @@ void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t r
     auto it = groups_.find(id);
     if (it == groups_.end()) return;
     Group& g = it->second;
-    if (g.closingAt) return; // every local rank closed: nobody here to tell
-    if (leftAfter && !seenHere) {
-        if (g.state == State::Open || g.state == State::Broken) rankLeft(g, rank, leftAfter, false);
-        return;
-    }
-    const bool carrying = g.state == State::Broken && g.carriedThrough;
-    if (seenHere) {
-        // A node whose every rank closed in order closes its link: no fault.
-        if (carrying && (nodeRanks(g, rank) & ~g.leftMask) == 0) return;
-        if (g.state == State::Open || carrying) breakGroup(g, code, rank, why, false);
-    } else if (g.state == State::Open || carrying || code == Errc::Aborted) {
-        breakGroup(g, code, rank, why, false, Cause::Remote);
-    }
+    if (leftAfter && !seenHere) transition(g, GroupEvent::remoteLeft(rank, leftAfter));
+    // A node whose every rank closed in order closes its link: no fault.
+    else if (seenHere) transition(g, GroupEvent::linkFault(code, rank, why, nodeRanks(g, rank), false));
+    else transition(g, GroupEvent::remoteFault(code, rank, why));
 }
 
-// Every rank's regions exist and, across nodes, every QP is up: hand the
-// group to the proxy and the verdict to each local rank.
 void GroupTable::finishOpen(Group& g) {
     g.openTimer->cancel();
     auto pg = std::make_shared<ProxyGroup>();
@@ -228,7 +293,6 @@ void GroupTable::finishOpen(Group& g) {
     pg->verbs = g.verbs;
     for (auto& [rank, m] : g.members) pg->regions[rank] = m.region;
     g.proxyGroup = pg;
-    g.state = State::Open;
     lifetime_.groupOpened();
     publishProxyTable();
     // Every daemon's maximum is known by now (each record was checked against the cap).
@@ -246,7 +310,7 @@ void GroupTable::finishOpen(Group& g) {
         v.regionBytes = g.layout.totalBytes();
         v.groupHandle = g.handle;
         v.ringEntries = cfg_.ringEntries;
-        for (std::uint32_t r = 0; r < g.world; ++r) v.wires[r] = r == rank ? kWireSelf : g.wires[r];
+        for (std::uint32_t r = 0; r < g.world; ++r) v.wires[r] = r == rank ? std::uint8_t(kWireSelf) : g.wires[r];
         const std::uint32_t direct = g.directPeers(rank, m);
         v.hostPeers = std::uint16_t(direct);
         m.link->sendVerdict(v, {m.region->fd.get(), m.ring->fd.get(), proxy_.eventFd()});
@@ -263,11 +327,9 @@ void GroupTable::openTimedOut(const GroupId& id) {
     auto it = groups_.find(id);
     if (it == groups_.end()) return;
     Group& g = it->second;
-    if (g.state != State::Pending) return; // a negotiation times out by itself
     std::uint32_t missing = 0;
     while (missing < g.world && !((g.localMask & ~g.everJoined) >> missing & 1u)) ++missing;
-    refuseAll(g, Errc::Timeout, "rank " + std::to_string(missing) + " did not join within the open timeout");
-    erase(it);
+    transition(g, GroupEvent::openTimedOut("rank " + std::to_string(missing) + " did not join within the open timeout"));
 }
 
 GroupTable::Group* GroupTable::findByLink(MemberLink& link, std::uint32_t* rank) {
@@ -302,35 +364,12 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
                  orderly     ? "left"
                  : stopping_ ? "dropped: the daemon is stopping (the rank sees DaemonLost)"
                              : "is gone (connection closed without Close)");
-    if (g->state == State::Pending || g->state == State::Negotiating) {
-        // The group can no longer complete: tell the ranks already waiting.
-        if (g->state == State::Negotiating)
-            return g->negotiation->fail(Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
-        refuseAll(*g, Errc::PeerLost, "rank " + std::to_string(rank) + " left before the group opened");
-        return eraseIfEmpty(id);
-    }
-    // Its ring leaves the proxy; once drained, the others learn it is gone.
-    // Counted now: the group may be gone by then (its last member died).
-    if (!orderly && (g->state == State::Open || (g->state == State::Broken && g->carriedThrough))) countBroken(*g, Errc::PeerLost);
-    const std::uint64_t v = publishProxyTable();
-    // "left" is an orderly Close; a rank whose connection just closed exited or was killed mid-group.
-    pendingBreaks_.push_back({v, id, Errc::PeerLost, rank,
-                              "rank " + std::to_string(rank) +
-                                  (orderly ? " left the group" : " is gone (its connection closed without Close: the "
-                                                                 "process exited or was killed)"),
-                              orderly ? Cause::Closed : Cause::Fault, orderly ? ring : nullptr, rang});
-    if (orderly && g->members.empty() && g->negotiation && g->proxyGroup) {
-        // Ranks on other nodes may still wait for this node's last shards:
-        // close the peer link (erase) only once the proxy carried them and
-        // their RDMA WRITEs completed (drained(v)).
-        g->closingAt = v;
-        spdlog::info("group {}: closing once its last shards landed on the other nodes", shortId(id));
-        return;
-    }
-    eraseIfEmpty(id);
+    // Ranks on other nodes may still wait for this node's last shards.
+    const bool othersAwait = g->negotiation && g->proxyGroup;
+    transition(*g, GroupEvent::leave(rank, orderly, g->members.empty(), othersAwait), ring, rang);
 }
 
-void GroupTable::drained(std::uint64_t version) {
+void GroupTable::onDrained(std::uint64_t version) {
     std::vector<PendingBreak> due;
     auto split = std::stable_partition(pendingBreaks_.begin(), pendingBreaks_.end(),
                                        [&](const PendingBreak& b) { return b.version > version; });
@@ -339,15 +378,13 @@ void GroupTable::drained(std::uint64_t version) {
     for (auto& b : due) {
         auto it = groups_.find(b.id);
         if (it == groups_.end()) continue;
-        if (b.cause == Cause::Closed) rankLeft(it->second, b.rank, lastEpochOf(it->second, b), true);
-        else breakGroup(it->second, b.code, b.rank, b.why, true, b.cause);
+        if (b.orderly) transition(it->second, GroupEvent::left(b.rank, lastEpochOf(it->second, b)));
+        else transition(it->second, GroupEvent::fault(Errc::PeerLost, b.rank, b.why));
     }
+    // A Closing group whose last shards landed goes (erased by transition: `next` stays valid).
     for (auto it = groups_.begin(); it != groups_.end();) {
         const auto next = std::next(it);
-        if (it->second.closingAt && *it->second.closingAt <= version) {
-            spdlog::info("group {}: closed", shortId(it->first));
-            erase(it);
-        }
+        transition(it->second, GroupEvent::drained(version));
         it = next;
     }
 }
@@ -355,7 +392,8 @@ void GroupTable::drained(std::uint64_t version) {
 Status GroupTable::shareRegion(MemberLink& link, const ShareRegion& m, int fd) {
     std::uint32_t rank = 0;
     Group* g = findByLink(link, &rank);
-    if (!g || g->state != State::Open) return {Errc::PermissionDenied, "ShareRegion from a rank in no open group"};
+    if (!g || transition(*g, GroupEvent::shareRegion()) == GroupLife::Outcome::Refused)
+        return {Errc::PermissionDenied, "ShareRegion from a rank in no open group"};
     spdlog::info("group {}: rank {} shares a device region of {} bytes", shortId(g->id), rank, m.bytes);
     const PeerRegion out{rank, 0, m.bytes};
     for (auto& [r, member] : g->members)
@@ -366,15 +404,14 @@ Status GroupTable::shareRegion(MemberLink& link, const ShareRegion& m, int fd) {
 void GroupTable::abort(MemberLink& link) {
     std::uint32_t rank = 0;
     Group* g = findByLink(link, &rank);
-    if (!g) return;
     // missingPeer names the aborter: the others' Aborted says who (as status does).
-    breakGroup(*g, Errc::Aborted, rank, "rank " + std::to_string(rank) + " aborted the group");
+    if (g) transition(*g, GroupEvent::abort(rank));
 }
 
 Status GroupTable::deviceAttach(MemberLink& link, const DeviceAttach& m) {
     std::uint32_t rank = 0;
     Group* g = findByLink(link, &rank);
-    if (!g || (g->state != State::Open && g->state != State::Broken))
+    if (!g || transition(*g, GroupEvent::deviceAttach()) == GroupLife::Outcome::Refused)
         return {Errc::PermissionDenied, "DeviceAttach from a rank in no open group"};
     if (!g->gpuDoorbells)
         return {Errc::PermissionDenied, "DeviceAttach for group " + shortId(g->id) + ", which was opened for host buffers"};
@@ -405,74 +442,25 @@ Status GroupTable::deviceAttach(MemberLink& link, const DeviceAttach& m) {
     return okStatus();
 }
 
-void GroupTable::badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why) {
+void GroupTable::onBadDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why) {
     Group* g = findByHandle(handle);
     if (!g) return;
     spdlog::warn("group {}: rank {}: {}", shortId(g->id), rank, why.describe());
-    breakGroup(*g, Errc::PeerLost, rank, "rank " + std::to_string(rank) + " sent a bad doorbell: " + why.describe());
+    transition(*g, GroupEvent::fault(Errc::PeerLost, rank, "rank " + std::to_string(rank) + " sent a bad doorbell: " + why.describe()));
 }
 
-void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why) {
-    Group* g = findByHandle(handle);
-    if (!g || g->closingAt) return; // closing: its peer link closes soon anyway
-    if (g->state != State::Open && !(g->state == State::Broken && g->carriedThrough)) return;
-    if (g->leftMask >> remoteRank & 1u) return; // it closed in order: its queue pairs go away with it
-    breakGroup(*g, why.code, remoteRank, why.detail);
-}
-
-void GroupTable::breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers,
-                            Cause cause) {
-    // Broken by orderly leaves only, it still carries shards: a fault now ends that too.
-    const bool carrying = g.state == State::Broken && g.carriedThrough;
-    const bool healthy = g.state != State::Broken || carrying;
-    if (!healthy && code != Errc::Aborted) return;
-    if (healthy) spdlog::warn("group {}: broken: {}: {}", shortId(g.id), errcName(code), why);
-    if ((g.state == State::Open || carrying) && cause == Cause::Fault) countBroken(g, code);
-    if (tellPeers && healthy && g.negotiation) g.negotiation->tellBroken(code, rank, why);
-    g.state = State::Broken;
-    g.carriedThrough.reset();
-    g.lastError = Error{code, why};
-    if (g.proxyGroup) {
-        g.proxyGroup->carriedThrough.store(0, std::memory_order_relaxed);
-        g.proxyGroup->broken.store(true, std::memory_order_release);
-    }
-    for (auto& [r, m] : g.members)
-        if (m.region) m.region->fail(code, rank, 0, carrying);
-}
-
-void GroupTable::rankLeft(Group& g, std::uint32_t rank, std::uint64_t last, bool tellPeers) {
-    if (g.leftMask >> rank & 1u) return;
-    g.leftMask |= 1u << rank;
-    if (g.proxyGroup) g.proxyGroup->gone.fetch_or(1u << rank, std::memory_order_relaxed);
-    const std::string why = "rank " + std::to_string(rank) + " left the group" +
-                            (last == kCarriedUnknown ? std::string() : " after epoch " + std::to_string(last));
-    if (tellPeers && g.negotiation && (g.state == State::Open || g.carriedThrough))
-        g.negotiation->tellBroken(Errc::PeerLost, rank, why, last);
-    if (g.state == State::Broken && !g.carriedThrough) return; // a fault came first: nothing is carried
-    const bool first = g.state == State::Open;
-    // An orderly Close is no fault: calls up to its last epoch complete, the next one fails (PeerLost).
-    if (first)
-        spdlog::info("group {}: {}; calls up to that epoch still complete, later ones end PeerLost", shortId(g.id), why);
-    else
-        spdlog::info("group {}: {} too", shortId(g.id), why);
-    if (!first && last >= *g.carriedThrough) return; // an earlier leaver bounds the carried epochs
-    g.state = State::Broken;
-    g.carriedThrough = last;
-    g.lastError = Error{Errc::PeerLost, why};
-    if (g.proxyGroup) {
-        g.proxyGroup->carriedThrough.store(last, std::memory_order_relaxed);
-        g.proxyGroup->broken.store(true, std::memory_order_release);
-    }
-    for (auto& [r, m] : g.members)
-        if (m.region) m.region->fail(Errc::PeerLost, rank, last, !first);
+// Closing: its peer link closes soon anyway. A queue pair to a rank that
+// closed in order goes away with it.
+void GroupTable::onPeerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why) {
+    if (Group* g = findByHandle(handle))
+        transition(*g, GroupEvent::linkFault(why.code, remoteRank, why.detail, 1u << remoteRank, true));
 }
 
 std::uint64_t GroupTable::lastEpochOf(const Group& g, const PendingBreak& b) const {
     // Its ring holds its last doorbell when it rang for every call; a
     // host-direct rank's flags of its own shards show it too (in its own
-    // region since the pull model; its local peers' regions under the push
-    // model of client protocol 4 before 2e0aa75). An ipc-only
-    // GPU rank leaves no record here.
+    // region, or in its local peers' regions from a client that still pushes
+    // its shards, client protocol 4). An ipc-only GPU rank leaves no record here.
     std::uint64_t last = b.rang && b.ring ? b.ring->lastEpoch : 0;
     if (g.gpuDoorbells && !b.rang) return kCarriedUnknown;
     if (!g.proxyGroup) return last;
@@ -491,12 +479,6 @@ std::uint32_t GroupTable::nodeRanks(const Group& g, std::uint32_t rank) const {
     for (std::uint32_t r = 0; r < g.world && rank < g.world; ++r)
         if (std::memcmp(g.roster[r].nodeId, g.roster[rank].nodeId, sizeof g.roster[r].nodeId) == 0) mask |= 1u << r;
     return mask;
-}
-
-void GroupTable::countBroken(Group& g, Errc code) {
-    if (g.brokenCounted) return;
-    g.brokenCounted = true;
-    lifetime_.groupBroken(code);
 }
 
 void GroupTable::openReport(MemberLink& link, const OpenReport& m) {
@@ -528,13 +510,6 @@ std::uint64_t GroupTable::publishProxyTable() {
     }
     proxy_.publish(std::move(table), ++tableVersion_);
     return tableVersion_;
-}
-
-void GroupTable::eraseIfEmpty(const GroupId& id) {
-    auto it = groups_.find(id);
-    if (it == groups_.end() || !it->second.members.empty()) return;
-    spdlog::info("group {}: closed", shortId(id));
-    erase(it);
 }
 
 void GroupTable::erase(std::map<GroupId, Group>::iterator it) {

@@ -1,8 +1,11 @@
 // Groups of ranks on this node: joining, the all-or-none verdict, faults.
-// Runs on the control thread only (the Asio loop); the proxy sees a group
-// through the ProxyGroup/ProxyRank table this publishes. A group with ranks
-// on other nodes owns its Negotiation (negotiate/), which reports back through
-// NegotiationEvents.
+// Runs on the control thread only (the Asio loop). Each group's life is a
+// GroupLife (group_life.hpp): every event goes through its one transition
+// function, and this table carries out what the transition says. The table
+// owns the proxy: the proxy sees a group through the ProxyGroup/ProxyRank
+// table published here and reports back through ProxyEvents, posted onto the
+// control thread. A group with ranks on other nodes owns its Negotiation
+// (negotiate/), which reports back through NegotiationEvents.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -18,9 +21,10 @@
 
 #include "common/ids.hpp"
 #include "daemon/config/config.hpp"
+#include "daemon/groups/group_life.hpp"
 #include "daemon/groups/metrics.hpp"
 #include "daemon/negotiate/negotiation.hpp"
-#include "daemon/negotiate/negotiations.hpp"
+#include "daemon/negotiate/negotiation_table.hpp"
 #include "daemon/proxy/proxy.hpp"
 #include "proto/client_msg.hpp"
 
@@ -40,10 +44,15 @@ public:
     virtual std::uint32_t uid() const = 0;
 };
 
-class GroupTable : public NegotiationEvents {
+class GroupTable : public NegotiationEvents, private ProxyEvents {
 public:
-    GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, Proxy& proxy,
-               Negotiations& negotiations);
+    /// Builds the proxy (`proxy`, serving `hcas`), which reports to this
+    /// table; start it with proxy().start().
+    GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& nodeId, NegotiationTable& negotiations,
+               const ProxyOptions& proxy, std::vector<std::shared_ptr<VerbsHca>> hcas);
+
+    Proxy& proxy() { return proxy_; }
+    const Proxy& proxy() const { return proxy_; }
 
     /// A rank asks to join. The verdict arrives through link.sendVerdict, now
     /// or when the last local rank joins (or the open times out).
@@ -52,11 +61,12 @@ public:
     /// break with PeerLost naming it once the proxy drained its ring (and its
     /// RDMA WRITEs completed); only a dropped connection counts as a broken
     /// group in the metrics. After a Close the group breaks only after the
-    /// rank's last epoch (rankLeft): the calls up to it still complete. Its calls stay counted in the daemon's lifetime
-    /// totals. A group whose last local rank left is erased then, except
-    /// that after an orderly Close a group with ranks on other nodes stays
-    /// (closingAt) until the proxy drained it, so that the other daemons learn
-    /// it closed only after its last shards landed there.
+    /// rank's last epoch (GroupState::Carrying): the calls up to it still
+    /// complete. Its calls stay counted in the daemon's lifetime totals. A
+    /// group whose last local rank left is erased then, except that after an
+    /// orderly Close a group with ranks on other nodes stays (Closing) until
+    /// the proxy drained it, so that the other daemons learn it closed only
+    /// after its last shards landed there.
     void leave(MemberLink& link, bool orderly);
     /// The daemon is stopping (SIGTERM, SIGINT): the connections it drops
     /// from now on are logged as its own doing, not as ranks that died.
@@ -76,12 +86,6 @@ public:
     /// another group, rank or world, twice, or with wires this node cannot
     /// have (ipc to another node, shm to another node, verbs within it).
     Status deviceAttach(MemberLink& link, const client_proto::DeviceAttach& m);
-    /// A member's doorbell was invalid (proxy report): break its group.
-    void badDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why);
-    /// The proxy carried out everything published before `version`.
-    void drained(std::uint64_t version);
-    /// The proxy saw a queue pair to `remoteRank` fail: break its group.
-    void peerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why);
 
     // NegotiationEvents
     void negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) override;
@@ -89,7 +93,6 @@ public:
     void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why, bool seenHere,
                            std::uint64_t leftAfter) override;
 
-    enum class State { Pending, Negotiating, Open, Broken };
     struct Member {
         MemberLink* link = nullptr;
         std::int32_t pid = 0;
@@ -107,7 +110,7 @@ public:
         GroupId id{};
         std::uint32_t handle = 0;
         std::uint32_t world = 0;
-        State state = State::Pending;
+        GroupLife life{""}; ///< where it is in its life: every event goes through life.on (transition)
         std::vector<client_proto::RosterEntry> roster;
         std::uint32_t localMask = 0;
         std::map<std::uint32_t, Member> members; ///< by rank, local ranks that joined and did not leave
@@ -122,20 +125,7 @@ public:
         std::shared_ptr<ProxyGroup> proxyGroup;
         std::shared_ptr<Negotiation> negotiation; ///< when some rank is on another node
         std::shared_ptr<VerbsGroup> verbs;        ///< the negotiation's wire, once every node is ready
-        Error lastError;
-        bool brokenCounted = false; ///< counted in the lifetime metrics as broken
-        /// Its last local rank closed in order while ranks on other nodes may
-        /// still wait for its shards: the table version published then. The
-        /// group (and its peer link) stays until the proxy drained that
-        /// version, i.e. every shard its ranks posted landed (Proxy::drained).
-        std::optional<std::uint64_t> closingAt;
-        /// Broken by orderly leaves only (each rank's Close after its last
-        /// call): shards of epochs up to this, the smallest leaver's last
-        /// epoch, are still carried, so every call posted before a rank left
-        /// completes on every other rank (ControlBlock::carriedThrough). A
-        /// fault afterwards resets it and breaks the group for good.
-        std::optional<std::uint64_t> carriedThrough;
-        std::uint32_t leftMask = 0; ///< bit per rank, on any node, that closed in order (ProxyGroup::gone)
+        Error lastError; ///< the failure its members' calls see (GroupLifeEffects::failCalls)
 
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its wires yet, or has a proxy-route peer.
@@ -160,60 +150,60 @@ public:
     std::uint64_t deviceRegionBytes() const;
 
 private:
-    /// Why a group breaks, for the log and the metrics.
-    enum class Cause {
-        Fault,  ///< a failure this daemon saw: a warning, counted once per group
-        Closed, ///< a member closed in order: info, not counted
-        Remote, ///< another node reported it: a warning, counted there
-    };
+    /// A rank's break, due once the proxy drained the table version that
+    /// left its ring out (GroupLifeEffects::retire).
     struct PendingBreak {
         std::uint64_t version;
         GroupId id;
-        Errc code;
         std::uint32_t rank;
-        std::string why;
-        Cause cause;
-        /// Cause::Closed: the leaver's ring (its last doorbell's epoch) and
+        std::string why; ///< a dropped connection's (a Fault); empty for an orderly Close (Left)
+        bool orderly;
+        /// An orderly Close: the leaver's ring (its last doorbell's epoch) and
         /// whether it rang the proxy for every call (else its epoch is read
         /// from its shards in local peers' regions, or is unknown).
         std::shared_ptr<CommandRing> ring{};
         bool rang = false;
     };
+    class Effects;
 
+    // ProxyEvents: on the proxy thread, posted onto the control thread.
+    void drained(std::uint64_t version) override;
+    void badDoorbell(std::uint32_t handle, std::uint32_t rank, Error why) override;
+    void peerFailed(std::uint32_t handle, std::uint32_t remoteRank, Error why) override;
+    /// The proxy carried out everything published before `version`.
+    void onDrained(std::uint64_t version);
+    /// A member's doorbell was invalid: break its group.
+    void onBadDoorbell(std::uint32_t handle, std::uint32_t rank, const Error& why);
+    /// A queue pair to `remoteRank` failed: break its group.
+    void onPeerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why);
+
+    /// Hand `e` to the group's life and carry out what it says; a group that
+    /// reaches Closed is erased (`g` is gone then). `ring`, `rang`: a Leave's
+    /// leaver; `wire`: Ready's verbs wire.
+    GroupLife::Outcome transition(Group& g, const GroupEvent& e, std::shared_ptr<CommandRing> ring = nullptr,
+                                  bool rang = false, std::shared_ptr<VerbsGroup> wire = nullptr);
     Group* findByLink(MemberLink& link, std::uint32_t* rank = nullptr);
     Group* findByHandle(std::uint32_t handle);
     void refuse(MemberLink& link, Errc code, const std::string& why);
-    void refuseAll(Group& g, Errc code, const std::string& why);
     void tryOpen(Group& g);
     void openTimedOut(const GroupId& id);
-    /// Mark `g` broken and tell its members (and, with tellPeers, the other
-    /// nodes): their next call fails with `code` naming `rank`.
-    void breakGroup(Group& g, Errc code, std::uint32_t rank, const std::string& why, bool tellPeers = true,
-                    Cause cause = Cause::Fault);
-    /// `rank` closed in order after posting epochs up to `last`: `g` breaks,
-    /// but every other rank's shards of epochs up to the smallest such epoch
-    /// are still carried (to every rank but the leavers); a later call fails
-    /// at once (the leaver's shard is missing). With tellPeers (a local rank)
-    /// the other nodes learn it with that epoch (PeerVerdict::leftAfter).
-    void rankLeft(Group& g, std::uint32_t rank, std::uint64_t last, bool tellPeers);
     /// The last epoch a local rank that left posted (kCarriedUnknown when no
     /// record here shows it), once the proxy drained its ring.
     std::uint64_t lastEpochOf(const Group& g, const PendingBreak& b) const;
     /// Ranks of the roster on the node of `rank` (bit per rank).
     std::uint32_t nodeRanks(const Group& g, std::uint32_t rank) const;
-    /// Count `g` broken in the metrics, once.
-    void countBroken(Group& g, Errc code);
+    /// Every local rank's regions exist and, across nodes, every QP is up:
+    /// hand the group to the proxy and the verdict to each local rank.
     void finishOpen(Group& g);
     std::uint64_t publishProxyTable();
-    void eraseIfEmpty(const GroupId& id);
     /// Drop a group: its negotiation closes, the proxy forgets it.
     void erase(std::map<GroupId, Group>::iterator it);
 
     boost::asio::io_context& io_;
     const DaemonConfig& cfg_;
     NodeId nodeId_;
-    Proxy& proxy_;
-    Negotiations& negotiations_;
+    NegotiationTable& negotiations_;
+    Proxy proxy_; ///< reports to this table (ProxyEvents)
     std::map<GroupId, Group> groups_;
     std::uint32_t nextHandle_ = 1;
     bool stopping_ = false;

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/negotiate/negotiations.hpp"
+#include "daemon/negotiate/negotiation_table.hpp"
 #include "daemon/verbs/hca.hpp"
 #include "proto/pairing.hpp"
 
@@ -34,7 +34,7 @@ std::string ranksText(std::uint32_t mask) {
 }
 } // namespace
 
-Negotiation::Negotiation(Negotiations& desk, NegotiationEvents& events, const GroupId& id,
+Negotiation::Negotiation(NegotiationTable& desk, NegotiationEvents& events, const GroupId& id,
                          std::vector<RosterEntry> roster)
     : desk_(desk), events_(events), id_(id), world_(std::uint32_t(roster.size())), roster_(std::move(roster)),
       timer_(desk.io_) {
@@ -87,10 +87,10 @@ Status Negotiation::bringUp() {
     spdlog::info("group {}: negotiating with {} other node(s) over {} HCA(s)", id_.shortHex(), nodes_.size(),
                  desk_.hcas_.size());
     // Links whose record already arrived are taken last: taking one may end the negotiation.
-    std::vector<Negotiations::Parked> ready;
+    std::vector<NegotiationTable::Parked> ready;
     for (auto& n : nodes_) {
         if (n.weConnect) {
-            n.session = desk_.peers_->connect(n.addr, n.port, n.node, n.ourRecord);
+            n.session = desk_.peers_.connect(n.addr, n.port, n.node, n.ourRecord);
             continue;
         }
         if (const Error* e = desk_.refusalOf(n.node))

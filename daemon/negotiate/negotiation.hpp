@@ -7,7 +7,7 @@
 // links carry PeerBroken both ways.
 //
 // Owned by the group table, which it tells what happened through
-// NegotiationEvents only; it never sees the table. Negotiations (this
+// NegotiationEvents only; it never sees the table. NegotiationTable (this
 // folder) routes each peer link's reports to the negotiation of its group.
 // Control thread only.
 #pragma once
@@ -31,7 +31,7 @@
 
 namespace tpf::daemon {
 
-class Negotiations;
+class NegotiationTable;
 
 /// What a negotiation tells the group table that owns it, by group id.
 class NegotiationEvents {
@@ -89,8 +89,8 @@ public:
         Stopped,     ///< refused, broken before it was ready, or closed
     };
 
-    /// Call Negotiations::create, which registers it.
-    Negotiation(Negotiations& desk, NegotiationEvents& events, const GroupId& id,
+    /// Call NegotiationTable::create, which registers it.
+    Negotiation(NegotiationTable& desk, NegotiationEvents& events, const GroupId& id,
                 std::vector<client_proto::RosterEntry> roster);
     ~Negotiation();
     Negotiation(const Negotiation&) = delete;
@@ -119,7 +119,7 @@ public:
     bool inRoster(const NodeId& node) const;
     NodeLink* nodeOf(const NodeId& node);
 
-    // From Negotiations, for a link of this group's.
+    // From NegotiationTable, for a link of this group's.
     /// The remote's PeerGroup record on link `s` (Negotiating only).
     void takeLink(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerGroup& rec);
     /// PeerReady or PeerBroken on the link of node `n` (n.session).
@@ -139,7 +139,7 @@ private:
     void armTimer(std::uint32_t ms);
     void timedOut();
 
-    Negotiations& desk_;
+    NegotiationTable& desk_;
     NegotiationEvents& events_;
     GroupId id_;
     std::uint32_t world_;

@@ -17,9 +17,9 @@
 
 namespace tpf::daemon {
 
-Proxy::Proxy(const ProxyOptions& options, ProxyEvents events)
+Proxy::Proxy(const ProxyOptions& options, ProxyEvents& events)
     : spinNs_(std::uint64_t(options.spinUs) * 1000), heartbeatMs_(options.heartbeatMs), cpu_(options.cpu),
-      gpuPollNs_(std::uint64_t(options.gpuPollUs) * 1000), events_(std::move(events)),
+      gpuPollNs_(std::uint64_t(options.gpuPollUs) * 1000), events_(events),
       eventFd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), carry_(options.carryThreads, options.spinUs) {}
 
 Proxy::~Proxy() { stop(); }
@@ -73,7 +73,7 @@ void Proxy::deliver(ProxyRank& pr, const Doorbell& d) {
     CommandRing& ring = *pr.ring;
     // The group breaks: every rank learns it from its region's control block.
     auto refuse = [&](Errc code, const std::string& why) {
-        if (events_.badDoorbell) events_.badDoorbell(g.handle, pr.rank, Error{code, why});
+        events_.badDoorbell(g.handle, pr.rank, Error{code, why});
     };
     if (d.group != g.handle) return refuse(Errc::BadMessage, "doorbell for group handle " + std::to_string(d.group));
     // The slot, not the cap, bounds a doorbell: a staged shard is the cap
@@ -173,7 +173,7 @@ void Proxy::finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRa
 }
 
 void Proxy::peerFailed(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why) {
-    if (events_.peerFailed) events_.peerFailed(groupHandle, remoteRank, std::move(why));
+    events_.peerFailed(groupHandle, remoteRank, std::move(why));
 }
 
 bool Proxy::pollCqs() {
@@ -246,7 +246,7 @@ void Proxy::reportDrained(std::uint64_t nowNs) {
     });
     if (!landing_.empty()) return;
     const std::uint64_t version = std::exchange(drainDue_, 0);
-    if (version && events_.drained) events_.drained(version);
+    if (version) events_.drained(version);
 }
 
 std::size_t Proxy::pollOnce(std::vector<ProxyRank>& table) {
@@ -270,8 +270,7 @@ bool Proxy::popOne(ProxyRank& pr) {
     const auto r = pr.ring->view.pop(pr.ring->tail, d);
     if (r == RingView::Pop::Empty) return false;
     if (r == RingView::Pop::Corrupt) {
-        if (events_.badDoorbell)
-            events_.badDoorbell(pr.group->handle, pr.rank, Error{Errc::BadMessage, "command ring head corrupted by the client"});
+        events_.badDoorbell(pr.group->handle, pr.rank, Error{Errc::BadMessage, "command ring head corrupted by the client"});
         pr.ring->tail = std::atomic_ref(pr.ring->view.header().subHead).load(std::memory_order_acquire);
         return false;
     }

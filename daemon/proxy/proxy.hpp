@@ -96,17 +96,21 @@ struct ProxyRank {
     }
 };
 
-/// Events the proxy reports; called on the proxy thread (post them on).
-struct ProxyEvents {
+/// What the proxy reports. Called on the proxy thread: an implementation
+/// posts each report on to the thread that acts on it (the daemon's group
+/// table: its control thread) and returns.
+class ProxyEvents {
+public:
+    virtual ~ProxyEvents() = default;
     /// Every doorbell published before table `version` was published is
     /// carried out, and the RDMA WRITEs of the ranks that left the table with
     /// it completed (every shard they posted landed on the other nodes), or
     /// 1 s passed since the switch (Proxy::kLandingNs).
-    std::function<void(std::uint64_t version)> drained;
+    virtual void drained(std::uint64_t version) = 0;
     /// A rank's doorbell or ring was invalid; its group must break.
-    std::function<void(std::uint32_t groupHandle, std::uint32_t rank, Error why)> badDoorbell;
+    virtual void badDoorbell(std::uint32_t groupHandle, std::uint32_t rank, Error why) = 0;
     /// A queue pair to a remote rank failed (error completion or post): its group must break.
-    std::function<void(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why)> peerFailed;
+    virtual void peerFailed(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why) = 0;
 };
 
 /// The proxy's settings ([proxy] of the config, docs/configuration.md; the
@@ -131,7 +135,8 @@ struct ProxyOptions {
 
 class Proxy : private TransportHost {
 public:
-    Proxy(const ProxyOptions& options, ProxyEvents events);
+    /// `events` outlives the proxy (the daemon: the group table that owns it).
+    Proxy(const ProxyOptions& options, ProxyEvents& events);
     ~Proxy();
     Proxy(const Proxy&) = delete;
     Proxy& operator=(const Proxy&) = delete;
@@ -206,7 +211,7 @@ private:
     const std::uint32_t heartbeatMs_;
     const int cpu_;
     const std::uint64_t gpuPollNs_;
-    ProxyEvents events_;
+    ProxyEvents& events_;
     UniqueFd eventFd_;
     CarryPool carry_;
     std::thread thread_;

@@ -11,18 +11,19 @@ namespace tpf::daemon {
 
 namespace {
 
-using State = GroupTable::State;
-
-const char* stateName(State s) {
-    switch (s) {
-    case State::Pending: return "pending";
-    case State::Negotiating: return "negotiating";
-    case State::Open: return "open";
-    case State::Broken: return "broken";
+// A group's state as status names it: carrying (ranks closed in order) is
+// "broken" too, and a closing group shows the life it closed from.
+const char* stateName(const GroupLife& life) {
+    switch (life.life()) {
+    case GroupState::Joining: return "pending";
+    case GroupState::Negotiating: return "negotiating";
+    case GroupState::Open: return "open";
+    case GroupState::Carrying:
+    case GroupState::Broken: return "broken";
+    default: return "unknown";
     }
-    return "unknown";
 }
-constexpr State kStates[] = {State::Pending, State::Negotiating, State::Open, State::Broken};
+constexpr const char* kStateNames[] = {"pending", "negotiating", "open", "broken"};
 
 std::string ranksText(std::uint32_t mask) {
     std::string s;
@@ -95,7 +96,7 @@ nlohmann::json peersPart(const GroupTable& table) {
                                    {"flag_bytes", l->flagBytes()}});
                 }
             const LinkState state = n.session ? n.session->state()
-                                    : g.state == State::Negotiating ? LinkState::Waiting
+                                    : g.life.state() == GroupState::Negotiating ? LinkState::Waiting
                                                                     : LinkState::Closed;
             const bool failed = n.session && n.session->lastError().code != Errc::Ok;
             out.push_back({{"group", id.hex()},
@@ -164,7 +165,7 @@ nlohmann::json groupsPart(const GroupTable& table) {
         for (auto h : hist) total += h;
         groups.push_back({{"id", id.hex()},
                           {"world", g.world},
-                          {"state", stateName(g.state)},
+                          {"state", stateName(g.life)},
                           {"buffers", g.gpuDoorbells ? "device" : "host"},
                           {"proxy_polls", proxyPolls},
                           {"agreed_cap", g.agreedCap},
@@ -225,10 +226,10 @@ nlohmann::json metricsPart(const GroupTable& table) {
                           {"open_refusals", byName(life.openRefusals())},
                           {"open_fallbacks", std::move(fallbacks)}};
     CallTotals calls = life.calls();
-    std::map<State, std::uint64_t> byState;
+    std::map<std::string, std::uint64_t> byState;
     std::uint64_t qps = 0;
     for (const auto& [id, g] : table.groups()) {
-        ++byState[g.state];
+        ++byState[stateName(g.life)];
         for (const auto& [r, m] : g.members)
             if (m.ring) calls.add(readStats(m.ring->view.stats()));
         if (const VerbsGroup* wire = g.negotiation ? g.negotiation->wire() : nullptr)
@@ -236,7 +237,7 @@ nlohmann::json metricsPart(const GroupTable& table) {
     }
     callsJson(calls, out);
     nlohmann::json states = nlohmann::json::object();
-    for (State s : kStates) states[stateName(s)] = byState[s];
+    for (const char* name : kStateNames) states[name] = byState[name];
     out["groups"] = std::move(states);
     out["queue_pairs"] = qps;
     return out;
@@ -244,7 +245,7 @@ nlohmann::json metricsPart(const GroupTable& table) {
 
 } // namespace
 
-nlohmann::json statusDocument(const StatusSources& s) {
+nlohmann::json statusDocument(const StatusSources& s, std::size_t clients) {
     return {
         {"status_version", 2},
         {"daemon", daemonPart(s)},
@@ -253,7 +254,7 @@ nlohmann::json statusDocument(const StatusSources& s) {
         {"peers", peersPart(s.groups)},
         {"groups", groupsPart(s.groups)},
         {"regions", {{"count", s.groups.regionCount()}, {"host_bytes", s.groups.hostRegionBytes()}, {"device_bytes", s.groups.deviceRegionBytes()}}},
-        {"clients", s.clients ? s.clients() : 0},
+        {"clients", clients},
         {"metrics", metricsPart(s.groups)},
     };
 }

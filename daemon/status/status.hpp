@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -31,10 +30,10 @@ struct StatusSources {
     std::string hcasNoneReason;                     ///< why hcas is empty (discoverHcas), "" when it is not
     const Proxy& proxy;
     const GroupTable& groups;
-    std::function<std::size_t()> clients; ///< connections on the control socket now
 };
 
-/// The whole document, "status_version" 2.
-nlohmann::json statusDocument(const StatusSources& s);
+/// The whole document, "status_version" 2; `clients`: connections on the
+/// control socket now (the server asking for it knows them).
+nlohmann::json statusDocument(const StatusSources& s, std::size_t clients);
 
 } // namespace tpf::daemon

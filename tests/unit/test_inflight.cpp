@@ -30,6 +30,15 @@ using tpf::testing::fakeNic;
 
 namespace {
 
+/// The proxy's reports, counted: a bad doorbell or a failed peer each adds one.
+struct CountedReports final : ProxyEvents {
+    std::atomic<int>& count;
+    explicit CountedReports(std::atomic<int>& c) : count(c) {}
+    void drained(std::uint64_t) override {}
+    void badDoorbell(std::uint32_t, std::uint32_t, Error) override { ++count; }
+    void peerFailed(std::uint32_t, std::uint32_t, Error) override { ++count; }
+};
+
 constexpr std::uint32_t kWorld = 4, kRails = 2, kHandle = 7;
 constexpr std::uint32_t kLocal[] = {0, 1}, kRemote[] = {2, 3};
 
@@ -110,9 +119,8 @@ void run(const Scenario& sc) {
     std::atomic<int> reports{0};
     ProxyOptions options;
     options.carryThreads = 2; // same-node copies through the carry threads too
-    Proxy proxy(options,
-                ProxyEvents{[](std::uint64_t) {}, [&](std::uint32_t, std::uint32_t, Error) { ++reports; },
-                            [&](std::uint32_t, std::uint32_t, Error) { ++reports; }});
+    CountedReports events(reports);
+    Proxy proxy(options, events);
     proxy.setHcas(hcas);
     REQUIRE(proxy.start().ok());
     std::vector<ProxyRank> table;
@@ -251,8 +259,8 @@ TEST_CASE("transports: the proxy carries a doorbell through each peer's transpor
     CHECK_FALSE(pr.inFlight());
 
     std::atomic<int> reports{0};
-    Proxy proxy(ProxyOptions{}, ProxyEvents{[](std::uint64_t) {}, [&](std::uint32_t, std::uint32_t, Error) { ++reports; },
-                                            [&](std::uint32_t, std::uint32_t, Error) { ++reports; }});
+    CountedReports events(reports);
+    Proxy proxy(ProxyOptions{}, events);
     REQUIRE(proxy.start().ok());
     proxy.publish({pr}, 1);
     const auto flagOf = [&](std::uint32_t dst, std::uint64_t e) {

@@ -1,4 +1,6 @@
-// Every negotiation of this daemon, and what arrives from other nodes before
+// Every negotiation of this daemon, the peer service its links come through
+// (which it owns, and which reports every link to it), and what arrives from
+// other nodes before
 // a group negotiates here: the reports of every peer link go to the
 // negotiation of their group, a link whose group's local ranks have not all
 // joined is parked until they have, and refusals are remembered for the open
@@ -23,13 +25,18 @@
 
 namespace tpf::daemon {
 
-class Negotiations : public PeerHandler {
+class NegotiationTable : public PeerHandler {
 public:
-    Negotiations(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self);
+    /// `hcas`: the verbs wire, every opened HCA of this node. Without one,
+    /// or without a peer link (start()), a group spanning nodes cannot open.
+    NegotiationTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self,
+                     std::vector<std::shared_ptr<VerbsHca>> hcas);
 
-    /// The verbs wire: the opened HCAs and the peer service. Without both a
-    /// group spanning nodes cannot open.
-    void attach(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers);
+    /// Listen for peer daemons (PeerService::start): errors name the key or the address.
+    Status start() { return peers_.start(); }
+    void stop() { peers_.stop(); }
+    /// Peer links are served (peer.listen set, start() succeeded).
+    bool peersEnabled() const { return peers_.enabled(); }
     /// Why no group spanning nodes can open here, or nothing when one can.
     std::optional<Error> unavailable() const;
     /// HCAs a group spanning nodes stripes over (every one of this node's).
@@ -88,7 +95,7 @@ private:
     const DaemonConfig& cfg_;
     NodeId self_;
     std::vector<std::shared_ptr<VerbsHca>> hcas_;
-    PeerService* peers_ = nullptr;
+    PeerService peers_; ///< reports every link to this table
     std::map<GroupId, Negotiation*> active_; ///< registered by Negotiation, until close()
     std::vector<Parked> parked_;             ///< accepted links whose group has not reached negotiation here yet
     std::map<NodeId, Refusal> refusals_;     ///< failed handshakes of nodes that connect to us (wrong key)

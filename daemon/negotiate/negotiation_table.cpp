@@ -1,5 +1,5 @@
-// Routing peer links to negotiations, parked links, remembered refusals (see negotiations.hpp).
-#include "daemon/negotiate/negotiations.hpp"
+// Routing peer links to negotiations, parked links, remembered refusals (see negotiation_table.hpp).
+#include "daemon/negotiate/negotiation_table.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -23,16 +23,12 @@ Bytes verdictMessage(std::uint16_t opcode, const GroupId& id, Errc code, std::ui
     return peer_proto::encode(opcode, 0, v);
 }
 
-Negotiations::Negotiations(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self)
-    : io_(io), cfg_(cfg), self_(self) {}
+NegotiationTable::NegotiationTable(boost::asio::io_context& io, const DaemonConfig& cfg, const NodeId& self,
+                                   std::vector<std::shared_ptr<VerbsHca>> hcas)
+    : io_(io), cfg_(cfg), self_(self), hcas_(std::move(hcas)), peers_(io, cfg, self, *this) {}
 
-void Negotiations::attach(std::vector<std::shared_ptr<VerbsHca>> hcas, PeerService* peers) {
-    hcas_ = std::move(hcas);
-    peers_ = peers;
-}
-
-std::optional<Error> Negotiations::unavailable() const {
-    if (!peers_ || !peers_->enabled())
+std::optional<Error> NegotiationTable::unavailable() const {
+    if (!peers_.enabled())
         return Error{Errc::Unavailable, "ranks are on other nodes and this daemon has no peer link (set peer.listen)"};
     if (hcas_.empty())
         return Error{Errc::Unavailable, "ranks are on other nodes and this daemon has no usable HCA "
@@ -40,23 +36,23 @@ std::optional<Error> Negotiations::unavailable() const {
     return std::nullopt;
 }
 
-std::shared_ptr<Negotiation> Negotiations::create(NegotiationEvents& events, const GroupId& id,
+std::shared_ptr<Negotiation> NegotiationTable::create(NegotiationEvents& events, const GroupId& id,
                                                   const std::vector<RosterEntry>& roster) {
     auto n = std::make_shared<Negotiation>(*this, events, id, roster);
     active_[id] = n.get();
     return n;
 }
 
-Negotiation* Negotiations::find(const GroupId& id) const {
+Negotiation* NegotiationTable::find(const GroupId& id) const {
     auto it = active_.find(id);
     return it == active_.end() ? nullptr : it->second;
 }
 
-bool Negotiations::expired(std::uint64_t sinceNs) const {
+bool NegotiationTable::expired(std::uint64_t sinceNs) const {
     return monotonicNs() - sinceNs > std::uint64_t(cfg_.openTimeoutMs) * 1000000ull;
 }
 
-const Error* Negotiations::refusedGroup(const GroupId& id, bool ours) {
+const Error* NegotiationTable::refusedGroup(const GroupId& id, bool ours) {
     auto it = refusedGroups_.find(id);
     if (it == refusedGroups_.end() || it->second.ours != ours) return nullptr;
     if (expired(it->second.atNs)) {
@@ -66,20 +62,20 @@ const Error* Negotiations::refusedGroup(const GroupId& id, bool ours) {
     return &it->second.why;
 }
 
-void Negotiations::rememberRefusal(const GroupId& id, Error why, bool ours) {
+void NegotiationTable::rememberRefusal(const GroupId& id, Error why, bool ours) {
     std::erase_if(refusedGroups_, [&](const auto& kv) { return expired(kv.second.atNs); });
     if (refusedGroups_.size() >= kMaxRefusedGroups) refusedGroups_.erase(refusedGroups_.begin());
     refusedGroups_[id] = GroupRefusal{std::move(why), monotonicNs(), ours};
 }
 
-const Error* Negotiations::refusalOf(const NodeId& node) const {
+const Error* NegotiationTable::refusalOf(const NodeId& node) const {
     auto it = refusals_.find(node);
     if (it == refusals_.end() || monotonicNs() - it->second.atNs >= std::uint64_t(cfg_.openTimeoutMs) * 1000000ull)
         return nullptr;
     return &it->second.why;
 }
 
-std::optional<Negotiations::Parked> Negotiations::takeParked(const GroupId& id, const NodeId& node) {
+std::optional<NegotiationTable::Parked> NegotiationTable::takeParked(const GroupId& id, const NodeId& node) {
     auto it = std::find_if(parked_.begin(), parked_.end(), [&](const Parked& p) {
         return id.is(p.record.fixed.groupId) && p.session->remoteNode() == node;
     });
@@ -89,15 +85,15 @@ std::optional<Negotiations::Parked> Negotiations::takeParked(const GroupId& id, 
     return p;
 }
 
-void Negotiations::dropParked(const GroupId& id) {
+void NegotiationTable::dropParked(const GroupId& id) {
     std::erase_if(parked_, [&](const Parked& p) { return id.is(p.record.fixed.groupId); });
 }
 
 // A PeerReady carrying the reason goes to every other node of the roster, on
 // a link opened for that alone (or on the link it already parked here).
-void Negotiations::tellRefused(const GroupId& id, const std::vector<RosterEntry>& roster, Errc code,
+void NegotiationTable::tellRefused(const GroupId& id, const std::vector<RosterEntry>& roster, Errc code,
                                const std::string& why) {
-    if (!peers_ || !peers_->enabled()) return;
+    if (!peers_.enabled()) return;
     const bool told = refusedGroup(id, true) != nullptr;
     rememberRefusal(id, Error{code, why}, true);
     if (told) return;
@@ -116,11 +112,11 @@ void Negotiations::tellRefused(const GroupId& id, const std::vector<RosterEntry>
         done.push_back(node);
         spdlog::info("group {}: telling node {} ({}) that it was refused here", id.shortHex(), node.shortHex(),
                      endpointText(e.endpointAddr, e.endpointPort));
-        peers_->connect(e.endpointAddr, e.endpointPort, node, v, true);
+        peers_.connect(e.endpointAddr, e.endpointPort, node, v, true);
     }
 }
 
-void Negotiations::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec) {
+void NegotiationTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup rec) {
     const GroupId id = GroupId::of(rec.fixed.groupId);
     const NodeId from = NodeId::of(rec.fixed.nodeId);
     auto refuseLink = [&](const std::string& why) {
@@ -150,7 +146,7 @@ void Negotiations::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGroup r
     n->takeLink(s, rec);
 }
 
-void Negotiations::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const PeerVerdict& v) {
+void NegotiationTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const PeerVerdict& v) {
     const GroupId id = GroupId::of(v.groupId);
     Negotiation* n = find(id);
     NodeLink* node = n ? n->nodeOf(s->remoteNode()) : nullptr;
@@ -177,7 +173,7 @@ void Negotiations::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint1
     n->verdict(*node, opcode, v);
 }
 
-void Negotiations::peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) {
+void NegotiationTable::peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) {
     std::erase_if(parked_, [&](const Parked& p) { return p.session == s; });
     const bool auth = why.code == Errc::AuthFailed;
     if (auth && s->accepted()) refusals_[s->remoteNode()] = Refusal{why, monotonicNs()};
