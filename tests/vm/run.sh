@@ -16,6 +16,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 timeout_s=${TPF_VM_TIMEOUT:-1700}
 cache=${TPF_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpfabric-vm}
+# shellcheck disable=SC2034  # host-lib.sh installs them
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers
   rdmacm-utils perftest cpio kmod iproute2 coreutils util-linux bash)
 

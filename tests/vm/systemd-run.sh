@@ -25,6 +25,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 timeout_s=${TPF_VM_TIMEOUT:-1200}
 cache=${TPF_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpfabric-vm}
+# shellcheck disable=SC2034  # host-lib.sh installs them
 pkgs=(qemu-system-x86 mmdebstrap cpio kmod dpkg-dev)
 
 log() { echo "vm-systemd: $*" >&2; }
