@@ -58,7 +58,7 @@ failed_build() { echo "stage $1: build failed"; build_failures=$((build_failures
 # testlog (summary.py counts them): the package build, lintian, and each TAP
 # result of the systemd guest. Logs in build-deb/*.log.
 deb_stage() {
-  local d=$top/build-deb obj rc t=$(date +%s) times=""
+  local d=$top/build-deb obj rc n=0 t=$(date +%s) times=""
   rm -rf "$d" && mkdir -p "$d" || return 1
   result() { printf '{"name": "deb/%s", "result": "%s"}\n' "$1" "$2" >>"$d/testlog.json"; }
   lap() { times+="$1 $(( $(date +%s) - t )) s, "; t=$(date +%s); }
