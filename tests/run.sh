@@ -11,15 +11,20 @@
 #                against rank processes); likewise only what they run
 #   build-fuzz/  libFuzzer targets (clang++-14, -Dfuzz=true): regression
 #                inputs replayed, then $TPF_FUZZ_SECONDS (12) of fuzzing each
+#   build-deb/   the Debian packages (debian/) by dpkg-buildpackage -b from a
+#                clean clone of HEAD, lintian on them, then the systemd guest
+#                (tests/vm/systemd-run.sh: the packages installed with apt and
+#                the shipped unit run by systemd as PID 1; its root file
+#                system is cached beside the VM kernel)
 # then one line "N passed, N failed, N skipped" over every stage's
 # testlog.json. Exit status non-zero on any failure. Extra arguments go to the
-# first stage's meson test. TPF_STAGES (default "normal asan tsan fuzz")
+# first stage's meson test. TPF_STAGES (default "normal asan tsan fuzz deb")
 # picks stages.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 bash scripts/install-deps.sh
-stages=${TPF_STAGES:-normal asan tsan fuzz}
+stages=${TPF_STAGES:-normal asan tsan fuzz deb}
 logs=()
 build_failures=0
 t_all=$(date +%s)
@@ -48,6 +53,48 @@ setup() {
   return 1
 }
 failed_build() { echo "stage $1: build failed"; build_failures=$((build_failures + 1)); }
+
+# deb_stage: build-deb/testlog.json, one line per check in the form of Meson's
+# testlog (summary.py counts them): the package build, lintian, and each TAP
+# result of the systemd guest. Logs in build-deb/*.log.
+deb_stage() {
+  local d=$top/build-deb obj rc n=0 t=$(date +%s) times=""
+  rm -rf "$d" && mkdir -p "$d" || return 1
+  result() { printf '{"name": "deb/%s", "result": "%s"}\n' "$1" "$2" >>"$d/testlog.json"; }
+  lap() { times+="$1 $(( $(date +%s) - t )) s, "; t=$(date +%s); }
+  # A clean clone (what is committed), always at the same path, so that
+  # ccache finds the last run's objects (dpkg-buildflags maps this path).
+  git clone -q "$top" "$d/src" || { result clone FAIL; return 1; }
+  if ! (cd "$d/src" && dpkg-buildpackage -b -uc -us) >"$d/dpkg-buildpackage.log" 2>&1; then
+    echo "stage deb: dpkg-buildpackage failed; last lines of build-deb/dpkg-buildpackage.log:"
+    tail -n 30 "$d/dpkg-buildpackage.log"
+    result dpkg-buildpackage FAIL; return 1
+  fi
+  result dpkg-buildpackage OK
+  lap dpkg-buildpackage
+  # Errors and warnings fail; every remaining warning is overridden in debian/*.lintian-overrides with its reason.
+  if lintian --fail-on error,warning "$d"/*.changes >"$d/lintian.log" 2>&1; then result lintian OK
+  else echo "stage deb: lintian:"; cat "$d/lintian.log"; result lintian FAIL; fi
+  lap lintian
+  # tpf-testrank for the guest, from the package build's own objects (one file more to compile).
+  obj=$(ls -d "$d"/src/obj-*/ | head -n1)
+  if ! ninja -C "$obj" tests/integration/tpf-testrank >"$d/testrank.log" 2>&1; then
+    tail -n 20 "$d/testrank.log"; result tpf-testrank FAIL; return 1
+  fi
+  lap tpf-testrank
+  TPF_VM_SKIP_RC=0 TPF_VM_TAP_OUT=$d/vm-systemd.tap tests/vm/systemd-run.sh --debs "$d" \
+    --bin "$obj/tests/integration/tpf-testrank" >"$d/vm-systemd.log"
+  rc=$?
+  lap "systemd guest"
+  cat "$d/vm-systemd.log"
+  echo "== stage deb: ${times%, }"
+  awk '/^ok .*# SKIP/ { print "SKIP"; next } /^ok / { print "OK" } /^not ok / { print "FAIL" }' "$d/vm-systemd.log" |
+    while read -r r; do result "vm-systemd-$((++n))" "$r"; done
+  if ! grep -Eq '^(not )?ok ' "$d/vm-systemd.log"; then   # a skip (1..0 # SKIP), or no result at all
+    if grep -q '^1\.\.0 # SKIP' "$d/vm-systemd.log"; then result vm-systemd SKIP
+    else result vm-systemd "$([ $rc -eq 0 ] && echo OK || echo FAIL)"; fi
+  fi
+}
 
 for stage in $stages; do
   t0=$(date +%s) c0=$(cpu_s)
@@ -90,6 +137,10 @@ for stage in $stages; do
       meson test -C build-fuzz --no-rebuild --print-errorlogs --num-processes 2 --suite fuzz
       logs+=(build-fuzz/meson-logs/testlog.json)
     else failed_build fuzz; fi
+    ;;
+  deb)
+    deb_stage
+    [ -f build-deb/testlog.json ] && logs+=(build-deb/testlog.json) || failed_build deb
     ;;
   *) echo "unknown stage $stage"; build_failures=$((build_failures + 1)) ;;
   esac

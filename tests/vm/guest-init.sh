@@ -5,26 +5,33 @@
 # and powers off. Scenario output goes to the console (ttyS0); the TAP-looking
 # lines of each scenario's stdout, framed by "@@TPFVM@@" records, go to ttyS1,
 # which run.sh reads: the kernel never writes there, so nothing interleaves.
+# systemd-run.sh runs this same script as a service of a guest whose PID 1 is
+# systemd: then the file systems are systemd's, and the end is `systemctl poweroff`.
 export PATH=/opt/tpf/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LD_LIBRARY_PATH=/opt/tpf/lib
 IP=/usr/sbin/ip   # iproute2, never busybox's applet (softroce.md gotcha 1)
 
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-mkdir -p /dev/pts /dev/shm /root
-mount -t devpts devpts /dev/pts
-ln -sf /proc/self/fd /dev/fd
-ln -sf /proc/self/fd/0 /dev/stdin; ln -sf /proc/self/fd/1 /dev/stdout; ln -sf /proc/self/fd/2 /dev/stderr
-mount -t tmpfs tmpfs /tmp
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /dev/shm
+if [ $$ -eq 1 ]; then
+  mount -t proc proc /proc
+  mount -t sysfs sysfs /sys
+  mount -t devtmpfs devtmpfs /dev
+  mkdir -p /dev/pts /dev/shm /root
+  mount -t devpts devpts /dev/pts
+  ln -sf /proc/self/fd /dev/fd
+  ln -sf /proc/self/fd/0 /dev/stdin; ln -sf /proc/self/fd/1 /dev/stdout; ln -sf /proc/self/fd/2 /dev/stderr
+  mount -t tmpfs tmpfs /tmp
+  mount -t tmpfs tmpfs /run
+  mount -t tmpfs tmpfs /dev/shm
+fi
 
 exec 3>/dev/ttyS1 || exec 3>/dev/console
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 echo "vm-init: /init started at $(cut -d' ' -f1 /proc/uptime) s"
 rec() { echo "@@TPFVM@@ $*" >&3; }
-finish() { rec "done"; exec 3>&-; sleep 0.3; poweroff -f; }
+finish() {
+  rec "done"; exec 3>&-; sleep 0.3
+  if [ $$ -eq 1 ]; then poweroff -f; else systemctl poweroff --force --force; fi
+}
 setup_fail() { echo "vm-init: setup failed: $*"; rec setup fail "$*"; finish; }
 
 set -a; . /etc/tpf-vm.env; set +a

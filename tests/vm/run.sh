@@ -16,6 +16,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 timeout_s=${TPF_VM_TIMEOUT:-1700}
 cache=${TPF_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpfabric-vm}
+# shellcheck disable=SC2034  # host-lib.sh installs them
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers
   rdmacm-utils perftest cpio kmod iproute2 coreutils util-linux bash)
 
@@ -40,75 +41,8 @@ for f in "${bins[@]}" "${scens[@]}"; do
   [ -f "$f" ] || bail "no such file: $f (build it first, or fix the --bin/--scenario path)"
 done
 
-ensure_packages() {
-  local missing=() p
-  for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing Debian packages: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  timeout "$(left)" $sudo apt-get update -qq >&2 &&
-    timeout "$(left)" $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-    skip "cannot install ${missing[*]} with apt-get (no network or no root?); install them and rerun"
-}
-
-# Prints the concrete kernel package (linux-image-6.1.0-N-amd64) and its version.
-kernel_candidate() {
-  local pkg
-  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
-    awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ { print $2; exit }')
-  [ -n "$pkg" ] || return 1
-  echo "$pkg $(apt-cache show --no-all-versions "$pkg" 2>/dev/null | awk '/^Version:/ { print $2; exit }')"
-}
-
-# Sets kdir to a cache dir holding vmlinuz, modules/*.ko and modules/load.list.
-fetch_kernel() {
-  mkdir -p "$cache/kernel" || bail "cannot create cache dir $cache (set TPF_VM_CACHE)"
-  exec 9>"$cache/lock"
-  flock -w "$(left)" 9 || bail "timed out waiting for the cache lock $cache/lock"
-  local cand pkg ver tmp x kver m
-  cand=$(kernel_candidate) || { timeout "$(left)" $sudo apt-get update -qq >&2; cand=$(kernel_candidate); }
-  read -r pkg ver <<<"$cand"
-  kdir=$cache/kernel/${pkg#linux-image-}_${ver//[^A-Za-z0-9.+~-]/_}
-  if [ -n "$pkg" ] && [ -f "$kdir/ok" ]; then exec 9>&-; return 0; fi
-  rm -rf "$cache"/tmp.*   # left by a run that was killed; we hold the lock
-  tmp=$(mktemp -d "$cache/tmp.XXXXXX") || bail "cannot write to $cache"
-  if [ -n "$pkg" ]; then
-    log "fetching kernel $pkg $ver"
-    (cd "$tmp" && timeout "$(left)" apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2)
-  fi
-  x=$(ls "$tmp"/*.deb 2>/dev/null | head -n1)
-  if [ -z "$x" ]; then
-    rm -rf "$tmp"; exec 9>&-
-    kdir=$(ls -dt "$cache"/kernel/*/ok 2>/dev/null | head -n1); kdir=${kdir%/ok}
-    [ -n "$kdir" ] || skip "cannot download the Debian kernel package ${pkg:-linux-image-amd64} (no network?) and none is cached in $cache"
-    log "warning: cannot download ${pkg:-the kernel}; using the cached $(basename "$kdir")"
-    return 0
-  fi
-  dpkg -x "$x" "$tmp/x" || bail "dpkg -x $x failed"
-  kver=$(ls "$tmp/x/lib/modules" | head -n1)
-  [ -f "$tmp/x/boot/vmlinuz-$kver" ] || bail "no boot/vmlinuz-$kver in $x"
-  depmod -b "$tmp/x" "$kver" || bail "depmod -b $tmp/x $kver failed"
-  mkdir -p "$tmp/k/modules"
-  cp "$tmp/x/boot/vmlinuz-$kver" "$tmp/k/vmlinuz"; echo "$kver" >"$tmp/k/kver"
-  # crc32_generic first: rxe needs the crc32 shash and modules.dep does not say so.
-  local deps=""
-  for m in crc32_generic rdma_rxe rdma_ucm veth; do
-    deps+=$(modprobe -d "$tmp/x" -S "$kver" --show-depends "$m") ||
-      bail "modprobe --show-depends $m failed for $kver in $x"
-    deps+=$'\n'
-  done
-  for m in $(awk '$1 == "insmod" && !seen[$2]++ { print $2 }' <<<"$deps"); do
-    case $m in *.ko) ;; *) bail "compressed kernel module $m is not supported" ;; esac
-    cp "$m" "$tmp/k/modules/" && basename "$m" >>"$tmp/k/modules/load.list" || bail "cannot copy $m"
-  done
-  grep -q '^rdma_rxe.ko$' "$tmp/k/modules/load.list" || bail "rdma_rxe.ko not found in $pkg"
-  touch "$tmp/k/ok"
-  rm -rf "$kdir" && mv "$tmp/k" "$kdir" && rm -rf "$tmp"
-  find "$cache/kernel" -mindepth 1 -maxdepth 1 ! -path "$kdir" -exec rm -rf {} +
-  exec 9>&-
-}
+# shellcheck source=host-lib.sh
+. "$here/host-lib.sh"
 
 # copy_elf SRC DEST: SRC to $root/DEST plus every library ldd lists (system
 # libraries at their own path, others in /opt/tpf/lib).
