@@ -225,7 +225,8 @@ typedef struct tpf_health {
  *  tpf_last_error is not touched (reading the word allocates nothing), except
  *  for a NULL group: TPF_INVALID_ARGUMENT, also in health->status. A group
  *  copied into a fork()ed child answers TPF_CLOSED. Any thread may call it,
- *  also while a call of the group blocks. */
+ *  also while a call of the group blocks (never with or after
+ *  tpf_group_close, which frees the handle). */
 TPF_API tpf_status tpf_group_health(const tpf_group* group, tpf_health* health);
 
 /** End every rank's waits with TPF_ABORTED (its text names this rank: "rank

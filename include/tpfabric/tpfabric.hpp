@@ -269,7 +269,8 @@ public:
     /// every rank (docs/integration.md, "Failures, check() and reopening").
     /// A closed group answers as check() does: Closed, or the failure that
     /// broke it before close(); a fork()ed child's copy answers Closed. Any
-    /// thread may call it, also while a call of the group runs.
+    /// thread may call it, also while a call of the group runs (not while
+    /// close() runs: close() unmaps what it reads).
     Health health() const noexcept;
     /// health().ok().
     bool healthy() const noexcept { return health().ok(); }
