@@ -11,8 +11,9 @@
 // A failed call writes nothing into its output buffer. After any failure
 // except CapMismatch, Misaligned and InvalidArgument the group is broken:
 // check() returns the failure, every later call fails the same way, and the
-// group must be reopened. docs/integration.md is the guide; the same API for
-// C, Zig and Rust is <tpfabric/tpfabric.h>.
+// group must be reopened. health() says so without synchronising a stream
+// (a device call's failure included): read it once per step. The guide is
+// docs/integration.md; the same API for C, Zig and Rust is <tpfabric/tpfabric.h>.
 #pragma once
 
 #if __cplusplus < 202002L
