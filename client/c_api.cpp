@@ -78,6 +78,11 @@ private:
     void* ctx_;
 };
 
+// The C face of Health: fixed for the ABI's life.
+static_assert(sizeof(tpf_health) == 32 && offsetof(tpf_health, rank) == 4 && offsetof(tpf_health, flags) == 8 &&
+              offsetof(tpf_health, reserved) == 12);
+static_assert(Health::kNoRank == TPF_NO_RANK);
+
 // The C face of DType: one set of values.
 static_assert(int(DType::F32) == TPF_DTYPE_F32 && int(DType::F16) == TPF_DTYPE_F16 && int(DType::BF16) == TPF_DTYPE_BF16);
 
@@ -231,6 +236,17 @@ tpf_status tpf_all_reduce_sum_async(tpf_group* group, const void* send, void* re
 tpf_status tpf_check(const tpf_group* group) {
     if (!group) return invalid("tpf_check: group is NULL");
     return guarded([&] { return report(group->group->check()); });
+}
+
+tpf_status tpf_group_health(const tpf_group* group, tpf_health* health) {
+    if (!group) {
+        if (health) *health = tpf_health{TPF_INVALID_ARGUMENT, TPF_NO_RANK, 0, {}};
+        return invalid("tpf_group_health: group is NULL");
+    }
+    const Health h = group->group->health(); // noexcept: nothing to guard
+    const tpf_status status = tpf_status(h.code);
+    if (health) *health = tpf_health{status, h.rank, (h.flags & Health::kNccl) ? TPF_HEALTH_NCCL : 0u, {}};
+    return status;
 }
 
 tpf_status tpf_abort(tpf_group* group) {

@@ -199,7 +199,7 @@ Status gpuCheck(Group::Impl& g) {
                                        : "rank " + std::to_string(f.missingPeer) +
                                              (f.error == Errc::PeerLost ? " is gone" : " failed the group");
     }
-    return g.fail(Error{f.error, why});
+    return g.fail(Error{f.error, why}, f.missingPeer < g.world ? f.missingPeer : kNoPeer);
 }
 
 #if !TPF_HAVE_NCCL

@@ -350,7 +350,7 @@ void Group::close() {
     impl_->closed = true;
     if (impl_->forked()) (void)impl_->broken(); // notes the fork: Closed, naming the parent
     impl_->teardown(Impl::Leave::Close);
-    if (impl_->failure.code == Errc::Ok) impl_->failure = Error{Errc::Closed, "the group was closed"};
+    if (impl_->failure.code == Errc::Ok) (void)impl_->fail(Error{Errc::Closed, "the group was closed"});
 }
 
 bool lastOpenMayFallBack() { return openMayFallBack; }
@@ -361,14 +361,14 @@ Status Group::abort() {
     if (g.closed) return Error{Errc::Closed, "abort on a closed group"};
     const Error aborted{Errc::Aborted, "rank " + std::to_string(g.rank) + " (this rank) aborted the group"};
     if (g.nccl) {
-        (void)g.fail(aborted);
+        (void)g.fail(aborted, g.rank);
         return Error{Errc::Unsupported, "the group runs on NCCL, which has no abort: only this rank's group is broken"};
     }
     // Broken here even when the daemon cannot be told (it is gone: the others see DaemonLost).
     const Status told = g.world == 1 || !g.socket
                             ? okStatus()
                             : sendMessage(g.socket.get(), encode(kAbort, g.seq++, Abort{}), {}, 1000);
-    (void)g.fail(aborted);
+    (void)g.fail(aborted, g.rank);
     if (!told) return Error{Errc::DaemonLost, "the daemon could not be told of the abort: " + told.error().describe()};
     return okStatus();
 }

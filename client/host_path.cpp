@@ -31,20 +31,32 @@ void Group::Impl::noteForked() {
                                          openedBy, ::getpid())};
 }
 
-Status Group::Impl::fail(Error e) {
+Status Group::Impl::fail(Error e, std::uint32_t peer) {
     const std::lock_guard lock(failMutex);
     if (std::atomic_ref(failure.code).load(std::memory_order_relaxed) == Errc::Ok) {
         failure.detail = std::move(e.detail);
         std::atomic_ref(failure.code).store(e.code, std::memory_order_release);
+        std::atomic_ref(healthWord).store(std::uint64_t(e.code) | std::uint64_t(peer) << 32, std::memory_order_release);
     }
     return failure;
 }
 
-Error Group::Impl::sharedFailure() const {
+Errc Group::Impl::sharedCode() const {
     auto& c = control();
     Errc code;
     if (!errcFromWire(std::atomic_ref(c.error).load(std::memory_order_acquire), code) || code == Errc::Ok)
         code = std::atomic_ref(c.abort).load(std::memory_order_acquire) ? Errc::Aborted : Errc::PeerLost;
+    return code;
+}
+
+std::uint32_t Group::Impl::sharedPeer() const {
+    const std::uint32_t who = std::atomic_ref(control().missingPeer).load(std::memory_order_acquire);
+    return who < world ? who : kNoPeer;
+}
+
+Error Group::Impl::sharedFailure() const {
+    auto& c = control();
+    const Errc code = sharedCode();
     const std::uint32_t who = std::atomic_ref(c.missingPeer).load(std::memory_order_acquire);
     if (code == Errc::Aborted) // the daemon names the aborter in missingPeer
         return Error{code, who < world ? "rank " + std::to_string(who) + " aborted the group" : std::string("a rank aborted the group")};
@@ -109,8 +121,9 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         for (std::uint32_t k = 0; k < layout.stripes; ++k)
             if (who < world && who != rank && std::atomic_ref(*flagOf(phase, who, k)).load(std::memory_order_acquire) < e) {
                 if (carried && carried != kCarriedUnknown && e > carried) // its shard of e never comes: say why
-                    static_cast<void>(fail(Error{
-                        Errc::PeerLost, format("rank {} left the group after epoch {} (this call is epoch {})", who, carried, e)}));
+                    static_cast<void>(fail(Error{Errc::PeerLost,
+                                                 format("rank {} left the group after epoch {} (this call is epoch {})", who, carried, e)},
+                                           who));
                 return true;
             }
         // Still carried: wait as in a healthy group, up to the timeout (the
@@ -121,7 +134,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (!brokenSeenNs) brokenSeenNs = now;
         return now - brokenSeenNs >= kBrokenGraceNs;
     };
-    auto reportFailure = [&]() -> Status { return fail(sharedFailure()); };
+    auto reportFailure = [&]() -> Status { return fail(sharedFailure(), sharedPeer()); };
 
     for (std::uint64_t now = start; now < spinUntil; now = monotonicNs()) {
         for (int i = 0; i < 64; ++i) {
@@ -149,7 +162,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
             std::string why = format("rank {} did not deliver epoch {} within {} ms", missingPeer(), e, options.timeout.count());
             const std::uint64_t stalledAt = monotonicNs();
             for (const auto& t : transports) why += t->stalled(*this, stalledAt);
-            return fail(Error{Errc::Timeout, why});
+            return fail(Error{Errc::Timeout, why}, missingPeer());
         }
     }
 }
@@ -188,7 +201,7 @@ Status Group::Impl::exchange(const void* send, std::size_t bytes, std::uint32_t 
                                                 q, callOf(t.magic, t.rowBytes), rank, callOf(mine.magic, mine.rowBytes))
                                        : format("rank {} passed another size or op than rank {}'s {} (every rank of a call "
                                                 "passes the same op, dtype and size)",
-                                                q, rank, callOf(mine.magic, mine.rowBytes))});
+                                                q, rank, callOf(mine.magic, mine.rowBytes))}, q);
     }
     return okStatus();
 }
@@ -314,7 +327,8 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
         if (h.magic != kRowHeaderMagic)
             s = g.fail(Error{Errc::GroupMismatch, format("rank {} called another op than rank {}'s allGatherV (every rank of a call "
                                                          "passes the same op)",
-                                                         q, g.rank)});
+                                                         q, g.rank)},
+                             q);
         else if (h.countsHash != mine.countsHash || h.rowBytes != counts[q])
             // Only its own row's length travels, with a hash of its counts:
             // name the row when that is what differs, else say the counts do.
@@ -323,7 +337,8 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
                                     g.rank,
                                     h.rowBytes != counts[q]
                                         ? format(" (its row is {} bytes; counts[{}] here is {})", h.rowBytes, q, counts[q])
-                                        : format(" (its own row agrees, counts[{}] = {}: another entry differs)", q, counts[q]))});
+                                        : format(" (its own row agrees, counts[{}] = {}: another entry differs)", q, counts[q]))},
+                             q);
     }
     if (s) {
         if (counts[g.rank]) std::memmove(out + offset[g.rank], send, counts[g.rank]); // first, as in allGather

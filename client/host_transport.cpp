@@ -36,7 +36,8 @@ public:
             if (const std::uint64_t now = monotonicNs(); now >= deadline)
                 return g.fail(Error{Errc::Timeout, format("this rank's command ring stayed full for {} ms: tpfabricd's proxy "
                                                           "takes no doorbells{}",
-                                                          g.options.timeout.count(), g.proxyStalled(now))});
+                                                          g.options.timeout.count(), g.proxyStalled(now))},
+                              g.rank);
             ::sched_yield();
         }
         if (g.ring.proxyNeedsWake()) {

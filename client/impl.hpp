@@ -56,6 +56,10 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// blocks in a call: the detail is written before the code is released,
     /// and broken() acquires the code before a caller copies the whole.
     Error failure;
+    /// The health word of the host side: failure's code (low 16 bits) and
+    /// the rank it names (high 32 bits, kNoPeer if none), 0 while healthy.
+    /// Written once, release, by fail() (and by close()); loaded by health().
+    std::uint64_t healthWord = 0;
     std::mutex failMutex; ///< serialises fail()'s writers
     bool closed = false;
     pid_t openedBy = ::getpid();                  ///< the process that opened the group
@@ -97,7 +101,11 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// record is a rank's orderly leave after an epoch >= `epoch`
     /// (ControlBlock::carriedThrough, written before the error).
     bool stillCarried(std::uint64_t epoch);
-    Status fail(Error e);
+    /// Makes `e` the group's sticky failure unless one is recorded already
+    /// (the first wins), naming `peer` (kNoPeer: none) in the health word.
+    Status fail(Error e, std::uint32_t peer = kNoPeer);
+    /// What Group::health() answers: loads of host memory only.
+    Health health() const noexcept;
     /// In a fork()ed child: the group is the parent's (its regions, rings
     /// and daemon connection), so nothing of it may be used or released here.
     bool forked() const { return openedAt != forkGeneration(); }
@@ -109,12 +117,15 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
         // calls this rank could still complete (the aborter staged its row).
         if (std::atomic_ref(failure.code).load(std::memory_order_acquire) == Errc::Ok && region.data() &&
             std::atomic_ref(control().abort).load(std::memory_order_acquire))
-            (void)fail(sharedFailure());
+            (void)fail(sharedFailure(), sharedPeer());
         return std::atomic_ref(failure.code).load(std::memory_order_acquire) != Errc::Ok;
     }
     /// The daemon's record of a group-wide failure (ControlBlock error and
     /// missingPeer) as a call reports it: "rank 1 aborted the group".
     Error sharedFailure() const;
+    /// The code sharedFailure() reports and the rank it names (kNoPeer: none).
+    Errc sharedCode() const;
+    std::uint32_t sharedPeer() const;
     void noteForked();
     /// allGatherV's arguments, before anything is staged: world counts, send
     /// and recv not null where a row exists (InvalidArgument). Same on every rank.

@@ -91,6 +91,22 @@ int main(int argc, char** argv) {
             goto done;
         }
     }
+    /* The health word, once per step after the engine's own synchronisation
+     * point (device groups: where the step's sampled tokens reach the host):
+     * a few loads of host memory, no stream sync, no system call. A device
+     * call that failed inside a kernel, also one replayed in a CUDA graph,
+     * sets it before the kernel ends. When it is set, the outputs of the
+     * failed call and every later one were not written: drop the step's
+     * results, stop the other ranks (tpf_abort, or the engine's teardown),
+     * then on every rank close, reopen, capture the graphs again and redo the
+     * step; tpf_check (after synchronising) gives the detail. */
+    tpf_health health;
+    if (tpf_group_health(group, &health) != TPF_OK) {
+        fprintf(stderr, "hello_c: the group is broken: %s naming rank %d; reopen it on every rank\n",
+                tpf_status_name(health.status), health.rank == TPF_NO_RANK ? -1 : (int)health.rank);
+        rc = fail("check", tpf_check(group));
+        goto done;
+    }
     /* A failed call breaks the group: tpf_check says so; close it and open again. */
     if ((s = tpf_check(group)) != TPF_OK) {
         rc = fail("check", s);

@@ -99,6 +99,20 @@ int main(int argc, char** argv) {
         }
     }
 
+    // The health word, once per step after the engine's own synchronisation
+    // point (device groups: where the step's sampled tokens reach the host):
+    // a few loads of host memory, no stream sync, no system call. A device
+    // call that failed inside a kernel, also one replayed in a CUDA graph,
+    // sets it before the kernel ends. When it is set, the outputs of the
+    // failed call and every later one were not written: drop the step's
+    // results, stop the other ranks (abort(), or the engine's teardown),
+    // then on every rank close, reopen, capture the graphs again and redo
+    // the step. check() (after synchronising) gives the detail.
+    if (const tpf::Health h = group.health(); !h.ok()) {
+        std::fprintf(stderr, "hello: the group is broken: %s naming rank %d; reopen it on every rank\n",
+                     std::string(tpf::errcName(h.code)).c_str(), h.rank == tpf::Health::kNoRank ? -1 : int(h.rank));
+        return fail("check", group.check().error());
+    }
     // A call that failed broke the group; check() says so (and, for device
     // groups, what a kernel recorded). Then close it and open a new one.
     if (auto s = group.check(); !s) return fail("check", s.error());

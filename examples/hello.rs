@@ -43,6 +43,16 @@ struct TpfOpenOptions {
     nccl_comm: *mut c_void,
 }
 
+/// tpf_health: the group's health word as tpf_group_health reads it (32 bytes).
+#[repr(C)]
+struct TpfHealth {
+    status: TpfStatus,
+    rank: u32,
+    flags: u32,
+    reserved: [u32; 5],
+}
+const TPF_NO_RANK: u32 = u32::MAX;
+
 type AllgatherFn = unsafe extern "C" fn(ctx: *mut c_void, mine: *const c_void, out: *mut c_void, bytes: usize) -> TpfStatus;
 
 #[link(name = "tpfabric")]
@@ -59,6 +69,7 @@ extern "C" {
     fn tpf_all_reduce_sum(group: *mut TpfGroup, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32)
         -> TpfStatus;
     fn tpf_check(group: *const TpfGroup) -> TpfStatus;
+    fn tpf_group_health(group: *const TpfGroup, health: *mut TpfHealth) -> TpfStatus;
     fn tpf_fits(group: *const TpfGroup, bytes: usize) -> i32;
     fn tpf_agreed_cap(group: *const TpfGroup) -> u64;
     fn tpf_path(group: *const TpfGroup) -> *const c_char;
@@ -189,6 +200,22 @@ fn run(rank: u32, world: u32, addr: &str, socket: Option<&str>) -> Result<String
         if got.to_bits() != want.to_bits() {
             return Err(format!("f32 sum: element {i} is {got:e}, expected {want:e}"));
         }
+    }
+    // The health word, once per step after the engine's own synchronisation
+    // point (device groups: where the step's sampled tokens reach the host):
+    // a few loads of host memory, no stream sync, no system call. A device
+    // call that failed inside a kernel, also one replayed in a CUDA graph,
+    // sets it before the kernel ends. When it is set, the outputs of the
+    // failed call and every later one were not written: drop the step's
+    // results, stop the other ranks (tpf_abort, or the engine's teardown),
+    // then on every rank close, reopen, capture the graphs again and redo the
+    // step; tpf_check (after synchronising) gives the detail.
+    let mut health = TpfHealth { status: TPF_OK, rank: TPF_NO_RANK, flags: 0, reserved: [0; 5] };
+    if unsafe { tpf_group_health(group.0, &mut health) } != TPF_OK {
+        let named = if health.rank == TPF_NO_RANK { "no rank".to_string() } else { format!("rank {}", health.rank) };
+        let name = text(unsafe { tpf_status_name(health.status) });
+        return Err(format!("the group is broken: {name} naming {named}; reopen it on every rank: {}",
+                           failed("check", unsafe { tpf_check(group.0) })));
     }
     // A failed call breaks the group: tpf_check says so; close it and open again.
     let s = unsafe { tpf_check(group.0) };

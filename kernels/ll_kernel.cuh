@@ -254,6 +254,7 @@ __device__ __forceinline__ void llCall(const DeviceGroupView& v, const std::uint
                     recordFailure(v.control, failCode, named ? missing : kNoPeer);
                 }
                 atomicAdd(&st->failures, 1u);
+                markCallFailed(v.control);
             }
             st->epoch = e;
             endCall(v, tag, failCode == 0, failCode == kLlKeep ? ldRelaxedSys(&v.control->error) : failCode);

@@ -7,6 +7,7 @@ namespace tpf::kernels {
 
 namespace {
 
+using detail::markCallFailed;
 using detail::recordFailure;
 
 constexpr std::uint32_t kThreads = 256;
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(kThreads) unpackKernel(const DeviceGroupView v
                 if (blockIdx.x == 0) { // one block records the failure; every block reached the same verdict
                     recordFailure(v.control, std::uint32_t(Errc::GroupMismatch), bad);
                     atomicAdd(&v.state->failures, 1u);
+                    markCallFailed(v.control);
                     countMismatch(v, rows);
                 }
             }

@@ -63,11 +63,19 @@ TPF_HD constexpr std::uint64_t roundUp(std::uint64_t v, std::uint64_t a) { retur
 
 /// Shared control words of a region. Lives at Layout::controlOffset().
 /// Written by: daemon (error, missingPeer, carriedThrough, abort, wakeSeq),
-/// the region's own rank (epoch, waiters). Read by the rank's waits (host
-/// code or kernels).
+/// the region's own rank (epoch, callFailed, waiters). Read by the rank's
+/// waits (host code or kernels) and its health word (Group::health()).
 struct ControlBlock {
     std::uint64_t epoch;        ///< @0   last epoch this rank started (device-resident mirror for graphs)
-    std::uint8_t reserved0[120];
+    /// @8 Non-zero once a device call of this rank failed (its kernels store
+    /// it, release, after the call's record: error and missingPeer, written
+    /// by the kernel or, for a daemon-reported cause, by the daemon). The
+    /// host reads it without synchronising the stream (Group::health()):
+    /// error alone cannot tell a failed call from an orderly leave that no
+    /// call has passed yet (carriedThrough). The daemon neither writes nor
+    /// reads it (the region starts zeroed).
+    std::uint32_t callFailed;
+    std::uint8_t reserved0[116];
     std::uint32_t error;        ///< @128 Errc of a group-wide failure, 0 while healthy (daemon writes)
     std::uint32_t missingPeer;  ///< @132 rank the failure names, 0xffffffff if none
     /// @136 With error PeerLost: missingPeer closed in order after posting
@@ -89,6 +97,7 @@ struct ControlBlock {
     std::uint8_t reserved3[120];
 };
 static_assert(sizeof(ControlBlock) == 512);
+static_assert(offsetof(ControlBlock, callFailed) == 8);
 static_assert(offsetof(ControlBlock, error) == 128);
 static_assert(offsetof(ControlBlock, missingPeer) == 132);
 static_assert(offsetof(ControlBlock, carriedThrough) == 136);

@@ -185,6 +185,50 @@ TPF_API tpf_status tpf_all_gather_v_async(tpf_group* group, const void* send, vo
  *  Device groups: also what a kernel recorded (call after synchronising). */
 TPF_API tpf_status tpf_check(const tpf_group* group);
 
+/** A group's health word, as tpf_group_health reads it. 32 bytes of
+ *  fixed-width fields; a later release may give meaning to reserved fields
+ *  (0 until then) but never moves or resizes one.
+ *
+ *  Who sets it: every host call that fails the group (the call returns the
+ *  same status); every device call that fails, from its kernel, in
+ *  host-mapped memory before the kernel ends (no stream synchronisation is
+ *  needed, only that the call has run: after the event or copy the engine
+ *  synchronises on anyway, a failed replay of a CUDA graph is flagged before
+ *  the next replay); an abort by any rank, at once; tpf_check when it finds a
+ *  failure. Not set: by a peer that closed the group in order until a call
+ *  of this rank goes past the last epoch that peer posted (that call fails
+ *  TPF_PEER_LOST naming it); by a peer or daemon lost while no call ran (the
+ *  next call fails and sets it); by refusals that leave the group usable
+ *  (TPF_CAP_MISMATCH, TPF_MISALIGNED, TPF_INVALID_ARGUMENT, TPF_UNSUPPORTED). */
+typedef struct tpf_health {
+    int32_t status;       /**< @0  TPF_OK while healthy; else the failure's code, as tpf_check returns it */
+    uint32_t rank;        /**< @4  the rank the failure names (the peer gone, late or mismatched; the aborter,
+                                   this rank for its own tpf_abort); TPF_NO_RANK if none */
+    uint32_t flags;       /**< @8  TPF_HEALTH_* bits */
+    uint32_t reserved[5]; /**< @12 0 */
+} tpf_health;
+
+/** tpf_health.rank when the failure names no rank. */
+#define TPF_NO_RANK UINT32_MAX
+/** tpf_health.flags: the group runs on NCCL (it fell back at open); the word
+ *  holds only what the library recorded (tpf_abort), not NCCL's asynchronous
+ *  errors (ncclCommGetAsyncError). */
+#define TPF_HEALTH_NCCL 1u
+
+/** Read the group's health word without synchronising a stream and without
+ *  a system call or a CUDA call (a few loads of host memory, well under a
+ *  microsecond): an engine reads it once per step, after its own
+ *  synchronisation point. Returns health->status: TPF_OK, or the failure as
+ *  tpf_check would return it; `health` may be NULL when the status is all
+ *  the caller wants. Once set it stays set: the group is broken; tpf_check
+ *  gives the detail (tpf_last_error), then close and reopen on every rank.
+ *  tpf_last_error is not touched (reading the word allocates nothing), except
+ *  for a NULL group: TPF_INVALID_ARGUMENT, also in health->status. A group
+ *  copied into a fork()ed child answers TPF_CLOSED. Any thread may call it,
+ *  also while a call of the group blocks (never with or after
+ *  tpf_group_close, which frees the handle). */
+TPF_API tpf_status tpf_group_health(const tpf_group* group, tpf_health* health);
+
 /** End every rank's waits with TPF_ABORTED (its text names this rank: "rank
  *  1 aborted the group") and break the group. The status says whether the
  *  abort was delivered, never the group's state (tpf_check says that):

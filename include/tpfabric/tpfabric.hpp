@@ -11,8 +11,9 @@
 // A failed call writes nothing into its output buffer. After any failure
 // except CapMismatch, Misaligned and InvalidArgument the group is broken:
 // check() returns the failure, every later call fails the same way, and the
-// group must be reopened. docs/integration.md is the guide; the same API for
-// C, Zig and Rust is <tpfabric/tpfabric.h>.
+// group must be reopened. health() says so without synchronising a stream
+// (a device call's failure included): read it once per step. The guide is
+// docs/integration.md; the same API for C, Zig and Rust is <tpfabric/tpfabric.h>.
 #pragma once
 
 #if __cplusplus < 202002L
@@ -149,6 +150,39 @@ struct Options {
     bool skipProbe = false;
 };
 
+/// A group's health word as Group::health() reads it: Ok, or the failure
+/// that broke the group and the rank it names, as check() reports it (the
+/// detail text is check()'s alone). 16 bytes, trivially copyable; its C
+/// form is tpf_health (<tpfabric/tpfabric.h>).
+///
+/// Who sets it: every host call that fails the group (the call returns the
+/// same failure), every device call that fails (its kernel, in host-mapped
+/// memory, before the kernel ends: no stream synchronisation is needed to see
+/// it, only that the call has run, e.g. after the event or copy an engine
+/// synchronises on anyway), an abort by any rank (the daemon's record,
+/// seen at once), close(). What does not set it: a peer that left in order
+/// (closed the group) until a call of this rank goes past the last epoch it
+/// posted (that call fails PeerLost naming it); a peer that died or a daemon
+/// that went away while no call ran (the next call fails and sets it);
+/// refusals that do not break the group (CapMismatch, Misaligned,
+/// InvalidArgument, Unsupported are returned by the call only).
+struct Health {
+    static constexpr std::uint32_t kNoRank = 0xffffffffu; ///< `rank` when the failure names none
+    /// `flags`: the group runs on NCCL (it fell back at open). The word then
+    /// holds only what the library itself recorded (an abort(), close());
+    /// NCCL's asynchronous errors are not in it (ncclCommGetAsyncError).
+    static constexpr std::uint16_t kNccl = 1;
+
+    Errc code = Errc::Ok;           ///< @0 Ok while healthy; else the failure, check()'s code
+    std::uint16_t flags = 0;        ///< @2 kNccl; other bits 0
+    std::uint32_t rank = kNoRank;   ///< @4 the rank the failure names: the peer that is gone, late or
+                                    ///<    mismatched, the aborter (this rank for its own abort()); kNoRank if none
+    std::uint64_t reserved = 0;     ///< @8 0
+    /// code == Ok.
+    constexpr bool ok() const noexcept { return code == Errc::Ok; }
+};
+static_assert(sizeof(Health) == 16);
+
 /// One rank's membership of a group. It belongs to the process that opened
 /// it: in a fork()ed child every call on the inherited copy returns Closed and
 /// close() releases the child's copies only (docs/integration.md, "Processes
@@ -224,6 +258,23 @@ public:
     /// The group's recorded failure, or Ok. Device groups: also what a kernel
     /// recorded (call after synchronising the stream).
     Status check() const;
+    /// The health word (Health): Ok, or the failure and the rank it names as
+    /// check() would report it, read without synchronising any stream and
+    /// without a system call or a CUDA call (a few loads of host memory,
+    /// well under a microsecond), so an engine can read it once per step.
+    /// Device groups see a failed call once its kernel has run: read it
+    /// after the step's own synchronisation point (where the sampled tokens
+    /// reach the host), and a failed replay of a CUDA graph is flagged
+    /// before the next replay is launched. Once set it stays set: the group
+    /// is broken; call check() for the detail, then close and reopen on
+    /// every rank (docs/integration.md, "Failures, check() and reopening").
+    /// A closed group answers as check() does: Closed, or the failure that
+    /// broke it before close(); a fork()ed child's copy answers Closed. Any
+    /// thread may call it, also while a call of the group runs (not while
+    /// close() runs: close() unmaps what it reads).
+    Health health() const noexcept;
+    /// health().ok().
+    bool healthy() const noexcept { return health().ok(); }
     /// "fabric" or "nccl": which path this group's calls take.
     std::string path() const;
     /// End every rank's waits with Aborted (its detail names this rank:

@@ -39,6 +39,13 @@ __device__ __forceinline__ void recordFailure(ControlBlock* c, std::uint32_t cod
     stReleaseSys(&c->error, code);
 }
 
+/// Marks a failed call in host memory (ControlBlock::callFailed, release,
+/// after the call's record), where Group::health() reads it without a
+/// stream synchronisation. Beside every DeviceState::failures increment: that
+/// count is device memory, and a failure whose record is the daemon's (an
+/// orderly leave the call went past) leaves nothing else to tell it by.
+__device__ __forceinline__ void markCallFailed(ControlBlock* c) { stReleaseSys(&c->callFailed, 1u); }
+
 using U64 = unsigned long long;
 
 /// One thread of a call, while the call waits for its peers anyway: count

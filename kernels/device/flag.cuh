@@ -235,6 +235,7 @@ __device__ inline void waitPeers(const DeviceGroupView& v, std::uint64_t e, std:
             if (decide(std::uint32_t(Errc::GroupMismatch))) {
                 recordFailure(v.control, std::uint32_t(Errc::GroupMismatch), mismatch);
                 atomicAdd(&v.state->failures, 1u);
+                markCallFailed(v.control);
             }
             __syncwarp();
             return;
@@ -263,6 +264,7 @@ __device__ inline void waitPeers(const DeviceGroupView& v, std::uint64_t e, std:
                 if (decide(code)) {
                     if (daemonErr == 0) recordFailure(v.control, code, missing); // the daemon's record stays as it wrote it
                     atomicAdd(&v.state->failures, 1u);
+                    markCallFailed(v.control);
                 }
                 __syncwarp();
                 return;

@@ -17,7 +17,8 @@ One process per rank, on a node with tpfabricd running (``host.py RANK WORLD``):
 A pure-Python layer over libtpfabric's C ABI (``<tpfabric/tpfabric.h>``), by ctypes:
 
 * host groups over numpy arrays or CPU tensors: :class:`Group` (``all_gather``,
-  ``all_reduce_sum``, ``all_gather_v``, ``check``, ``abort``, ``close``);
+  ``all_reduce_sum``, ``all_gather_v``, ``check``, ``healthy``, ``health``,
+  ``abort``, ``close``);
 * the torch communicator an engine opens over its ``torch.distributed``
   process group: :class:`tpfabric.torch.Communicator` (``import tpfabric.torch``);
 * one exception class per status code (:class:`Error`, :class:`PeerLost`, ...).
@@ -33,7 +34,7 @@ the fixes (docs/python.md, "Troubleshooting").
 """
 
 from ._buffers import ALIGNMENT, DType, aligned, empty, is_aligned, zeros
-from ._group import AllGatherFn, Group, TcpBootstrap, library_path, library_version, status_name
+from ._group import AllGatherFn, Group, Health, TcpBootstrap, library_path, library_version, status_name
 from .errors import *  # noqa: F401,F403 - Error and one class per status
 from .errors import SystemError  # noqa: A004 - as tpfabric.SystemError only: not in __all__ (errors.py)
 from .errors import __all__ as _errors_all
@@ -49,6 +50,7 @@ __all__ = [
     "AllGatherFn",
     "DType",
     "Group",
+    "Health",
     "TcpBootstrap",
     "aligned",
     "empty",

@@ -11,7 +11,8 @@ import ctypes
 import operator
 import os
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Type, Union
 
 from . import _lib
 from ._buffers import DType, DTypeLike, as_dtype, host_buffer, reduce_dtype
@@ -41,6 +42,57 @@ def unsigned(value: Any, what: str, bits: int = _U32) -> int:
     if v >> bits:
         raise ValueError(f"{what}={v}: above {(1 << bits) - 1}, the largest the C ABI's {bits}-bit argument takes")
     return v
+
+
+@dataclass(frozen=True)
+class Health:
+    """A group's health word, as :meth:`Group.health` reads it (``tpf_health``).
+
+    Attributes:
+        name: ``"Ok"`` while healthy; else the failure's status name, as
+            :meth:`Group.check` would raise it (``"PeerLost"``, ``"Timeout"``, ...).
+        code: the status code (0 while healthy).
+        rank: the rank the failure names (the peer gone, late or mismatched;
+            the aborter), or None.
+        nccl: the group runs on NCCL (or torch.distributed, for a
+            :class:`tpfabric.torch.Communicator` that fell back): their own
+            asynchronous errors are not in the word.
+    """
+
+    name: str = "Ok"
+    code: int = 0
+    rank: Optional[int] = None
+    nccl: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """No failure recorded."""
+        return self.code == 0
+
+    @property
+    def error(self) -> Optional[Type[Error]]:
+        """The exception class :meth:`Group.check` would raise (``tpfabric.PeerLost``, ...); None while healthy."""
+        return None if self.code == 0 else error_class(self.code)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "Ok"
+        return self.name if self.rank is None else f"{self.name} (rank {self.rank})"
+
+
+CLOSED_HEALTH = Health("Closed", Closed.code)
+
+
+def health_of(handle: int) -> Health:
+    """``tpf_group_health`` of an open handle."""
+    word = _lib.HealthWord()
+    code = int(_L.tpf_group_health(handle, ctypes.byref(word)))
+    if code == 0:
+        return Health(nccl=bool(word.flags & _lib.HEALTH_NCCL))
+    cls = error_class(code)
+    name = cls.name if cls is not Error else _L.tpf_status_name(code).decode()
+    rank = None if word.rank == _lib.NO_RANK else int(word.rank)
+    return Health(name, code, rank, bool(word.flags & _lib.HEALTH_NCCL))
 
 
 MAX_WORLD = 16
@@ -401,6 +453,24 @@ class Group:
     def check(self) -> None:
         """Raise the group's recorded failure, if any (device groups: after synchronising the stream)."""
         raise_status(_L.tpf_check(self._handle()))
+
+    def health(self) -> Health:
+        """The group's health word: :class:`Health`, ``ok`` or the failure and the rank it names, as :meth:`check` would raise it.
+
+        Reads host memory only (no stream synchronisation, no system call):
+        cheap enough for every step of an engine. Device groups see a failed
+        call once its kernel ran: read it after the step's own
+        synchronisation point. Once set it stays set: call :meth:`check` for
+        the detail, close, and open again on every rank. A closed group, or
+        a forked child's copy, answers ``Closed``; never raises.
+        """
+        if self._h is None or os.getpid() != self._pid:
+            return CLOSED_HEALTH
+        return health_of(self._h)
+
+    def healthy(self) -> bool:
+        """``health().ok``: False once a failure is recorded, and after :meth:`close`."""
+        return self.health().ok
 
     def abort(self) -> None:
         """End every rank's waits with ``Aborted`` and break the group (raises ``DaemonLost`` if the daemon could not be told)."""

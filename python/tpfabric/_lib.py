@@ -60,6 +60,21 @@ class OpenOptions(ctypes.Structure):
     ]
 
 
+class HealthWord(ctypes.Structure):
+    """``tpf_health``: what ``tpf_group_health`` reads (32 bytes)."""
+
+    _fields_ = [
+        ("status", ctypes.c_int32),
+        ("rank", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32 * 5),
+    ]
+
+
+#: tpf_health.rank when the failure names no rank; tpf_health.flags bit of a group on NCCL.
+NO_RANK = 0xFFFFFFFF
+HEALTH_NCCL = 1
+
 _c = ctypes
 _vp, _sz, _st, _u32, _u64, _i32 = _c.c_void_p, _c.c_size_t, _c.c_int32, _c.c_uint32, _c.c_uint64, _c.c_int32
 _group_pp = _c.POINTER(_c.c_void_p)
@@ -76,6 +91,7 @@ _PROTOTYPES = {
     "tpf_all_reduce_sum_async": (_st, [_vp, _vp, _vp, _sz, _i32, _vp]),
     "tpf_all_gather_v_async": (_st, [_vp, _vp, _vp, _c.POINTER(_sz), _vp]),
     "tpf_check": (_st, [_vp]),
+    "tpf_group_health": (_st, [_vp, _c.POINTER(HealthWord)]),
     "tpf_abort": (_st, [_vp]),
     "tpf_agreed_cap": (_u64, [_vp]),
     "tpf_fits": (_c.c_int, [_vp, _sz]),

@@ -50,7 +50,7 @@ except ImportError as e:  # as tpfabric.empty() without numpy: the fix, not only
 
 from . import _torch_ops
 from ._buffers import DType
-from ._group import NO_DEADLINE, Group, _RawAllGather, bootstrap_time_left_ms, forked_error
+from ._group import CLOSED_HEALTH, NO_DEADLINE, Group, Health, _RawAllGather, bootstrap_time_left_ms, forked_error
 from .errors import CapMismatch, Closed, InvalidArgument, Misaligned, Unavailable
 
 __all__ = ["Communicator", "custom_ops", "custom_ops_skipped"]
@@ -471,6 +471,28 @@ class Communicator:
         if synchronize and self._cuda:
             torch.cuda.current_stream(self.device).synchronize()
         self._g.check()
+
+    def health(self) -> Health:
+        """The group's health word (:class:`tpfabric.Health`): ``ok``, or the failure and the rank it names.
+
+        No synchronisation, no CUDA call: read it once per step, after the
+        engine's own synchronisation point (where the sampled tokens reach the
+        host); a failed call of the step (also one replayed in a CUDA graph)
+        is flagged by then. Once set it stays set: :meth:`check` raises the
+        detail; close and construct a new Communicator on every rank (and
+        capture the graphs again). After a fallback to torch.distributed:
+        ``ok`` with ``nccl`` set (its errors are torch's to raise). Closed, or
+        a forked child's copy: ``Closed``. Never raises.
+        """
+        if self._closed or os.getpid() != self._pid:
+            return CLOSED_HEALTH
+        if self._g is None:
+            return Health(nccl=True)
+        return self._g.health()
+
+    def healthy(self) -> bool:
+        """``health().ok``: the cheap per-step test."""
+        return self.health().ok
 
     def abort(self) -> None:
         """End every rank's waits with ``tpfabric.Aborted`` and break the group (fabric path only)."""

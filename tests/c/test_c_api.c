@@ -260,6 +260,11 @@ static int rank_data(uint32_t rank, uint32_t world, const char* dir) {
     CHECK(strcmp(tpf_route(g, rank), "self") == 0, "route to self %s", tpf_route(g, rank));
     CHECK(strcmp(tpf_route(g, (rank + 1) % world), "shm") == 0, "route to next %s", tpf_route(g, (rank + 1) % world));
     CHECK(strcmp(tpf_route(g, world), "none") == 0, "route out of range %s", tpf_route(g, world));
+    tpf_health h;
+    memset(&h, 0xff, sizeof h);
+    CHECK_STATUS(tpf_group_health(g, &h), TPF_OK); /* healthy before any call */
+    CHECK(h.status == TPF_OK && h.rank == TPF_NO_RANK && h.flags == 0 && h.reserved[0] == 0 && h.reserved[4] == 0,
+          "fresh group's health: status %d rank %u flags %u", h.status, h.rank, h.flags);
 
     size_t cap = 65536;
     uint8_t* send = aligned_alloc(64, cap);
@@ -343,6 +348,28 @@ static int rank_data(uint32_t rank, uint32_t world, const char* dir) {
     CHECK(recv[0] == 0xa5 && recv[63] == 0xa5, "a refused call wrote into recv");
     CHECK_STATUS(tpf_check(g), TPF_OK);
     CHECK_STATUS(tpf_check(NULL), TPF_INVALID_ARGUMENT);
+    /* Healthy after good calls and refusals that leave the group usable. */
+    CHECK_STATUS(tpf_group_health(g, &h), TPF_OK);
+    CHECK(h.status == TPF_OK && h.rank == TPF_NO_RANK, "health after refusals: %s rank %u", tpf_status_name(h.status), h.rank);
+    CHECK_STATUS(tpf_group_health(g, NULL), TPF_OK);
+    memset(&h, 0, sizeof h);
+    CHECK_STATUS(tpf_group_health(NULL, &h), TPF_INVALID_ARGUMENT);
+    CHECK(h.status == TPF_INVALID_ARGUMENT && h.rank == TPF_NO_RANK, "NULL group's health: %s rank %u",
+          tpf_status_name(h.status), h.rank);
+    CHECK(strstr(tpf_last_error(), "tpf_group_health: group is NULL") != NULL, "last error %s", tpf_last_error());
+    CHECK_STATUS(tpf_group_health(NULL, NULL), TPF_INVALID_ARGUMENT);
+    /* A fork()ed child's copy is closed to it: its health says so, the parent's stays OK. */
+    fflush(NULL);
+    const pid_t child = fork();
+    if (child == 0) {
+        tpf_health ch;
+        const tpf_status cs = tpf_group_health(g, &ch);
+        _exit(cs == TPF_CLOSED && ch.status == TPF_CLOSED && ch.rank == TPF_NO_RANK ? 0 : 1);
+    }
+    int child_status = -1;
+    CHECK(child > 0 && waitpid(child, &child_status, 0) == child && WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0,
+          "a fork()ed child's tpf_group_health did not answer TPF_CLOSED (status %d)", child_status);
+    CHECK_STATUS(tpf_group_health(g, NULL), TPF_OK);
     CHECK_STATUS(tpf_abort(NULL), TPF_INVALID_ARGUMENT);
     CHECK(tpf_bootstrap_time_left_ms() == UINT32_MAX, "tpf_bootstrap_time_left_ms outside a bootstrap callback: %u",
           tpf_bootstrap_time_left_ms());
@@ -376,6 +403,10 @@ static int rank_killed(uint32_t rank, uint32_t world, const char* dir) {
     }
     CHECK(s == TPF_PEER_LOST, "the call after the peer died returned %s", tpf_status_name(s));
     CHECK(now_ms() - start < 5000, "PeerLost took %llu ms", (unsigned long long)(now_ms() - start));
+    tpf_health h; /* before tpf_check: the health word names the failure and the dead rank by itself */
+    CHECK_STATUS(tpf_group_health(g, &h), TPF_PEER_LOST);
+    CHECK(h.status == TPF_PEER_LOST && h.rank == world - 1, "health after the peer died: %s rank %u", tpf_status_name(h.status),
+          h.rank);
     CHECK_STATUS(tpf_check(g), TPF_PEER_LOST);
     CHECK(strstr(tpf_last_error(), "PeerLost") == tpf_last_error(), "last error %s", tpf_last_error());
     CHECK_STATUS(tpf_all_gather(g, send, recv, 256), TPF_PEER_LOST); /* broken stays broken */
@@ -398,12 +429,18 @@ static int rank_abort(uint32_t rank, uint32_t world, const char* dir) {
     if (rank == 1) {
         CHECK_STATUS(tpf_abort(g), TPF_OK);
         CHECK_STATUS(tpf_abort(g), TPF_OK); /* delivered again: abort reports delivery, not the group's state */
+        tpf_health h;
+        CHECK_STATUS(tpf_group_health(g, &h), TPF_ABORTED);
+        CHECK(h.rank == 1, "the aborter's health names rank %u", h.rank);
         CHECK_STATUS(tpf_check(g), TPF_ABORTED);
         CHECK_STATUS(tpf_all_gather(g, send, recv, 64), TPF_ABORTED);
     } else {
         tpf_status s = TPF_OK;
         for (int call = 0; call < 1000 && s == TPF_OK; ++call) s = tpf_all_gather(g, send, recv, 64);
         CHECK(s == TPF_ABORTED, "the others' call returned %s", tpf_status_name(s));
+        tpf_health h; /* before tpf_check */
+        CHECK_STATUS(tpf_group_health(g, &h), TPF_ABORTED);
+        CHECK(h.rank == 1, "the others' health names rank %u, not the aborter", h.rank);
         CHECK(strstr(tpf_last_error(), "rank 1 aborted the group") != NULL, "the others' Aborted names the aborter: %s",
               tpf_last_error());
         CHECK_STATUS(tpf_check(g), TPF_ABORTED);

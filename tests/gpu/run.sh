@@ -192,9 +192,9 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   tag=-pergpu
   w=$ngpu
   for route in ipc proxy; do
-    for scen in data odd gatherv graph b2b kill stall mismatch; do
+    for scen in data odd gatherv graph b2b kill stall mismatch graphkill graphleave graphstall; do
       [ $scen = mismatch ] && [ $route != ipc ] && continue # the proxy route carries no call tag
-      tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
+      tmo=5000; [ ${scen#graph} = stall ] && tmo=1000; [ ${scen#graph} = kill ] && tmo=10000
       ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; judge $?
       show "$st gpu-pergpu route=$route W=$w scenario=$scen" "$logdir/tpf-gpurank-$scen-$route-w$w$tag.log"
     done
@@ -258,9 +258,9 @@ t0=$SECONDS
 for route in ipc proxy; do
   [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && break
   for w in 2 4 8; do
-    for scen in data odd gatherv graph b2b kill stall mismatch; do
+    for scen in data odd gatherv graph b2b kill stall mismatch graphkill graphleave graphstall; do
       [ $scen = mismatch ] && [ $route != ipc ] && continue # the proxy route carries no call tag
-      tmo=5000; [ $scen = stall ] && tmo=1000; [ $scen = kill ] && tmo=10000
+      tmo=5000; [ ${scen#graph} = stall ] && tmo=1000; [ ${scen#graph} = kill ] && tmo=10000
       ranks tpf-gpurank $w $route $scen $tmo --scenario $scen --timeout-ms $tmo; judge $?
       echo "$st gpu-multiprocess route=$route W=$w scenario=$scen"
       grep -h RESULT "$logdir/tpf-gpurank-$scen-$route-w$w.log" | sort | sed 's/^/    /'

@@ -19,6 +19,15 @@
 //   graph      4 gathers captured once, replayed 64 times with new shards
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
+//   graphkill / graphleave / graphstall
+//              a graph of a flag-path gather, a staged (odd-size) gather and an f32 sum, replayed
+//              up to 64 times; at replay 20 the last rank exits without closing (PeerLost), closes
+//              in order (PeerLost once a replay passes its last epoch) or stops replaying (Timeout).
+//              After each replay's host sync point (the output copied to the host, as an engine's
+//              sampled tokens) the others read the health word before anything else: healthy
+//              with exact output until then; the failed replay flagged (the code and the rank as
+//              check() then reports them) with its outputs unwritten; never a replay whose
+//              output is wrong or unwritten while the word says healthy
 //   stall      the last rank never posts call 3: the others get Timeout naming it
 //   mismatch   ipc route: the last rank gathers 8 KiB, the others 4 KiB: GroupMismatch on every rank
 //              naming the other side, within 1 s, nothing written; the next call fails with it too
@@ -560,6 +569,87 @@ int scenarioFault(Group& g, cudaStream_t st, Buffers2 b, bool kill) {
     return report(false, "no failure seen");
 }
 
+// graphkill / graphleave / graphstall: the health word flags every failed
+// replay of a captured graph at the replay's own host sync point, without
+// check(). The graph holds the three kinds of failing kernel: a flag-path
+// (or LL) gather, a staged gather (pack, gather, unpack) and an f32 sum.
+enum class GraphFault { Kill, Leave, Stall };
+int scenarioGraphHealth(Group& g, cudaStream_t st, Buffers2 b, GraphFault fault) {
+    const std::uint32_t W = g.world(), bad = W - 1;
+    constexpr std::uint64_t kGather = 4096, kOdd = 100, kSum = 1024; // kSum: f32 elements
+    constexpr int kFaultAt = 20, kReplays = 64;
+    const std::uint64_t oddAt = kGather, sumAt = oddAt + 128;         // offsets in send (16-byte aligned)
+    const std::uint64_t outOdd = kGather * W, outSum = outOdd + 128 * W, outBytes = outSum + kSum * 4;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    ST(g.allGather(b.send, b.recv, kGather, st));
+    ST(g.allGather(b.send + oddAt, b.recv + outOdd, kOdd, st));
+    ST(g.allReduceSum(b.send + sumAt, b.recv + outSum, kSum, DType::F32, st));
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<std::uint8_t> h(sumAt + kSum * 4), out(outBytes), want(kGather);
+    const auto value = [](std::uint32_t r, int rep, std::uint64_t i) { return float(int((i * 7 + r * 13 + rep) % 31) - 15); };
+    for (int rep = 0; rep < kReplays; ++rep) {
+        if (g.rank() == bad && rep == kFaultAt) {
+            CK(cudaStreamSynchronize(st));
+            if (fault == GraphFault::Kill) std::_Exit(0); // no Close: the daemon sees the socket drop
+            if (fault == GraphFault::Leave) {
+                g.close(); // in order: the others' replays up to its last epoch complete, the next fails
+                return report(true, "left in order at replay " + std::to_string(rep));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(3 * a.timeoutMs));
+            return report(true, "stalled rank woke up");
+        }
+        fillBytes(h.data(), kGather, 7000 + rep, g.rank());
+        fillBytes(h.data() + oddAt, kOdd, 9000 + rep, g.rank());
+        for (std::uint64_t i = 0; i < kSum; ++i) {
+            const float v = value(g.rank(), rep, i);
+            std::memcpy(h.data() + sumAt + i * 4, &v, 4);
+        }
+        CK(cudaMemcpyAsync(b.send, h.data(), h.size(), cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(b.recv, 0x5a, outBytes, st));
+        CK(cudaGraphLaunch(exec, st));
+        // The engine's own sync point: the step's result reaches the host.
+        CK(cudaMemcpyAsync(out.data(), b.recv, outBytes, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        const Health health = g.health(); // before check(), which would read the device's record itself
+        bool exact = true, untouched = true;
+        for (std::uint32_t q = 0; q < W; ++q) {
+            fillBytes(want.data(), kGather, 7000 + rep, q);
+            exact = exact && std::memcmp(out.data() + q * kGather, want.data(), kGather) == 0;
+            fillBytes(want.data(), kOdd, 9000 + rep, q);
+            exact = exact && std::memcmp(out.data() + outOdd + q * kOdd, want.data(), kOdd) == 0;
+        }
+        for (std::uint64_t i = 0; i < kSum && exact; ++i) {
+            float sum = 0, got;
+            for (std::uint32_t q = 0; q < W; ++q) sum += value(q, rep, i); // small integers: exact in any order
+            std::memcpy(&got, out.data() + outSum + i * 4, 4);
+            exact = got == sum;
+        }
+        for (std::uint64_t i = 0; i < outBytes && untouched; ++i) untouched = out[i] == 0x5a; // a failed call writes nothing
+        if (health.ok()) {
+            if (!exact)
+                return report(false, "replay " + std::to_string(rep) + ": output " + (untouched ? "unwritten" : "wrong") +
+                                         " while the health word says healthy");
+            continue;
+        }
+        const Status checked = g.check();
+        const Errc expected = fault == GraphFault::Stall ? Errc::Timeout : Errc::PeerLost;
+        char buf[320];
+        std::snprintf(buf, sizeof buf, "replay=%d health=%s health_rank=%d check=%s untouched=%d detail=%s", rep,
+                      std::string(errcName(health.code)).c_str(), health.rank == Health::kNoRank ? -1 : int(health.rank),
+                      std::string(errcName(checked.code())).c_str(), int(untouched),
+                      checked ? "" : checked.error().detail.c_str());
+        const bool ok = health.code == expected && health.rank == bad && checked.code() == health.code && untouched &&
+                        rep == kFaultAt && !g.healthy();
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        return report(ok, buf);
+    }
+    return report(false, "no replay failed");
+}
+
 #if TPF_HAVE_NCCL
 int scenarioNccl1(cudaStream_t st, Buffers2 b) {
     ncclUniqueId id;
@@ -814,5 +904,8 @@ int main(int argc, char** argv) {
     if (a.scenario == "kill") return scenarioFault(g, st, b, true);
     if (a.scenario == "stall") return scenarioFault(g, st, b, false);
     if (a.scenario == "chaos") return scenarioChaos(g, st, b);
+    if (a.scenario == "graphkill") return scenarioGraphHealth(g, st, b, GraphFault::Kill);
+    if (a.scenario == "graphleave") return scenarioGraphHealth(g, st, b, GraphFault::Leave);
+    if (a.scenario == "graphstall") return scenarioGraphHealth(g, st, b, GraphFault::Stall);
     return report(false, "unknown scenario");
 }

@@ -46,6 +46,8 @@ TEST_CASE("a killed rank: every other rank ends with PeerLost, not at its timeou
         if (r == victim) continue;
         INFO("rank " << r << ": " << run.line(r));
         CHECK(run.line(r).find("error=PeerLost calls=300 ") != std::string::npos);
+        // The health word names the failure and the dead rank, read before check() (tpf-testrank).
+        CHECK(run.line(r).find("health=PeerLost health_rank=" + std::to_string(victim) + " ") != std::string::npos);
         CHECK(run.ranks[r].endedNs - killedAt <= (timeoutMs + 1000) * 1000000ull);
     }
 }
@@ -88,6 +90,8 @@ TEST_CASE("a rank's fork()ed child: refused on the parent's group, and the paren
         if (r == victim) continue;
         INFO("rank " << r << ": " << run.line(r));
         CHECK(run.line(r).find("error=PeerLost calls=300 ") != std::string::npos);
+        // The health word names the failure and the dead rank, read before check() (tpf-testrank).
+        CHECK(run.line(r).find("health=PeerLost health_rank=" + std::to_string(victim) + " ") != std::string::npos);
         CHECK(run.ranks[r].endedNs - killedAt <= timeoutMs / 2 * 1000000ull); // the death, not the timeout
     }
 }
@@ -107,6 +111,7 @@ TEST_CASE("abort from each rank ends every rank's waits with Aborted") {
             const std::string line = run.line(r);
             INFO("aborter " << aborter << ", rank " << r << ": " << line);
             CHECK(line.find("error=Aborted ") != std::string::npos);
+            CHECK(line.find("health=Aborted health_rank=" + std::to_string(aborter) + " ") != std::string::npos);
             // The abort is not queued behind the aborter's own doorbells: it
             // may overtake the aborter's shard of call 199 on its way to a
             // peer, which then ends call 199 Aborted instead of call 200.
@@ -184,6 +189,7 @@ TEST_CASE("a rank that never posts: the others end with Timeout naming it") {
         const std::string line = run.line(r);
         INFO("rank " << r << ": " << line);
         CHECK(line.find("error=Timeout calls=10 ") != std::string::npos);
+        CHECK(line.find("health=Timeout health_rank=1 ") != std::string::npos);
         CHECK(line.find("rank 1 did not deliver") != std::string::npos);
         CHECK(line.find("tpfabricd") == std::string::npos);
         CHECK(exitCode(run.ranks[r]) == 1);
@@ -322,6 +328,8 @@ TEST_CASE("a rank that closed after epoch E: the others' calls up to E complete,
             // Call 20 (epoch 20) ok with checked data; call 21 PeerLost at once, not at the 10 s timeout.
             CHECK(line.find("error=PeerLost calls=20 ") != std::string::npos);
             CHECK(line.find("rank 0 left the group after epoch 20") != std::string::npos);
+            // Healthy through call 20 (tpf-testrank checks a fresh group); the call past the leave sets the word.
+            CHECK(line.find("health=PeerLost health_rank=0 ") != std::string::npos);
             CHECK(exitCode(run.ranks[r]) == 1); // 3: wrong bytes, or a failed call wrote into its output
             CHECK(field(line, "elapsed_ms") < 10000);
         }

@@ -321,6 +321,8 @@ TEST_CASE("abort: Ok when delivered, also again; Closed after close; the others'
     CHECK(firstLine(out, "ABORT-CLOSED ").find("status=Closed ") != std::string::npos);
     CHECK(r.line(1).find("error=Aborted calls=10 ") != std::string::npos);
     CHECK(r.line(1).find("rank 1 (this rank) aborted the group") != std::string::npos);
+    // Closed after the abort: the health word still names the failure that broke it (as check()).
+    CHECK(r.line(1).find("health=Aborted health_rank=1 ") != std::string::npos);
     for (std::size_t i : {0u, 2u}) {
         INFO("process " << i << ": " << r.line(i));
         CHECK(r.line(i).find("error=Aborted ") != std::string::npos);

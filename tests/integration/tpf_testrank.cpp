@@ -116,15 +116,24 @@ Status waitForFile(const std::string& path) {
     return okStatus();
 }
 
+// The open group whose calls runCalls makes: a failure's RESULT line also
+// shows its health word, read before anything else asks the group.
+const Group* calling = nullptr;
+
 // openMs >= 0: the call that failed was Group::open, which took that long.
 int finish(const Args& a, const Status& s, std::uint64_t calls, std::uint64_t startNs, double openMs = -1) {
     const double ms = double(monotonicNs() - startNs) / 1e6;
-    char open[48] = "";
+    char open[48] = "", health[80] = "";
     if (openMs >= 0) std::snprintf(open, sizeof open, "open_ms=%.1f ", openMs);
+    if (calling && !s) {
+        const Health h = calling->health();
+        std::snprintf(health, sizeof health, "health=%s health_rank=%d ", std::string(errcName(h.code)).c_str(),
+                      h.rank == Health::kNoRank ? -1 : int(h.rank));
+    }
     if (s) line("RESULT rank=%u ok calls=%llu\n", a.rank, (unsigned long long)calls);
     else
-        line("RESULT rank=%u error=%s calls=%llu elapsed_ms=%.1f %sdetail=%s\n", a.rank,
-             std::string(errcName(s.code())).c_str(), (unsigned long long)calls, ms, open,
+        line("RESULT rank=%u error=%s calls=%llu elapsed_ms=%.1f %s%sdetail=%s\n", a.rank,
+             std::string(errcName(s.code())).c_str(), (unsigned long long)calls, ms, open, health,
              s.error().detail.c_str());
     return s ? 0 : 1;
 }
@@ -172,7 +181,11 @@ void forkAChild(const Args& a, Group& g) {
 }
 
 // The calls of one open group; prints the RESULT line, returns the exit code.
-int runCalls(const Args& a, Group& g) {
+int runCallsOn(const Args& a, Group& g) {
+    if (!g.healthy()) { // a fresh group is healthy
+        line("RESULT rank=%u baddata health %s before any call\n", a.rank, std::string(errcName(g.health().code)).c_str());
+        return 3;
+    }
     std::uint64_t maxSize = 0;
     for (auto s : a.sizes) maxSize = std::max(maxSize, s);
     const std::size_t outBytes = maxSize * a.world + 16; // + a mismatched row's 16
@@ -281,8 +294,20 @@ int runCalls(const Args& a, Group& g) {
         }
         ++calls;
     }
+    if (const Health h = g.health(); !h.ok()) { // every call of the run succeeded
+        line("RESULT rank=%u baddata health %s after %llu good calls\n", a.rank, std::string(errcName(h.code)).c_str(),
+             (unsigned long long)calls);
+        return 3;
+    }
     if (a.holdMs) std::this_thread::sleep_for(std::chrono::milliseconds(a.holdMs));
     return finish(a, okStatus(), calls, start);
+}
+
+int runCalls(const Args& a, Group& g) {
+    calling = &g;
+    const int rc = runCallsOn(a, g);
+    calling = nullptr;
+    return rc;
 }
 
 // After a failed call: open again at once (no daemon: refused by name), then

@@ -117,6 +117,8 @@ def rank_data(rank: int, world: int, sock: str, port: int) -> Tuple[str, bool]:
         assert np.array_equal(out.view(np.uint32), np.concatenate(rows).view(np.uint32))
         seen.append(out)
         g.check()
+        assert g.healthy() and g.health() == tpfabric.Health() and g.health().ok and g.health().error is None
+    assert not g.healthy() and g.health().name == "Closed" and g.health().error is tpfabric.Closed  # after close
     return _digest(*seen), order_matters
 
 
@@ -215,10 +217,12 @@ def rank_killed(rank: int, world: int, sock: str, port: int) -> str:
     import tpfabric
 
     g = tpfabric.Group(rank, world, 4096, f"127.0.0.1:{port}", socket_path=sock, timeout_ms=5000)
+    assert g.healthy()
     inp = tpfabric.zeros(256, "uint8")
     out = tpfabric.empty(256 * world, "uint8")
     for call in range(20):
         g.all_gather(out, inp)
+    assert g.healthy()
     if rank == world - 1:
         os._exit(0)  # dies without closing
     start = time.monotonic()
@@ -230,6 +234,10 @@ def rank_killed(rank: int, world: int, sock: str, port: int) -> str:
     # "PeerLost: rank 2 is gone; the group is broken: ..." (the library's detail ends "(PeerLost)": said once)
     assert str(e.value).startswith(f"PeerLost: rank {world - 1} is gone;"), str(e.value)
     assert_breaks(e.value, "PeerLost")
+    # The health word, before check(): the failure and the dead rank.
+    assert not g.healthy()
+    assert g.health() == tpfabric.Health("PeerLost", 4, world - 1), g.health()
+    assert g.health().error is tpfabric.PeerLost and str(g.health()) == f"PeerLost (rank {world - 1})"
     with pytest.raises(tpfabric.PeerLost) as again:
         g.check()
     assert_breaks(again.value, "PeerLost")
@@ -251,8 +259,10 @@ def rank_abort(rank: int, world: int, sock: str, port: int) -> None:
         inp, out = tpfabric.zeros(64, "uint8"), tpfabric.empty(64 * world, "uint8")
         for _ in range(10):
             g.all_gather(out, inp)
+        assert g.healthy()
         if rank == 1:
             g.abort()
+            assert g.health() == tpfabric.Health("Aborted", 6, 1), g.health()
             with pytest.raises(tpfabric.Aborted) as e:
                 g.check()
         else:
@@ -260,6 +270,7 @@ def rank_abort(rank: int, world: int, sock: str, port: int) -> None:
                 for _ in range(1000):
                     g.all_gather(out, inp)
             assert_breaks(e.value, "Aborted")
+            assert g.health() == tpfabric.Health("Aborted", 6, 1), g.health()  # names the aborter
             with pytest.raises(tpfabric.Aborted) as e:
                 g.check()
         assert_breaks(e.value, "Aborted")
@@ -285,6 +296,7 @@ def rank_silent_peer(rank: int, world: int, sock: str, port: int) -> float:
     took = time.monotonic() - start
     assert isinstance(e.value, TimeoutError) and "rank 1 did not deliver" in str(e.value), str(e.value)
     assert_breaks(e.value, "Timeout")
+    assert g.health() == tpfabric.Health("Timeout", 3, 1), g.health()  # before check(): the late rank
     with pytest.raises(tpfabric.Timeout) as again:
         g.check()
     assert_breaks(again.value, "Timeout")

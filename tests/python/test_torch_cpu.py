@@ -225,8 +225,10 @@ def rank_communicator(rank: int, world: int, sock: str, port: int) -> Dict[str, 
     assert comm.calls == {"fabric": 11, "torch.distributed": 6}, comm.calls
 
     comm.check()
+    assert comm.healthy() and comm.health().ok and not comm.health().nccl
     with comm:
         pass
+    assert not comm.healthy() and comm.health().name == "Closed"  # never raises
     with pytest.raises(tpfabric.Closed):
         comm.all_reduce(x)
     with pytest.raises(tpfabric.Closed, match="the communicator was closed"):  # the op, as compiled code calls it
@@ -291,6 +293,7 @@ def rank_comm_fallback(rank: int, world: int, sock: str, port: int, why: str) ->
     import torch
     import torch.distributed as dist
 
+    import tpfabric
     from tpfabric.torch import Communicator
 
     _init_gloo(rank, world, port)
@@ -325,6 +328,7 @@ def rank_comm_fallback(rank: int, world: int, sock: str, port: int, why: str) ->
     assert torch.equal(g, torch.arange(world, dtype=torch.bfloat16)[:, None].expand(world, 10))
     assert count.total() == 4 and comm.calls == {"fabric": 0, "torch.distributed": 4}, count.calls
     comm.check()  # nothing to report
+    assert comm.healthy() and comm.health() == tpfabric.Health(nccl=True)  # torch.distributed's failures are its own
     comm.close()
     dist.destroy_process_group()
     return comm.reason

@@ -1,6 +1,6 @@
 """One rank of the tpfabric.torch GPU tests (tests/gpu/python/run.sh starts W of them).
 
-    comm_rank.py --backend nccl|gloo --socket PATH --scenario data|graph|fallback|disable [--disable-rank R]
+    comm_rank.py --backend nccl|gloo --socket PATH --scenario data|graph|graphabort|fallback|disable [--disable-rank R]
 
 torch.distributed from the environment (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT); rank r on GPU r % device_count. nccl: one process per GPU.
@@ -14,7 +14,13 @@ Scenarios (each rank judges itself; exit 0 pass, 1 fail, 77 no CUDA):
             took the fabric equal to the rank-order reference (written here)
             and identical on every rank; in place and out of place.
   graph     one torch.cuda.graph of mixed sizes and ops, replayed 64 times
-            with new inputs, every output checked after every replay.
+            with new inputs, every output checked after every replay, and
+            healthy() read at each replay's sync point.
+  graphabort  the same graph; the last rank aborts the group before replay
+            20 (and goes on replaying, so that the torch.distributed calls in
+            the graph still pair): at each replay's sync point no output is
+            wrong while healthy() says True, and at the end health() names
+            Aborted and the aborter on every rank.
   fallback  --socket names a stopped daemon: every call through
             torch.distributed, results right (nccl: also inside a graph).
   disable   TPF_DISABLE=1 on --disable-rank only: every rank falls back.
@@ -27,7 +33,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -139,7 +145,7 @@ GRAPH_OPS: List[Tuple[str, torch.dtype, int]] = [
 ]
 
 
-def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64) -> None:
+def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64, abort_at: Optional[int] = None) -> None:
     ops = list(GRAPH_OPS)
     esz = {d: torch.tensor([], dtype=d).element_size() for d in (torch.uint8, *DTYPES)}
 
@@ -182,15 +188,39 @@ def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64) -> None:
                     for q in range(r.world)]
             x.copy_(rows[r.rank])
             rows_of.append(rows)
+        if rep == abort_at and r.rank == r.world - 1:
+            comm.abort()
         graph.replay()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # the engine's own sync point
+        healthy = comm.healthy()  # no sync of its own, no CUDA call
+        # The abort may land while another rank still waits in replay
+        # abort_at - 1 (it is not queued behind the aborter's last shards, as
+        # in the host tests): from there on a replay may fail, never silently.
+        strict = abort_at is None or rep + 2 <= abort_at
+        r.expect(healthy or not strict, f"replay {rep}: health {comm.health()} before any failure")
         for i, ((op, d, b), y) in enumerate(zip(ops, outs)):
             want = torch.cat(rows_of[i]) if op == "all_gather" else rank_order_sum(rows_of[i])
-            r.expect(same_bits(y, want), f"replay {rep}: {op} {d} {b} B ({'fabric' if fabric[i] else 'torch.distributed'}) wrong")
+            right = same_bits(y, want)
+            what = f"replay {rep}: {op} {d} {b} B ({'fabric' if fabric[i] else 'torch.distributed'})"
+            if strict:
+                r.expect(right, f"{what} wrong")
+            else:  # a failed call writes nothing: never so while the word says healthy
+                r.expect(right or not healthy, f"{what} wrong while healthy() says True")
         if r.failures:
             break
-    comm.check()
-    print(f"RESULT rank {r.rank} graph: {len(ops)} ops ({sum(fabric)} by the fabric) x {replays} replays", flush=True)
+    if abort_at is None:
+        comm.check()
+        print(f"RESULT rank {r.rank} graph: {len(ops)} ops ({sum(fabric)} by the fabric) x {replays} replays", flush=True)
+        return
+    health = comm.health()
+    r.expect(health.name == "Aborted" and health.rank == r.world - 1, f"health after the abort: {health}")
+    try:
+        comm.check()
+        r.expect(False, "check() raised nothing after the abort")
+    except tpfabric.Aborted:
+        pass
+    print(f"RESULT rank {r.rank} graphabort: {len(ops)} ops x {replays} replays, abort before replay {abort_at}: {health}",
+          flush=True)
 
 
 def scenario_fallback(r: Ranks, comm: Communicator, why: str) -> None:
@@ -232,7 +262,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     ap.add_argument("--socket", required=True)
-    ap.add_argument("--scenario", choices=["data", "graph", "fallback", "disable"], required=True)
+    ap.add_argument("--scenario", choices=["data", "graph", "graphabort", "fallback", "disable"], required=True)
     ap.add_argument("--disable-rank", type=int, default=-1)
     a = ap.parse_args()
     r = Ranks(a.backend)
@@ -247,6 +277,9 @@ def main() -> int:
         elif a.scenario == "graph":
             r.expect(comm.path == "fabric", f"path {comm.path}: {comm.reason}")
             scenario_graph(r, comm)
+        elif a.scenario == "graphabort":
+            r.expect(comm.path == "fabric", f"path {comm.path}: {comm.reason}")
+            scenario_graph(r, comm, abort_at=20)
         elif a.scenario == "fallback":
             scenario_fallback(r, comm, "")
         else:

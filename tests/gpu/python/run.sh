@@ -7,13 +7,13 @@
 # lib/libtpfabric.so.0, as docs/development.md "The GPU machine" carries
 # them); LOGDIR: logs ($TPF_GPU_LOG, else $OUT, else build-gpu-device).
 #   1. several GPUs (nvidia-smi -L lists N >= 2), no MPS: one rank per GPU,
-#      an NCCL process group, W = N: comm_rank.py data, graph, fallback (a
+#      an NCCL process group, W = N: comm_rank.py data, graph, graphabort, fallback (a
 #      stopped daemon), disable (TPF_DISABLE=1 on the last rank; the daemon
 #      must see no connection); then bench_comm.py (TPF_GPU_NO_BENCH=1 skips).
 #   2. always: every rank on GPU 0 under MPS (run.sh's MPS daemon when
 #      CUDA_MPS_PIPE_DIRECTORY is set, else a private one), a gloo process
 #      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
-#      and 4: the same four scenarios; then bench_comm.py --backend gloo at
+#      and 4: the same five scenarios; then bench_comm.py --backend gloo at
 #      W = 2 (the Communicator alone; TPF_GPU_NO_BENCH=1 skips it).
 #   Both parts also run compile_rank.py against the live daemon, after data
 #   and graph: torch._dynamo.explain of each collective (0 graph breaks), a
@@ -94,7 +94,7 @@ tpf_python_gpu_suite() {
     [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|^PASS\|^FAIL\|^BENCH\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     return 0 # the verdict is in rc
   }
-  # _suite LABEL W BACKEND: the four scenarios, and compile.
+  # _suite LABEL W BACKEND: the five scenarios, and compile.
   _suite() {
     local label=$1 w=$2 backend=$3 st tag before
     _daemon "$label-w$w" || { rc=1; return; }
@@ -104,7 +104,7 @@ tpf_python_gpu_suite() {
       kill "$live"; wait "$live" 2>/dev/null
       return
     fi
-    for scen in data graph; do
+    for scen in data graph graphabort; do
       tag=$label-$scen-w$w
       if _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario $scen; then st=PASS; else st=FAIL; rc=1; fi
       echo "$st python $label W=$w $scen"
