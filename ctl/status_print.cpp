@@ -276,8 +276,13 @@ void printGroups(const json& doc, std::ostream& out) {
         out << ", agreed cap "
             << bytesExact(g, "agreed_cap") << " (slot " << bytesExact(g, "slot_bytes") << "), stripes "
             << text(g, "stripes") << '\n';
-        out << "    calls " << text(g, "calls") << ", bytes " << bytesApprox(g, "bytes") << ", errors "
-            << text(g, "errors") << ", latency p50 " << micros(lat, "p50") << ", p99 " << micros(lat, "p99") << '\n';
+        out << "    calls " << text(g, "calls") << ", bytes " << bytesApprox(g, "bytes") << ", errors " << text(g, "errors");
+        const auto isNull = [&](const char* key) { return lat.is_object() && lat.contains(key) && lat.find(key)->is_null(); };
+        if (isNull("p50") && isNull("p99")) // the daemon timed no call: never shown as 0
+            out << ", latency not measured ("
+                << (text(g, "buffers") == "device" ? "device calls are not timed" : "no call completed yet") << ")\n";
+        else
+            out << ", latency p50 " << micros(lat, "p50") << ", p99 " << micros(lat, "p99") << '\n';
         out << "    last error " << text(g, "last_error") << '\n';
         printRanks(g, out);
     }

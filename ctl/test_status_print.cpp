@@ -302,3 +302,16 @@ TEST_CASE("Device groups: buffers, the proxy's polling, each rank's peer routes 
     CHECK(!has(heads[1], "PEER")); // a host group has no GPU columns
     CHECK(has(out, "Regions: 3 (host 1B, device 2.0MiB)\n"));
 }
+
+TEST_CASE("a group whose calls were not timed says so, never 0 µs") {
+    const json device = json::parse(R"({"groups": [{"id": "d", "buffers": "device", "calls": 640, "bytes": 2621440, "errors": 0,
+                                                   "latency_us": {"p50": null, "p99": null}, "ranks": []},
+                                                  {"id": "h", "buffers": "host", "calls": 0, "bytes": 0, "errors": 0,
+                                                   "latency_us": {"p50": null, "p99": null}, "ranks": []}]})");
+    const std::string out = render(device);
+    INFO(out);
+    CHECK(has(out, "    calls 640, bytes 2.5MiB, errors 0, latency not measured (device calls are not timed)\n"));
+    CHECK(has(out, "    calls 0, bytes 0B, errors 0, latency not measured (no call completed yet)\n"));
+    CHECK_FALSE(has(out, "0.00"));
+}
+

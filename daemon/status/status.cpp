@@ -175,7 +175,10 @@ nlohmann::json groupsPart(const GroupTable& table) {
                           {"calls", calls},
                           {"bytes", bytes},
                           {"errors", errors},
-                          {"latency_us", {{"p50", percentileUs(hist, total, 0.50)}, {"p99", percentileUs(hist, total, 0.99)}}},
+                          // null: no call of the group was timed (none completed yet, or device calls, which are not timed).
+                          {"latency_us", total ? nlohmann::json{{"p50", percentileUs(hist, total, 0.50)},
+                                                                {"p99", percentileUs(hist, total, 0.99)}}
+                                               : nlohmann::json{{"p50", nullptr}, {"p99", nullptr}}},
                           {"last_error", g.lastError.code == Errc::Ok ? std::string() : g.lastError.describe()}});
     }
     return groups;
