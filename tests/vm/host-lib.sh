@@ -72,3 +72,48 @@ fetch_kernel() {
   find "$cache/kernel" -mindepth 1 -maxdepth 1 ! -path "$kdir" -exec rm -rf {} +
   exec 9>&-
 }
+
+# boot_guest MEM_MB APPEND: boots $kdir/vmlinuz with $work/initrd.cpio under
+# QEMU (TCG unless TPF_VM_ACCEL says otherwise) until the guest powers off or
+# the run's time is up; console on $work/console.log, TAP on $work/tap.log.
+# Sets stopped (why the guest stopped, for tap-merge.awk).
+boot_guest() {
+  local mem=$1 append=$2 t0=$SECONDS qrc
+  timeout -k 10 "$(left)" qemu-system-x86_64 -accel "${TPF_VM_ACCEL:-tcg,thread=multi}" -cpu "${TPF_VM_CPU:-max}" \
+    -m "${TPF_VM_MEM:-$mem}" -smp 2 -nographic -nic none -no-reboot -monitor none \
+    -serial "file:$work/console.log" -serial "file:$work/tap.log" \
+    -kernel "$kdir/vmlinuz" -initrd "$work/initrd.cpio" \
+    -append "console=ttyS0 quiet panic=-1 $append ${TPF_VM_APPEND:-}" </dev/null >"$work/qemu.log" 2>&1 &
+  qpid=$!
+  [ -n "${TPF_VM_VERBOSE:-}" ] && tail -n +1 -F --pid=$qpid "$work/console.log" 2>/dev/null >&2 &
+  wait $qpid
+  qrc=$?
+  qpid=""
+  log "guest ran $((SECONDS - t0)) s (qemu status $qrc)"
+  if [ $qrc -eq 124 ] || [ $qrc -eq 137 ]; then stopped="global timeout TPF_VM_TIMEOUT=${timeout_s}s hit"
+  elif grep -q '@@TPFVM@@ done' "$work/tap.log" 2>/dev/null; then stopped="guest finished"
+  else stopped="guest stopped early, qemu status $qrc: see the console log"; fi
+}
+
+# merge_tap CONSOLE_COPY: one TAP stream over every scenario of $scens (a
+# result for each, whatever the guest printed), on stdout and in
+# $work/tap.out (and $TPF_VM_TAP_OUT); the console kept as
+# $cache/CONSOLE_COPY. Sets ok (0: every scenario passed).
+merge_tap() {
+  local names="" f
+  for f in "${scens[@]}"; do names+="$(basename "$f" .sh) "; done
+  awk -v scenarios="$names" -v stopped="$stopped" -f "$here/tap-merge.awk" "$work/tap.log" >"$work/tap.out"
+  ok=$?
+  cat "$work/tap.out"
+  [ -n "${TPF_VM_TAP_OUT:-}" ] && cp "$work/tap.out" "$TPF_VM_TAP_OUT"
+  cp "$work/console.log" "$cache/$1" 2>/dev/null
+}
+
+# fail_with_console CONSOLE_COPY: exit 1 after the last console lines and what qemu said.
+fail_with_console() {
+  log "FAILED. Last lines of the guest console (all of it: $cache/$1):"
+  tail -n "${TPF_VM_LOG_LINES:-150}" "$work/console.log" | sed 's/^/  | /' >&2
+  [ -s "$work/qemu.log" ] && { log "qemu said:"; sed 's/^/  | /' "$work/qemu.log" >&2; }
+  exit 1
+}
+

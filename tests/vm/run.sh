@@ -135,34 +135,8 @@ build_initramfs
 log "kernel $(basename "$kdir"), initramfs $(($(stat -c %s "$work/initrd.cpio") / 1024)) KiB in $((SECONDS - t0)) s; booting (limit $(left) s)"
 [ "$(left)" -gt 10 ] || bail "no time left to boot (TPF_VM_TIMEOUT=$timeout_s)"
 
-t0=$SECONDS
-timeout -k 10 "$(left)" qemu-system-x86_64 -accel "${TPF_VM_ACCEL:-tcg,thread=multi}" -cpu "${TPF_VM_CPU:-max}" \
-  -m "${TPF_VM_MEM:-2048}" -smp 2 -nographic -nic none -no-reboot -monitor none \
-  -serial "file:$work/console.log" -serial "file:$work/tap.log" \
-  -kernel "$kdir/vmlinuz" -initrd "$work/initrd.cpio" \
-  -append "console=ttyS0 quiet panic=-1 ${TPF_VM_APPEND:-}" </dev/null >"$work/qemu.log" 2>&1 &
-qpid=$!
-[ -n "${TPF_VM_VERBOSE:-}" ] && tail -n +1 -F --pid=$qpid "$work/console.log" 2>/dev/null >&2 &
-wait $qpid
-qrc=$?
-qpid=""
-log "guest ran $((SECONDS - t0)) s (qemu status $qrc)"
-if [ $qrc -eq 124 ] || [ $qrc -eq 137 ]; then stopped="global timeout TPF_VM_TIMEOUT=${timeout_s}s hit"
-elif grep -q '@@TPFVM@@ done' "$work/tap.log" 2>/dev/null; then stopped="guest finished"
-else stopped="guest stopped early, qemu status $qrc: see the console log"; fi
-
-names=""
-for f in "${scens[@]}"; do names+="$(basename "$f" .sh) "; done
-awk -v scenarios="$names" -v stopped="$stopped" -f "$here/tap-merge.awk" "$work/tap.log" >"$work/tap.out"
-ok=$?
-cat "$work/tap.out"
-[ -n "${TPF_VM_TAP_OUT:-}" ] && cp "$work/tap.out" "$TPF_VM_TAP_OUT"
-cp "$work/console.log" "$cache/last-console.log" 2>/dev/null
-if [ $ok -ne 0 ]; then
-  log "FAILED. Last lines of the guest console (all of it: $cache/last-console.log):"
-  tail -n "${TPF_VM_LOG_LINES:-150}" "$work/console.log" | sed 's/^/  | /' >&2
-  [ -s "$work/qemu.log" ] && { log "qemu said:"; sed 's/^/  | /' "$work/qemu.log" >&2; }
-  exit 1
-fi
+boot_guest 2048 ""
+merge_tap last-console.log
+[ $ok -eq 0 ] || fail_with_console last-console.log
 log "all passed (console log: $cache/last-console.log)"
 exit 0
