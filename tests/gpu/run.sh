@@ -14,7 +14,8 @@
 # single-process test, TPF_GPU_NO_BENCH=1 the benchmark; TPF_GPU_BENCH_ONLY=1
 # runs only the one-GPU benchmark (under MPS, with the daemon), TPF_GPU_BENCH_W
 # its ipc widths (default "2 4 8"), TPF_GPU_BENCH_PROXY_W its proxy-route
-# widths (default "2"). The host path's tpf-bench runs last of all, after the
+# widths (default "2"). The host path's tpf-bench runs last of all (its table on
+# stdout, every number in $logdir/tpf-bench-host.json for scripts/perf_tables.py), after the
 # torch suite, with MPS and the suite's daemon stopped and TPF_GPU_HOST_SETTLE
 # seconds (default 5) to settle (TPF_GPU_HOST_W its worlds, default 2,4,8,16;
 # TPF_GPU_NO_HOST_BENCH=1 skips it; needs $TPF_GPU_BIN/tpf-bench).
@@ -401,7 +402,7 @@ if [ -x "$bin/tpf-bench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_GPU_
   sleep "${TPF_GPU_HOST_SETTLE:-5}"
   echo "== host path (tpf-bench run, $(nproc) host CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), MPS stopped): $(date -u +%FT%TZ)"
   timeout 300 "$bin/tpf-bench" run --daemon "$bin/tpfabricd" --world ${TPF_GPU_HOST_W:-2,4,8,16} \
-    --sizes 4KiB,64KiB --ops gather,sum --markdown >"$logdir/tpf-bench-host.log" 2>&1 ||
+    --sizes 4KiB,64KiB --ops gather,sum --markdown --json "$logdir/tpf-bench-host.json" >"$logdir/tpf-bench-host.log" 2>&1 ||
     { echo "bench host path failed"; rc=1; }
   cat "$logdir/tpf-bench-host.log"
 fi
