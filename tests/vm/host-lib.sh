@@ -117,3 +117,16 @@ fail_with_console() {
   exit 1
 }
 
+# The guest's two "nodes" (tests/vm/README.md, "The guest"), as lines of its
+# /etc/tpf-vm.env: the rxe devices, IPs and veths of each, one per rail.
+guest_topology() {
+  cat <<'EOF'
+TPF_NODE_A_DEVS="rxe0 rxe2"
+TPF_NODE_A_IPS="10.77.0.1 10.78.0.1"
+TPF_NODE_A_NETDEVS="veth0 veth2"
+TPF_NODE_B_DEVS="rxe1 rxe3"
+TPF_NODE_B_IPS="10.77.0.2 10.78.0.2"
+TPF_NODE_B_NETDEVS="veth1 veth3"
+EOF
+}
+

@@ -104,12 +104,7 @@ TPF_KVER=$(cat "$kdir/kver")
 TPF_SCENARIO_TIMEOUT=${TPF_VM_SCENARIO_TIMEOUT:-300}
 TPF_BIN=/opt/tpf/bin
 TPF_GUEST_LIB=/opt/tpf/guest-lib.sh
-TPF_NODE_A_DEVS="rxe0 rxe2"
-TPF_NODE_A_IPS="10.77.0.1 10.78.0.1"
-TPF_NODE_A_NETDEVS="veth0 veth2"
-TPF_NODE_B_DEVS="rxe1 rxe3"
-TPF_NODE_B_IPS="10.77.0.2 10.78.0.2"
-TPF_NODE_B_NETDEVS="veth1 veth3"
+$(guest_topology)
 EOF
   # Scenario knobs from the host (50-chaos: TPF_CHAOS_SEED, _SECONDS, _ROUNDS); numbers only.
   env | grep -E '^TPF_CHAOS_[A-Z_]+=[0-9]+$' >>"$root/etc/tpf-vm.env"

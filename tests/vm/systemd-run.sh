@@ -159,12 +159,7 @@ TPF_BIN=/opt/tpf/bin
 TPF_GUEST_LIB=/opt/tpf/guest-lib.sh
 TPF_DEBS=/opt/tpf/debs
 TPF_DEBS_UPGRADE=/opt/tpf/debs-upgrade
-TPF_NODE_A_DEVS="rxe0 rxe2"
-TPF_NODE_A_IPS="10.77.0.1 10.78.0.1"
-TPF_NODE_A_NETDEVS="veth0 veth2"
-TPF_NODE_B_DEVS="rxe1 rxe3"
-TPF_NODE_B_IPS="10.77.0.2 10.78.0.2"
-TPF_NODE_B_NETDEVS="veth1 veth3"
+$(guest_topology)
 EOF
   (cd "$o" && find . -print0 | cpio --null -o -H newc -R 0:0 --quiet) >"$work/overlay.cpio" || bail "cpio of the overlay failed"
 }
