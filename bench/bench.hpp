@@ -1,5 +1,7 @@
 // tpf-bench: host-path latency of tpfabric collectives against the floor of a
-// raw two-process shared-memory ping-pong, measured in the same run.
+// raw two-process shared-memory ping-pong, measured in the same run; or, with
+// --nodes 2, across two daemons over the tcp wire against a raw TCP ping-pong
+// on loopback.
 //
 // Processes: the parent (`tpf-bench run`) measures the floor with one helper
 // (`tpf-bench floor-peer`), then for each world W starts W `tpf-bench rank`
@@ -9,6 +11,8 @@
 // until the parent closes a second pipe, while the parent reads the daemon's
 // memory and CPU from /proc. The parent pools the samples and prints the tables.
 #pragma once
+
+#include <sched.h>
 
 #include <cstdint>
 #include <string>
@@ -48,7 +52,8 @@ struct Point {
 
 /// What every rank of one world runs.
 struct RankPlan {
-    std::string socket, bootstrap;
+    std::vector<std::string> sockets; ///< one per node: rank r attaches to sockets[r % sockets.size()]
+    std::string bootstrap;
     std::uint32_t world = 2;
     std::vector<std::uint64_t> sizes;
     std::vector<Op> ops;
@@ -63,7 +68,8 @@ struct RankPlan {
 };
 
 /// `tpf-bench rank`: one rank's whole life. Opens `opens` times (each after
-/// a barrier on the bootstrap, each timed), writes its report (JSON) to
+/// a barrier on the bootstrap, each timed), writes its report (JSON, with
+/// `routes`: Group::route of every rank) to
 /// reportFd, closes it, waits for the release, holds, closes the group. Exit status 0 ok,
 /// 1 a call failed, 3 wrong data.
 int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd);
@@ -85,6 +91,11 @@ WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS, bool holdUntilR
 void releaseWorld(WorldRun& run);
 /// Reap the ranks of `run`, killing them after timeoutMs; throws if any did not exit 0.
 void reapWorld(WorldRun& run, std::uint32_t timeoutMs);
+/// The wires the ranks of `run` took to each other ("shm", "shm, tcp", ...),
+/// from every rank's Group::route of every other rank. With `nodes` 2 (rank r
+/// on node r % 2) throws, naming the pair, where two ranks of different
+/// nodes did not take the tcp wire.
+std::string worldRoutes(const WorldRun& run, std::uint32_t nodes);
 /// Pool the per-rank samples of `run` into one Point per (op, size).
 std::vector<Point> poolReports(const WorldRun& run);
 /// Per open (in order): the slowest rank's open time, ns. A group is open
@@ -96,9 +107,17 @@ struct StartedDaemon {
     pid_t pid = -1;
     std::string socket, log;
 };
-/// Start `exe --socket DIR/tpfabricd.sock --foreground --log-level warn`
-/// (output to DIR/tpfabricd.log) and wait until it listens; throws with its log.
-StartedDaemon startDaemon(const std::string& exe, const std::string& dir);
+/// Start `exe --socket DIR/NAME.sock --foreground --log-level warn` (with
+/// `--config CONFIG` unless empty; output to DIR/NAME.log) and wait until it
+/// listens on its socket (a daemon listens for peers before that); throws
+/// with its log.
+StartedDaemon startDaemon(const std::string& exe, const std::string& dir, const std::string& name = "tpfabricd",
+                          const std::string& config = "");
+/// The daemons of `tpf-bench run --daemon`: one as above for nodes = 1; for
+/// nodes = 2 two nodes on this machine, each with DIR/nodeN.toml of its own
+/// (peer.listen = "127.0.0.1", a free peer.port, peer.wire = "tcp") and
+/// socket DIR/nodeN.sock. Throws (the daemons started so far stopped).
+std::vector<StartedDaemon> startNodes(const std::string& exe, const std::string& dir, std::uint32_t nodes);
 /// SIGTERM, wait up to 5 s, then SIGKILL.
 void stopDaemon(StartedDaemon& d);
 /// The pid of the tpfabricd listening on `socket` (SO_PEERCRED of a
@@ -120,8 +139,32 @@ DaemonSample sampleDaemon(pid_t pid, std::uint32_t windowMs);
 /// One world's control-plane numbers.
 struct WorldControl {
     std::uint32_t world = 0;
+    std::string routes;                ///< worldRoutes of that world
     std::vector<std::uint64_t> openNs; ///< openTimes of that world
     DaemonSample groupsOpen;           ///< with this world's group open, no call in flight
+};
+
+/// The floors' two processes run pinned to two CPUs of different physical
+/// cores (of one package where there are such), so that two SMT siblings
+/// sharing one core's caches never make a floor 10x lower in one run than
+/// the next. Construct before spawning the peer (it inherits the second CPU
+/// at fork), call afterSpawn() to move this process to the first; the
+/// destructor restores this process's affinity.
+class FloorPins {
+public:
+    FloorPins();
+    ~FloorPins();
+    FloorPins(const FloorPins&) = delete;
+    FloorPins& operator=(const FloorPins&) = delete;
+    void afterSpawn();
+    /// "pinned to CPUs A and B (two physical cores)" or "not pinned (why)".
+    const std::string& describe() const { return describe_; }
+
+private:
+    cpu_set_t before_{};
+    bool haveBefore_ = false, pinned_ = false;
+    int mine_ = -1;
+    std::string describe_;
 };
 
 /// The floor: one-way time (round trip / 2) of a ping-pong between this
@@ -133,15 +176,26 @@ struct WorldControl {
 /// floor's p50 is its best burst's (a lower bound should not carry another
 /// job's burst of load), its p99 is over all its round trips.
 constexpr std::uint32_t kFloorBursts = 5;
-/// Its two processes run pinned to two CPUs of different physical cores (of
-/// one package where there are such), so that two SMT siblings sharing one
-/// core's caches never make the floor 10x lower in one run than the next;
-/// `pinning` says which CPUs, or why it was not pinned. The calling
-/// process's CPU affinity is restored before it returns.
+inline std::uint64_t floorBurstIters(std::uint64_t iters) { return iters / kFloorBursts ? iters / kFloorBursts : 1; }
+inline std::uint64_t floorBurstWarmup(std::uint64_t warmup) { return warmup / kFloorBursts; }
+/// Pinned by FloorPins; `pinning` says which CPUs, or why it was not pinned.
 std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup,
                                 std::string& pinning);
 /// `tpf-bench floor-peer`: the answering side; memfd inherited as `fd`.
 int runFloorPeer(int fd, const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup);
+
+/// The floor of the tcp wire (--nodes 2): one-way time (round trip / 2) of
+/// a ping-pong over one TCP connection on 127.0.0.1 between this process
+/// and a `tpf-bench tcp-floor-peer` child, for each size. Each leg writes
+/// `size` bytes (blocking send, TCP_NODELAY) and the other side, asleep in a
+/// blocking recv as the daemons' receiver sleeps in epoll_wait, reads them
+/// all and writes them back. Bursts, best-burst p50 and pinning as
+/// measureFloor's.
+std::vector<Point> measureTcpFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup,
+                                   std::string& pinning);
+/// `tpf-bench tcp-floor-peer`: the answering side; accepts one connection on
+/// the inherited listening socket `fd`.
+int runTcpFloorPeer(int fd, const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup);
 
 /// The worlds run again with the host path forced the other way
 /// (--host-path direct,proxy): TPF_HOST_DIRECT=1 or 0 in the ranks.
@@ -153,16 +207,17 @@ struct PathRun {
 
 /// Everything one `tpf-bench run` measured.
 struct Results {
+    std::uint32_t nodes = 1;                          ///< 2: ranks across two daemons over the tcp wire
     std::vector<std::uint64_t> sizes;
     std::vector<std::uint32_t> worlds;
     std::uint64_t iters = 0, warmup = 0, pointMs = 0, minIters = 0;
-    std::vector<Point> floor;                         ///< one per size
+    std::vector<Point> floor;                         ///< one per size: shared memory (nodes 1) or tcp (nodes 2)
     std::string floorPinning;                         ///< the floor's two CPUs, or why it was not pinned
     std::vector<std::pair<std::uint32_t, Point>> rows; ///< (world, point)
     double loadBefore = -1, loadAfter = -1;           ///< 1-minute load average (getloadavg)
     std::vector<WorldControl> control;                ///< one per world, in run order
     DaemonSample idleBefore, idleAfter;               ///< no group open: before the worlds, after them
-    std::string daemonHow;                            ///< how the daemon's pid was found, or why not
+    std::string daemonHow;                            ///< how the (node 0's) daemon's pid was found, or why not
     std::uint32_t settleMs = 0;                       ///< wait before each daemon sample
     std::string hostPath = "direct";                  ///< the host path of rows and control
     std::vector<PathRun> otherPaths;                  ///< the same worlds over the other host path

@@ -39,13 +39,14 @@ long statusKiB(const std::string& status, const char* key) {
 
 } // namespace
 
-StartedDaemon startDaemon(const std::string& exe, const std::string& dir) {
+StartedDaemon startDaemon(const std::string& exe, const std::string& dir, const std::string& name, const std::string& config) {
     StartedDaemon d;
-    d.socket = dir + "/tpfabricd.sock";
-    d.log = dir + "/tpfabricd.log";
+    d.socket = dir + "/" + name + ".sock";
+    d.log = dir + "/" + name + ".log";
     const int logFd = ::open(d.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (logFd < 0) throw std::runtime_error("cannot create " + d.log + ": " + std::strerror(errno));
     std::vector<std::string> args{exe, "--socket", d.socket, "--foreground", "--log-level", "warn"};
+    if (!config.empty()) args.insert(args.end(), {"--config", config});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -9,8 +9,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -25,11 +23,6 @@ namespace {
 // Region: three 128-byte lines (ready, ping, pong), then the ping and pong buffers.
 constexpr std::size_t kReadyOff = 0, kPingOff = 128, kPongOff = 256, kDataOff = 4096;
 constexpr std::uint64_t kWaitNs = 10ull * 1000 * 1000 * 1000;
-
-// The sizes take turns in bursts, so that a burst of other load on the box
-// lands on one burst of every size rather than on all of one size.
-std::uint64_t burstIters(std::uint64_t iters) { return std::max<std::uint64_t>(1, iters / kFloorBursts); }
-std::uint64_t burstWarmup(std::uint64_t warmup) { return warmup / kFloorBursts; }
 
 std::size_t roundPage(std::size_t n) { return (n + 4095) / 4096 * 4096; }
 std::size_t regionBytes(std::uint64_t maxSize) { return kDataOff + 2 * roundPage(maxSize); }
@@ -74,76 +67,14 @@ bool spinFor(std::uint64_t* w, std::uint64_t want) {
     }
 }
 
-/// A number from a sysfs topology file of `cpu`, -1 when unreadable.
-int topology(int cpu, const char* what) {
-    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + what);
-    int v = -1;
-    return (f >> v) ? v : -1;
-}
-
-/// Two CPUs this process may run on, of different physical cores (one package
-/// preferred), or why there are none.
-std::optional<std::pair<int, int>> twoCores(std::string& whyNot) {
-    cpu_set_t allowed;
-    if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
-        whyNot = std::string("sched_getaffinity: ") + std::strerror(errno);
-        return std::nullopt;
-    }
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-    if (cpus.size() < 2) {
-        whyNot = "fewer than 2 CPUs allowed";
-        return std::nullopt;
-    }
-    const int a = cpus[0], coreA = topology(a, "core_id"), packageA = topology(a, "physical_package_id");
-    if (coreA < 0 || packageA < 0) {
-        whyNot = "no CPU topology in sysfs";
-        return std::nullopt;
-    }
-    std::optional<int> otherPackage;
-    for (std::size_t i = 1; i < cpus.size(); ++i) {
-        const int core = topology(cpus[i], "core_id"), package = topology(cpus[i], "physical_package_id");
-        if (package == packageA && core != coreA) return std::pair{a, cpus[i]};
-        if (package != packageA && package >= 0 && !otherPackage) otherPackage = cpus[i];
-    }
-    if (otherPackage) return std::pair{a, *otherPackage};
-    whyNot = "every allowed CPU is a thread of one physical core";
-    return std::nullopt;
-}
-
-bool pinTo(int cpu) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    return ::sched_setaffinity(0, sizeof one, &one) == 0;
-}
-
 } // namespace
 
 std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::uint64_t iters, std::uint64_t warmup,
                                 std::string& pinning) {
     // Pinned as two processes on two physical cores: the peer inherits the
     // second CPU at fork, this process then takes the first; restored at the end.
-    cpu_set_t before;
-    const bool haveBefore = ::sched_getaffinity(0, sizeof before, &before) == 0;
-    std::string whyNot;
-    const auto pair = haveBefore ? twoCores(whyNot) : std::nullopt;
-    if (!haveBefore) whyNot = std::string("sched_getaffinity: ") + std::strerror(errno);
-    struct Restore {
-        bool on;
-        cpu_set_t mask;
-        ~Restore() {
-            if (on) ::sched_setaffinity(0, sizeof mask, &mask);
-        }
-    } restore{haveBefore && pair.has_value(), before};
-    if (pair && !pinTo(pair->second)) {
-        whyNot = std::string("sched_setaffinity: ") + std::strerror(errno);
-        restore.on = false;
-    }
-    pinning = restore.on ? "pinned to CPUs " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
-                               " (two physical cores)"
-                         : "not pinned (" + whyNot + ")";
+    FloorPins pins;
+    pinning = pins.describe();
     const std::uint64_t maxSize = maxOf(sizes);
     const std::size_t bytes = regionBytes(maxSize);
     const int fd = ::memfd_create("tpf-bench-floor", MFD_CLOEXEC);
@@ -155,7 +86,7 @@ std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::ui
                                   std::to_string(warmup), "--sizes", joinSizes(sizes)};
     const pid_t peer = spawnSelf(args, fd);
     ::close(fd);
-    if (restore.on) pinTo(pair->first);
+    pins.afterSpawn();
     auto fail = [&](const std::string& why) -> std::runtime_error {
         ::kill(peer, SIGKILL);
         ::waitpid(peer, nullptr, 0);
@@ -172,7 +103,7 @@ std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::ui
         for (Point& p : out) {
             const std::uint64_t size = p.size, first = p.ns.size();
             std::memset(dst.data(), 0, size);
-            for (std::uint64_t i = 0; i < burstWarmup(warmup) + burstIters(iters); ++i) {
+            for (std::uint64_t i = 0; i < floorBurstWarmup(warmup) + floorBurstIters(iters); ++i) {
                 ++seq;
                 const std::uint64_t t0 = nowNs();
                 std::memcpy(r.ping(), src.data(), size);
@@ -180,7 +111,7 @@ std::vector<Point> measureFloor(const std::vector<std::uint64_t>& sizes, std::ui
                 if (!spinFor(r.word(kPongOff), seq)) throw fail("no answer from the floor-peer process");
                 std::memcpy(dst.data(), r.pong(maxSize), size);
                 const std::uint64_t t1 = nowNs();
-                if (i >= burstWarmup(warmup)) p.ns.push_back((t1 - t0) / 2);
+                if (i >= floorBurstWarmup(warmup)) p.ns.push_back((t1 - t0) / 2);
             }
             if (std::memcmp(src.data(), dst.data(), size) != 0) throw fail("the echoed bytes differ at size " + std::to_string(size));
             const double median = percentile(std::vector<std::uint64_t>(p.ns.begin() + std::ptrdiff_t(first), p.ns.end()), 0.5);
@@ -203,7 +134,7 @@ int runFloorPeer(int fd, const std::vector<std::uint64_t>& sizes, std::uint64_t 
     std::uint64_t seq = 0;
     for (std::uint32_t b = 0; b < kFloorBursts; ++b) {
         for (const std::uint64_t size : sizes) {
-            for (std::uint64_t i = 0; i < burstWarmup(warmup) + burstIters(iters); ++i) {
+            for (std::uint64_t i = 0; i < floorBurstWarmup(warmup) + floorBurstIters(iters); ++i) {
                 ++seq;
                 if (!spinFor(r.word(kPingOff), seq)) return 1;
                 std::memcpy(tmp.data(), r.ping(), size);

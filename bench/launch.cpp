@@ -109,7 +109,7 @@ WorldRun runWorld(const RankPlan& plan, std::uint32_t deadlineS, bool holdUntilR
         int p[2], rel[2] = {-1, -1};
         if (::pipe2(p, O_CLOEXEC) != 0 || (holdUntilRelease && ::pipe2(rel, O_CLOEXEC) != 0))
             throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-        std::vector<std::string> args{"rank", "--socket", plan.socket, "--bootstrap", plan.bootstrap, "--rank",
+        std::vector<std::string> args{"rank", "--socket", plan.sockets[r % plan.sockets.size()], "--bootstrap", plan.bootstrap, "--rank",
                                       std::to_string(r), "--world", std::to_string(plan.world), "--sizes",
                                       joinSizes(plan.sizes), "--ops", opList(plan.ops), "--iters",
                                       std::to_string(plan.iters), "--warmup", std::to_string(plan.warmup),

@@ -95,7 +95,7 @@ int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd) {
     std::uint64_t maxSize = 0;
     for (auto s : plan.sizes) maxSize = std::max(maxSize, s);
     Options o;
-    o.socketPath = plan.socket;
+    o.socketPath = plan.sockets[rank % plan.sockets.size()];
     o.timeout = std::chrono::milliseconds(plan.timeoutMs);
     o.spin = std::chrono::microseconds(plan.spinUs);
     // Each open starts together on every rank (a barrier on the bootstrap),
@@ -165,7 +165,9 @@ int runRank(const RankPlan& plan, std::uint32_t rank, int reportFd) {
             points.push_back({{"op", opKey(op)}, {"size", size}, {"warmup", warmup}, {"ns", ns}});
         }
     }
-    const nlohmann::json report = {{"rank", rank}, {"pid", ::getpid()}, {"route", g.route((rank + 1) % plan.world)},
+    std::vector<std::string> routes;
+    for (std::uint32_t q = 0; q < plan.world; ++q) routes.push_back(g.route(q));
+    const nlohmann::json report = {{"rank", rank}, {"pid", ::getpid()}, {"routes", routes},
                                    {"agreed_cap", g.agreedCap()}, {"open_ns", openNs}, {"points", std::move(points)}};
     const bool sent = writeAll(reportFd, report.dump());
     ::close(reportFd);

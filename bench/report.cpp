@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <stdexcept>
 #include <tuple>
 
@@ -67,6 +68,24 @@ const Point* wideGather(const Results& r) {
     return nullptr;
 }
 
+const std::string& routesOf(const Results& r, std::uint32_t world) {
+    static const std::string none = "-";
+    for (const auto& c : r.control)
+        if (c.world == world) return c.routes;
+    return none;
+}
+
+// "model name" of /proc/cpuinfo's first CPU, "" where there is none (not x86).
+std::string cpuModel() {
+    std::ifstream f("/proc/cpuinfo");
+    for (std::string line; std::getline(f, line);)
+        if (line.rfind("model name", 0) == 0) {
+            const auto colon = line.find(':');
+            return colon == std::string::npos ? "" : line.substr(line.find_first_not_of(' ', colon + 1));
+        }
+    return "";
+}
+
 double ratioOf(const Results& r, const Point& p) {
     const Point* f = floorAt(r, p.size);
     const double fl = f ? floorP50(*f) : 0;
@@ -101,20 +120,26 @@ std::string renderTable(const std::vector<std::vector<std::string>>& rows, bool 
 }
 
 std::string formatTable(const Results& r, bool markdown) {
+    const bool tcp = r.nodes == 2;
+    const std::string fl = tcp ? "tcp floor" : "floor";
     std::vector<std::vector<std::string>> rows{
-        {"op", "W", "size", "calls", "p50 µs", "p99 µs", "floor p50 µs", "floor p99 µs", "p50 / floor"}};
+        {"op", "W", "size", "routes", "calls", "p50 µs", "p99 µs", fl + " p50 µs", fl + " p99 µs", "p50 / " + fl}};
     auto sorted = r.rows;
     std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
         return std::tuple(a.second.op, a.first, a.second.size) < std::tuple(b.second.op, b.first, b.second.size);
     });
     for (const auto& [world, p] : sorted) {
         const Point* f = floorAt(r, p.size);
-        rows.push_back({opName(p.op), std::to_string(world), formatByteSize(p.size), std::to_string(p.ns.size()), fmt(us(p.ns, 0.5)),
+        rows.push_back({opName(p.op), std::to_string(world), formatByteSize(p.size), routesOf(r, world), std::to_string(p.ns.size()), fmt(us(p.ns, 0.5)),
                         fmt(us(p.ns, 0.99)), f ? fmt(floorP50(*f), 2) : "-", f ? fmt(us(f->ns, 0.99), 2) : "-",
                         fmt(ratioOf(r, p)) + "x"});
     }
-    std::string out = renderTable(rows, markdown);
     const std::string bullet = markdown ? "- " : "  ";
+    std::string out = tcp ? (markdown ? "**" : "") + std::string("Host path across 2 nodes over the tcp wire") + (markdown ? "**" : "") +
+                                ": two tpfabricd on this machine, rank r on node r % 2; tcp floor: a raw TCP ping-pong between "
+                                "two processes on loopback, one way = round trip / 2.\n\n"
+                          : "";
+    out += renderTable(rows, markdown, 4);
     out += "\n";
     std::string target;
     for (const auto& [world, p] : sorted)
@@ -125,18 +150,37 @@ std::string formatTable(const Results& r, bool markdown) {
         }
     out += bullet + "host path: " + r.hostPath +
            (r.hostPath == "direct" ? " (same-node ranks read each other's shards from their regions; TPF_HOST_DIRECT=1)"
-                                   : " (the daemon's proxy carries every shard; TPF_HOST_DIRECT=0)") + "\n";
-    out += bullet + "target: W=2 at 4 KiB within " + fmt(kTargetRatio, 0) + "x the floor (p50): " +
-           (target.empty() ? std::string("not measured in this run (needs --world 2 and 4KiB in --sizes)") : target) + "\n";
-    const Point* wide = wideGather(r);
-    const double wideUs = wide ? us(wide->ns, 0.5) : 0;
-    out += bullet + "target: W=16 4 KiB gather within " + fmt(kWideLimitUs, 0) + " µs (p50): " +
-           (wide ? fmt(wideUs) + " µs (" + (wideUs <= kWideLimitUs ? "met" : "missed") + ")"
-                 : std::string("not measured in this run (needs --world 16, 4KiB in --sizes, gather in --ops)")) + "\n";
-    out += bullet + "floor: raw two-process shared-memory ping-pong, one way = round trip / 2; each leg copies the bytes in, "
-                    "release-stores a flag, the other side spins (pause, sched_yield) and copies them out. No daemon, no futex. "
-                    "p50 = the best of " + std::to_string(kFloorBursts) + " interleaved bursts' p50, p99 over all round trips; " +
-           (r.floorPinning.empty() ? std::string("not pinned") : r.floorPinning) + ".\n";
+                                   : " (the daemon's proxy carries every shard; TPF_HOST_DIRECT=0)") +
+           (tcp ? " between ranks of one node; to the other node's ranks the sending daemon's proxy writes each shard to "
+                  "the tcp link and the receiving daemon lands it in their regions" : "") + "\n";
+    out += bullet + "routes: the wires in Group::route of every rank to every other rank" +
+           (tcp ? "; every pair of ranks on different nodes took tcp (the run refuses any other wire)" : "") + "\n";
+    if (tcp) {
+        out += bullet + "loopback on one host is not a network: these rows measure the daemons' share of a call across "
+                        "nodes (the sending proxy, both kernels' socket copies, the receiving daemon's receiver thread), "
+                        "not a wire.\n";
+        out += bullet + "targets: the host targets are for the ranks of one node; none is judged across nodes.\n";
+    } else {
+        out += bullet + "target: W=2 at 4 KiB within " + fmt(kTargetRatio, 0) + "x the floor (p50): " +
+               (target.empty() ? std::string("not measured in this run (needs --world 2 and 4KiB in --sizes)") : target) + "\n";
+        const Point* wide = wideGather(r);
+        const double wideUs = wide ? us(wide->ns, 0.5) : 0;
+        out += bullet + "target: W=16 4 KiB gather within " + fmt(kWideLimitUs, 0) + " µs (p50): " +
+               (wide ? fmt(wideUs) + " µs (" + (wideUs <= kWideLimitUs ? "met" : "missed") + ")"
+                     : std::string("not measured in this run (needs --world 16, 4KiB in --sizes, gather in --ops)")) + "\n";
+    }
+    const std::string pinning = r.floorPinning.empty() ? std::string("not pinned") : r.floorPinning;
+    const std::string bursts = "p50 = the best of " + std::to_string(kFloorBursts) +
+                               " interleaved bursts' p50, p99 over all round trips; " + pinning + ".\n";
+    if (tcp)
+        out += bullet + "tcp floor: raw two-process TCP ping-pong over one connection on 127.0.0.1 (TCP_NODELAY), one way = "
+                        "round trip / 2; each leg sends the bytes, the other side, asleep in a blocking recv as the "
+                        "daemons' receiver sleeps in epoll_wait, reads them all and sends them back. No daemon, no frame "
+                        "header, no region. " + bursts;
+    else
+        out += bullet + "floor: raw two-process shared-memory ping-pong, one way = round trip / 2; each leg copies the bytes "
+                        "in, release-stores a flag, the other side spins (pause, sched_yield) and copies them out. No daemon, "
+                        "no futex. " + bursts;
     out += bullet + "p50/p99: CLOCK_MONOTONIC around each call, every timed call of every rank pooled (calls = W x timed "
                     "calls per rank: up to " + std::to_string(r.iters) + " after up to " + std::to_string(r.warmup) +
            " warm-up calls" +
@@ -150,11 +194,15 @@ std::string formatTable(const Results& r, bool markdown) {
                " after it: anything above ~0 is other work competing for the same CPUs.\n";
     std::uint32_t maxWorld = 0;
     for (auto w : r.worlds) maxWorld = std::max(maxWorld, w);
-    out += bullet + "this machine has " + std::to_string(cpus) + " online CPU(s); the ranks and the daemon are not pinned" +
-           (maxWorld > cpus ? "; W > " + std::to_string(cpus) +
-                                  " oversubscribes it (plus the daemon's proxy thread), so those rows measure the "
-                                  "scheduler as much as the data path."
-                            : ".") +
+    // Across nodes a call also waits for the sending proxy and the receiving daemon's thread to run.
+    const bool oversubscribed = tcp ? maxWorld + 2 > cpus : maxWorld > cpus;
+    out += bullet + "this machine has " + std::to_string(cpus) + " online CPU(s); the ranks and the " +
+           (tcp ? "daemons" : "daemon") + " are not pinned" +
+           (!oversubscribed ? "."
+            : tcp ? "; W = " + std::to_string(maxWorld) + " ranks plus both daemons' proxy and tcp receiver threads "
+                    "oversubscribe it, so those rows measure the scheduler as much as the data path."
+                  : "; W > " + std::to_string(cpus) + " oversubscribes it (plus the daemon's proxy thread), so those rows "
+                    "measure the scheduler as much as the data path.") +
            "\n";
     out += "\n" + formatSumVsGather(r, markdown) + "\n" + formatControl(r, markdown);
     if (!r.otherPaths.empty()) out += "\n" + formatHostPaths(r, markdown);
@@ -172,28 +220,30 @@ nlohmann::json toJson(const Results& r) {
         floor.push_back({{"size", f.size}, {"p50_us", floorP50(f)}, {"p50_all_us", us(f.ns, 0.5)}, {"p99_us", us(f.ns, 0.99)}, {"samples", f.ns.size()}});
     for (const auto& [world, p] : r.rows) {
         const Point* f = floorAt(r, p.size);
-        rows.push_back({{"op", jsonOp(p.op)}, {"world", world}, {"size", p.size},
+        rows.push_back({{"op", jsonOp(p.op)}, {"world", world}, {"size", p.size}, {"routes", routesOf(r, world)},
                         {"p50_us", us(p.ns, 0.5)}, {"p99_us", us(p.ns, 0.99)}, {"samples", p.ns.size()},
                         {"floor_p50_us", f ? floorP50(*f) : 0.0}, {"floor_p99_us", f ? us(f->ns, 0.99) : 0.0},
                         {"ratio_p50", ratioOf(r, p)}});
     }
+    // The host targets are one node's; across nodes none is judged.
+    const bool judged = r.nodes == 1;
     nlohmann::json target = nlohmann::json::array();
     for (const auto& [world, p] : r.rows)
-        if (world == kTargetWorld && p.size == kTargetSize)
+        if (judged && world == kTargetWorld && p.size == kTargetSize)
             target.push_back({{"op", jsonOp(p.op)}, {"ratio_p50", ratioOf(r, p)},
                               {"limit", kTargetRatio}, {"met", ratioOf(r, p) <= kTargetRatio}});
     nlohmann::json wide = nullptr;
-    if (const Point* p = wideGather(r)) {
+    if (const Point* p = judged ? wideGather(r) : nullptr) {
         const double x = us(p->ns, 0.5);
         wide = {{"world", kWideWorld}, {"size", p->size}, {"p50_us", x}, {"limit_us", kWideLimitUs}, {"met", x <= kWideLimitUs}};
     }
-    nlohmann::json doc = {{"bench_version", 3}, {"host_path", r.hostPath},
-            {"machine", {{"cpus", onlineCpus()}, {"kernel", std::string(u.sysname) + " " + u.release},
+    nlohmann::json doc = {{"bench_version", 4}, {"nodes", r.nodes}, {"host_path", r.hostPath},
+            {"machine", {{"cpus", onlineCpus()}, {"cpu_model", cpuModel()}, {"kernel", std::string(u.sysname) + " " + u.release},
                          {"arch", u.machine}, {"date_utc", when},
                          {"loadavg_1m_before", r.loadBefore}, {"loadavg_1m_after", r.loadAfter}}},
             {"iters", r.iters}, {"warmup", r.warmup}, {"point_ms", r.pointMs}, {"min_iters", r.minIters}, {"worlds", r.worlds}, {"sizes", r.sizes},
             {"units", "microseconds; p50/p99 nearest rank over all ranks' calls"},
-            {"floor", floor}, {"floor_pinning", r.floorPinning}, {"results", rows}, {"target", target}, {"target_wide", wide}};
+            {"floor_kind", r.nodes == 2 ? "tcp" : "shm"}, {"floor", floor}, {"floor_pinning", r.floorPinning}, {"results", rows}, {"target", target}, {"target_wide", wide}};
     addControlJson(r, doc);
     addHostPathsJson(r, doc);
     return doc;

@@ -132,7 +132,9 @@ std::string formatControl(const Results& r, bool markdown) {
     out += bullet + "target: daemon idle CPU within " + fmt(kIdleCpuLimit, 0) + "% of a core: no group " + verdict(worstIdle) +
            ", host groups open between calls (worst W) " + verdict(worstOpen) + "\n";
     out += bullet + "open: Group::open on every rank after a barrier on the bootstrap, the slowest rank's time per open; " +
-           "p50 and max over the opens of each W (each open but the last closed at once, on one node, TCP bootstrap on loopback).\n";
+           "p50 and max over the opens of each W (each open but the last closed at once, " +
+           (r.nodes == 2 ? "across two nodes: both daemons negotiate each group" : "on one node") +
+           ", TCP bootstrap on loopback).\n";
     out += bullet + "daemon (" + (r.daemonHow.empty() ? std::string("not found") : r.daemonHow) +
            "): VmRSS and RssShmem from /proc/PID/status (shmem: the groups' regions, shared with the ranks); CPU = its "
            "threads' run time (/proc/PID/task/*/schedstat) over a window of " +
@@ -148,7 +150,7 @@ void addControlJson(const Results& r, nlohmann::json& doc) {
                          {"sum_p50_us", p.sumUs}, {"ratio_p50", p.ratio()}, {"limit", kSumGatherLimit}});
     nlohmann::json worlds = nlohmann::json::array();
     for (const auto& c : r.control)
-        worlds.push_back({{"world", c.world}, {"open_ns", c.openNs}, {"open_p50_ms", c.openNs.empty() ? 0.0 : p50(c.openNs) / 1e6},
+        worlds.push_back({{"world", c.world}, {"routes", c.routes}, {"open_ns", c.openNs}, {"open_p50_ms", c.openNs.empty() ? 0.0 : p50(c.openNs) / 1e6},
                           {"daemon_groups_open", sampleJson(c.groupsOpen)}});
     doc["sum_vs_gather"] = pairs;
     doc["control"] = {{"daemon", r.daemonHow}, {"settle_ms", r.settleMs}, {"idle_before", sampleJson(r.idleBefore)},

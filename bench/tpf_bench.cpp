@@ -1,7 +1,8 @@
 // tpf-bench — host-path latency of tpfabric collectives beside a raw
-// shared-memory floor, each sum beside the gather of the same bytes, and the
-// control plane (open time, the daemon's memory and idle CPU). `run` is the
-// command; `rank` and `floor-peer` are the processes it starts (hidden).
+// shared-memory floor (or, across two daemons over the tcp wire, a raw TCP
+// floor), each sum beside the gather of the same bytes, and the control plane
+// (open time, the daemon's memory and idle CPU). `run` is the command; `rank`,
+// `floor-peer` and `tcp-floor-peer` are the processes it starts (hidden).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,7 +30,8 @@ using namespace tpf::bench;
 namespace {
 
 struct RunArgs {
-    std::string socket;
+    std::vector<std::string> sockets;
+    std::uint32_t nodes = 1;
     std::vector<std::uint32_t> worlds{2, 4, 8, 16};
     std::vector<std::string> sizes{"64", "256", "1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "512KiB"};
     std::vector<std::string> ops{"gather", "sum"};
@@ -74,8 +76,39 @@ std::string defaultSocket() {
     return env && *env ? env : "/run/tpfabric/tpfabricd.sock";
 }
 
+// The daemons' sockets the ranks attach to, one per node, when tpf-bench starts none; a usage error otherwise.
+std::vector<std::string> givenSockets(const RunArgs& a) {
+    if (a.nodes == 2 && a.sockets.size() != 2)
+        throw CLI::ValidationError("--nodes 2 needs two daemons, one per node: --socket A,B (each with peer.listen set, "
+                                   "one with peer.wire = \"tcp\"), or --daemon PATH to start two on loopback (--socket named " +
+                                   std::to_string(a.sockets.size()) + ")");
+    if (a.nodes == 1 && a.sockets.size() > 1)
+        throw CLI::ValidationError("--socket: " + std::to_string(a.sockets.size()) + " sockets are " +
+                                   std::to_string(a.sockets.size()) + " nodes; give --nodes 2 with two, or one socket");
+    return a.sockets.empty() ? std::vector<std::string>{defaultSocket()} : a.sockets;
+}
+
+// Whether the socket is one a client may connect to; when not, says why on stderr.
+bool socketReachable(const std::string& socket) {
+    struct stat st{};
+    const int statErr = ::stat(socket.c_str(), &st) == 0 ? 0 : errno;
+    if (statErr == EACCES || statErr == EPERM) {
+        std::fprintf(stderr, "tpf-bench: cannot reach the tpfabricd socket at %s: %s (%s)\n", socket.c_str(),
+                     std::strerror(statErr), tpf::permissionHint(socket).c_str());
+        return false;
+    }
+    if (statErr != 0 || !S_ISSOCK(st.st_mode)) {
+        std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground, "
+                             "or let tpf-bench start one: --daemon PATH)\n",
+                     socket.c_str(), socket.c_str());
+        return false;
+    }
+    return true;
+}
+
 int runCommand(const RunArgs& a) {
     Results res;
+    res.nodes = a.nodes;
     res.sizes = parseSizes(a.sizes);
     res.worlds = a.worlds;
     res.iters = a.iters;
@@ -84,9 +117,9 @@ int runCommand(const RunArgs& a) {
     res.minIters = a.minIters;
     res.settleMs = a.settleMs;
     const auto ops = parseOps(a.ops);
-    StartedDaemon started;
+    std::vector<StartedDaemon> started;
     std::string tmpDir;
-    std::string socket = a.socket.empty() ? defaultSocket() : a.socket;
+    std::vector<std::string> sockets;
     pid_t daemonPid = -1;
     if (!a.daemonExe.empty()) {
         char tmpl[] = "/tmp/tpf-bench.XXXXXX";
@@ -96,42 +129,37 @@ int runCommand(const RunArgs& a) {
         }
         tmpDir = tmpl;
         try {
-            started = startDaemon(a.daemonExe, tmpDir);
+            started = startNodes(a.daemonExe, tmpDir, a.nodes);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "tpf-bench: %s\n", e.what());
             std::error_code ec;
             std::filesystem::remove_all(tmpDir, ec);
             return 1;
         }
-        socket = started.socket;
-        daemonPid = started.pid;
+        for (const auto& d : started) sockets.push_back(d.socket);
+        daemonPid = started[0].pid;
         res.daemonHow = "started by tpf-bench, pid " + std::to_string(daemonPid);
+        if (a.nodes == 2)
+            res.daemonHow = "node 0's, " + res.daemonHow + "; node 1's, pid " + std::to_string(started[1].pid) + ", not sampled";
     } else {
-        struct stat st{};
-        const int statErr = ::stat(socket.c_str(), &st) == 0 ? 0 : errno;
-        if (statErr == EACCES || statErr == EPERM) {
-            std::fprintf(stderr, "tpf-bench: cannot reach the tpfabricd socket at %s: %s (%s)\n", socket.c_str(),
-                         std::strerror(statErr), tpf::permissionHint(socket).c_str());
-            return 1;
-        }
-        if (statErr != 0 || !S_ISSOCK(st.st_mode)) {
-            std::fprintf(stderr, "tpf-bench: no tpfabricd socket at %s (start one: tpfabricd --socket %s --foreground, "
-                                 "or let tpf-bench start one: --daemon PATH)\n",
-                         socket.c_str(), socket.c_str());
-            return 1;
-        }
-        daemonPid = daemonPidBehind(socket);
+        sockets = givenSockets(a);
+        for (const auto& socket : sockets)
+            if (!socketReachable(socket)) return 1;
+        daemonPid = daemonPidBehind(sockets[0]);
         res.daemonHow = daemonPid > 0 ? "already running, pid " + std::to_string(daemonPid) + " (SO_PEERCRED of its socket)"
                                       : "not found behind the socket (socket activation, or another user's): no daemon columns";
+        if (a.nodes == 2) res.daemonHow = "node 0's (" + sockets[0] + "), " + res.daemonHow + "; node 1's not sampled";
     }
     struct StopAtExit {
-        StartedDaemon& d;
+        std::vector<StartedDaemon>& daemons;
         std::string dir;
         bool keepLog = false;
         ~StopAtExit() {
-            stopDaemon(d);
-            if (keepLog) std::fprintf(stderr, "tpf-bench: the daemon's log: %s\n", d.log.c_str());
-            else if (!dir.empty()) {
+            for (auto& d : daemons) {
+                stopDaemon(d);
+                if (keepLog) std::fprintf(stderr, "tpf-bench: the daemon's log: %s\n", d.log.c_str());
+            }
+            if (!keepLog && !dir.empty()) {
                 std::error_code ec;
                 std::filesystem::remove_all(dir, ec);
             }
@@ -144,9 +172,10 @@ int runCommand(const RunArgs& a) {
     };
     res.loadBefore = load();
     try {
-        std::fprintf(stderr, "tpf-bench: floor: shared-memory ping-pong, %zu sizes x %llu round trips\n", res.sizes.size(),
-                     (unsigned long long)a.floorIters);
-        res.floor = measureFloor(res.sizes, a.floorIters, a.floorIters / 10, res.floorPinning);
+        std::fprintf(stderr, "tpf-bench: floor: %s ping-pong, %zu sizes x %llu round trips\n",
+                     a.nodes == 2 ? "TCP loopback" : "shared-memory", res.sizes.size(), (unsigned long long)a.floorIters);
+        res.floor = a.nodes == 2 ? measureTcpFloor(res.sizes, a.floorIters, a.floorIters / 10, res.floorPinning)
+                                 : measureFloor(res.sizes, a.floorIters, a.floorIters / 10, res.floorPinning);
         if (daemonPid > 0) {
             std::fprintf(stderr, "tpf-bench: daemon with no group: %u ms\n", a.idleMs);
             settle();
@@ -159,16 +188,26 @@ int runCommand(const RunArgs& a) {
             ::setenv("TPF_HOST_DIRECT", path == "direct" ? "1" : "0", 1);
             for (std::size_t i = 0; i < a.worlds.size(); ++i) {
                 const bool last = mayHold && i + 1 == a.worlds.size();
-                RankPlan plan{socket, "127.0.0.1:" + std::to_string(freeLoopbackPort()), a.worlds[i], res.sizes, ops,
+                RankPlan plan{sockets, "127.0.0.1:" + std::to_string(freeLoopbackPort()), a.worlds[i], res.sizes, ops,
                               a.iters, a.warmup, a.pointMs, a.minIters, a.timeoutMs, a.spinUs, last ? a.holdMs : 0, a.opens};
                 const std::uint64_t t0 = nowNs();
                 std::fprintf(stderr, "tpf-bench: W=%u (%s): %u ranks, %u opens, %zu points ...", plan.world, path.c_str(),
                              plan.world, plan.opens, res.sizes.size() * ops.size());
                 WorldRun run = runWorld(plan, a.deadlineS, true);
-                std::fprintf(stderr, " %.1f s (route %s)\n", double(nowNs() - t0) / 1e9,
-                             run.reports[0].value("route", std::string("?")).c_str());
+                std::string routes;
+                try {
+                    routes = worldRoutes(run, a.nodes);
+                } catch (...) {
+                    std::fputs(" wrong wire\n", stderr);
+                    try { // the wire is the error to report, not how the ranks then ended
+                        reapWorld(run, 30000);
+                    } catch (const std::exception&) {
+                    }
+                    throw;
+                }
+                std::fprintf(stderr, " %.1f s (routes %s)\n", double(nowNs() - t0) / 1e9, routes.c_str());
                 for (auto& p : poolReports(run)) rows.emplace_back(plan.world, std::move(p));
-                WorldControl c{plan.world, openTimes(run), {}};
+                WorldControl c{plan.world, routes, openTimes(run), {}};
                 if (daemonPid > 0) { // the ranks hold their group open, no call in flight
                     settle();
                     c.groupsOpen = sampleDaemon(daemonPid, a.idleMs);
@@ -206,7 +245,7 @@ int runCommand(const RunArgs& a) {
     } catch (const std::exception& e) {
         std::fflush(stdout);
         std::fprintf(stderr, "\ntpf-bench: %s\n", e.what());
-        stopAtExit.keepLog = started.pid > 0;
+        stopAtExit.keepLog = !started.empty();
         return 1;
     }
     return 0;
@@ -215,19 +254,32 @@ int runCommand(const RunArgs& a) {
 } // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"tpf-bench " TPF_VERSION " - host-path latency of tpfabric collectives beside a shared-memory floor, "
-                 "sum beside gather, and the control plane (open time, daemon RSS and idle CPU)"};
+    CLI::App app{"tpf-bench " TPF_VERSION " - host-path latency of tpfabric collectives beside a shared-memory floor "
+                 "(or across two daemons over the tcp wire beside a TCP floor), sum beside gather, and the control plane "
+                 "(open time, daemon RSS and idle CPU)"};
     app.set_version_flag("--version", TPF_VERSION);
     app.require_subcommand(1);
 
     RunArgs a;
-    auto* run = app.add_subcommand("run", "start W rank processes per world against a tpfabricd and print p50/p99 per size, "
+    auto* run = app.add_subcommand("run", "start W rank processes per world against a tpfabricd (or two: --nodes 2) and print p50/p99 per size, "
                                           "each sum beside the gather, open times and the daemon's memory and idle CPU");
-    run->add_option("--socket", a.socket, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock); "
-                                          "ignored with --daemon")
-        ->check(cli::clientSocketPath("TPF_SOCKET", "/run/tpfabric/tpfabricd.sock"));
+    run->add_option("--socket", a.sockets, "tpfabricd socket (default $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock); "
+                                           "with --nodes 2 two, A,B: node 0's and node 1's (node 0's sampled); ignored with --daemon")
+        ->delimiter(',')->check(cli::clientSocketPath("TPF_SOCKET", "/run/tpfabric/tpfabricd.sock"));
     run->add_option("--daemon", a.daemonExe, "start this tpfabricd on a private socket for the run and stop it after "
-                                             "(else use the one on --socket; its pid from the socket's peer credentials)");
+                                             "(with --nodes 2 two of it, as two nodes on loopback over the tcp wire; "
+                                             "else use the one on --socket; its pid from the socket's peer credentials)");
+    run->add_option("--nodes", a.nodes, "1: every rank on one daemon (the host path of one node, beside a shared-memory "
+                                        "floor); 2: rank r on node r % 2, two daemons whose groups cross over the tcp "
+                                        "wire (refused if they take another), beside a TCP floor on loopback")
+        ->check(CLI::Validator(
+            [](std::string& v) {
+                return v == "1" || v == "2" ? std::string()
+                                            : v + ": tpf-bench runs one node (1) or two (2: two tpfabricd, ranks across "
+                                                  "them over the tcp wire)";
+            },
+            "1|2"))
+        ->capture_default_str();
     run->add_option("--world", a.worlds, "worlds to run, one after another")->delimiter(',')->check(CLI::Range(2, 16))->capture_default_str();
     run->add_option("--sizes", a.sizes, "bytes per rank: 64,4KiB,... (multiples of 16, at most the daemon's daemon.max_bytes: "
                                         "512KiB by default)")->delimiter(',')->capture_default_str();
@@ -237,7 +289,7 @@ int main(int argc, char** argv) {
     run->add_option("--point-ms", a.pointMs, "time budget of one (op, W, size) point: fewer than --iters calls when the "
                                              "slowest rank's probe call says they would take longer; 0 = always --iters")->capture_default_str();
     run->add_option("--min-iters", a.minIters, "the budget never cuts a point below this many timed calls")->check(CLI::Range(1, 1000000))->capture_default_str();
-    run->add_option("--floor-iters", a.floorIters, "timed round trips of the floor per size")->check(CLI::Range(1, 10000000))->capture_default_str();
+    run->add_option("--floor-iters", a.floorIters, "timed round trips of the floor per size (shared memory; TCP with --nodes 2)")->check(CLI::Range(1, 10000000))->capture_default_str();
     run->add_option("--timeout-ms", a.timeoutMs, "the library's bound on one call's wait")->capture_default_str();
     run->add_option("--spin-us", a.spinUs, "the library's spin before it sleeps in a wait (Options::spin)")->capture_default_str();
     run->add_option("--hold-ms", a.holdMs, "the last world's ranks keep the group open this long after the table is printed")->capture_default_str();
@@ -259,12 +311,13 @@ int main(int argc, char** argv) {
                 "data; 2 bad usage (a line on stderr names the problem).");
 
     RankPlan plan;
+    std::string rankSocket;
     std::uint32_t rankNo = 0;
     int reportFd = -1;
     std::vector<std::uint64_t> rankSizes;
     std::vector<std::string> rankOps;
     auto* rank = app.add_subcommand("rank", "one rank (started by run)")->group("");
-    rank->add_option("--socket", plan.socket)->required();
+    rank->add_option("--socket", rankSocket)->required();
     rank->add_option("--bootstrap", plan.bootstrap)->required();
     rank->add_option("--rank", rankNo)->required();
     rank->add_option("--world", plan.world)->required();
@@ -302,6 +355,13 @@ int main(int argc, char** argv) {
     peer->add_option("--iters", floorIters)->required();
     peer->add_option("--warmup", floorWarmup);
 
+    int tcpFloorFd = -1;
+    auto* tcpPeer = app.add_subcommand("tcp-floor-peer", "the answering side of the TCP floor (started by run)")->group("");
+    tcpPeer->add_option("--fd", tcpFloorFd)->required();
+    tcpPeer->add_option("--sizes", floorSizes)->delimiter(',')->required();
+    tcpPeer->add_option("--iters", floorIters)->required();
+    tcpPeer->add_option("--warmup", floorWarmup);
+
     // A usage error, as tpfabricd's and tpfabricctl's: two lines on stderr, exit 2.
     const auto usageError = [&](const std::string& line) {
         const std::string cmd = *reduce ? "reduce" : "run";
@@ -318,11 +378,13 @@ int main(int argc, char** argv) {
         if (*run) return runCommand(a);
         if (*reduce) return runReduceBench(reduceWorlds, parseSizes(reduceSizes), reduceMarkdown);
         if (*rank) {
+            plan.sockets = {rankSocket};
             plan.sizes = rankSizes;
             plan.ops = parseOps(rankOps);
             return runRank(plan, rankNo, reportFd);
         }
         if (*peer) return runFloorPeer(floorFd, floorSizes, floorIters, floorWarmup);
+        if (*tcpPeer) return runTcpFloorPeer(tcpFloorFd, floorSizes, floorIters, floorWarmup);
     } catch (const CLI::Error& e) { // --sizes or --ops that parse but make no sense
         return usageError(e.what());
     } catch (const std::exception& e) {

@@ -265,7 +265,7 @@ const char* tpf_path(const tpf_group* group) {
 const char* tpf_route(const tpf_group* group, uint32_t peer) {
     if (!group) return "none";
     const std::string r = group->group->route(peer);
-    for (const char* name : {"self", "shm", "verbs", "ipc"})
+    for (const char* name : {"self", "shm", "verbs", "ipc", "tcp"})
         if (r == name) return name;
     return "none";
 }

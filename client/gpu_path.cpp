@@ -192,7 +192,7 @@ Status gpuCheck(Group::Impl& g) {
         break;
     case Errc::DaemonLost:
         why = "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait (the daemon died or hung); "
-              "restart it and reopen (ipc-only groups do not need it)";
+              "restart it and reopen: a restarted daemon does not re-adopt Device groups (ipc-only groups do not need it)";
         break;
     default:
         why = f.missingPeer == kNoPeer ? std::string("reported by the daemon")

@@ -253,7 +253,12 @@ private:
         return okStatus();
     }
 
-    Result<std::unique_ptr<Group>> opened() { return GroupAccess::make(std::move(g_)); }
+    Result<std::unique_ptr<Group>> opened() {
+        // Not fatal: without its watch the group fails DaemonLost at a restart, as one that cannot be re-adopted.
+        if (auto s = startDaemonWatch(*g_); !s)
+            std::fprintf(stderr, "tpfabric: rank %u: %s; a daemon restart breaks this group\n", g_->rank, s.error().describe().c_str());
+        return GroupAccess::make(std::move(g_));
+    }
 
     // The fabric path is not taken: the daemon is left (told why, for its
     // metrics), then NCCL takes the group's calls or the open fails.
@@ -325,7 +330,9 @@ void Group::Impl::teardown(Leave how, const OpenReport& report) {
         // daemon's membership are the parent's. Only the child's own mappings
         // and descriptors go (the socket is /dev/null here already).
         (void)gpu.release(); // CUDA cannot be called in a fork()ed child
+        (void)watch.release(); // its thread is the parent's
     } else {
+        watch.reset(); // first: it may be handing the socket over to a restarted daemon
         if (how == Leave::Close) gpuFlushStats(*this); // the daemon folds the ring's counts when this rank leaves
         gpu.reset(); // unregisters the mappings below; waits for nothing
     }
@@ -338,6 +345,8 @@ void Group::Impl::teardown(Leave how, const OpenReport& report) {
     }
     socket.reset(); // leaves the daemon's group, if joined
     proxyEvent.reset(); // every fd goes now, not when the Group is destroyed
+    regionFd.reset();
+    ringFd.reset();
     ring = RingView();
     ringMap = Mapping();
     region = Mapping();

@@ -157,12 +157,12 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         std::atomic_ref(c.waiters).fetch_sub(1, std::memory_order_seq_cst);
         if (done || arrived()) return okStatus();
         if (bad || failed()) return reportFailure();
-        if (peerClosed(socket.get())) return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
+        if (auto s = daemonCheck(); !s) return s;
         if (monotonicNs() >= deadline) {
             std::string why = format("rank {} did not deliver epoch {} within {} ms", missingPeer(), e, options.timeout.count());
             const std::uint64_t stalledAt = monotonicNs();
             for (const auto& t : transports) why += t->stalled(*this, stalledAt);
-            return fail(Error{Errc::Timeout, why}, missingPeer());
+            return timedOut(Error{Errc::Timeout, why}, missingPeer());
         }
     }
 }

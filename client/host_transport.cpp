@@ -17,7 +17,8 @@ namespace tpf {
 namespace {
 
 // A host-direct call needs no daemon, but only the daemon sees ranks die:
-// calls look at its socket this often and end DaemonLost once it is gone.
+// calls look at it this often (Impl::daemonCheck) and end DaemonLost once it
+// is gone for good (not back in time to re-adopt the group, or refused).
 constexpr std::uint64_t kDaemonCheckNs = 1000 * 1000;
 
 // Carried: the daemon's proxy moves this rank's row into every carried
@@ -32,12 +33,12 @@ public:
         const Doorbell d{e, rowBytes, g.handle};
         const std::uint64_t deadline = monotonicNs() + std::uint64_t(g.options.timeout.count()) * 1000000ull;
         while (!g.ring.push(d)) { // full only if the proxy stalls, or the daemon is gone
-            if (peerClosed(g.socket.get())) return g.fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call"});
+            if (auto s = g.daemonCheck(); !s) return s;
             if (const std::uint64_t now = monotonicNs(); now >= deadline)
-                return g.fail(Error{Errc::Timeout, format("this rank's command ring stayed full for {} ms: tpfabricd's proxy "
-                                                          "takes no doorbells{}",
-                                                          g.options.timeout.count(), g.proxyStalled(now))},
-                              g.rank);
+                return g.timedOut(Error{Errc::Timeout, format("this rank's command ring stayed full for {} ms: tpfabricd's proxy "
+                                                              "takes no doorbells{}",
+                                                              g.options.timeout.count(), g.proxyStalled(now))},
+                                  g.rank);
             ::sched_yield();
         }
         if (g.ring.proxyNeedsWake()) {
@@ -70,7 +71,7 @@ public:
     Status publish(Group::Impl& g, std::uint64_t e, std::uint32_t phase, std::uint32_t) override {
         if (const std::uint64_t now = monotonicNs(); now - daemonCheckedNs_ >= kDaemonCheckNs) {
             daemonCheckedNs_ = now;
-            if (peerClosed(g.socket.get())) return g.fail(Error{Errc::DaemonLost, "tpfabricd closed our connection"});
+            if (auto s = g.daemonCheck(); !s) return s;
         }
         if (!g.stillCarried(e)) return okStatus(); // the group broke: waitPeers reports it
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k)

@@ -29,6 +29,13 @@ struct GpuPathDeleter {
     void operator()(GpuPath* p) const;
 };
 
+/// The watch on the daemon's connection of a group a restarted daemon can
+/// re-adopt (client/readopt.cpp); opaque to the host path.
+class DaemonWatch;
+struct DaemonWatchDeleter {
+    void operator()(DaemonWatch* w) const;
+};
+
 struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint32_t rank = 0;
     std::uint32_t world = 1;
@@ -47,6 +54,17 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     RingView ring;
     std::uint64_t epoch = 0;
     std::uint32_t seq = 1;
+    // What a restarted daemon needs to re-adopt the group (client/readopt.cpp):
+    // the group as it opened and the memfds of this rank's region and ring.
+    std::array<std::uint8_t, 16> groupId{};
+    std::vector<client_proto::RosterEntry> roster;
+    std::uint32_t openFlags = 0; ///< GroupOpen.flags this rank opened with
+    UniqueFd regionFd;
+    UniqueFd ringFd;
+    /// Set while the group can be re-adopted (a one-node Host group): it
+    /// watches the daemon's connection and, when it closes, reconnects and
+    /// asks the daemon that comes back to re-adopt the group.
+    std::unique_ptr<DaemonWatch, DaemonWatchDeleter> watch;
     // The host path's peers (client/host_transport.hpp), chosen at open.
     std::vector<std::unique_ptr<HostTransport>> transports; ///< each publishes a call's row to its peers, in this order
     std::array<std::uint8_t*, kMaxWorld> sources{};        ///< per rank, the region its rows and flags are read from
@@ -104,6 +122,17 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// Makes `e` the group's sticky failure unless one is recorded already
     /// (the first wins), naming `peer` (kNoPeer: none) in the health word.
     Status fail(Error e, std::uint32_t peer = kNoPeer);
+    /// Whether a restarted daemon can re-adopt this group: Host buffers, world
+    /// >= 2, the fabric path, every peer on this node (shm).
+    bool adoptable() const;
+    /// Within a call, where the host path looks at its daemon: Ok while it
+    /// serves, or while it is away and being re-adopted (watch); the group's
+    /// failure once re-adoption failed, or at once DaemonLost where the
+    /// group cannot be re-adopted and the daemon's connection closed.
+    Status daemonCheck();
+    /// A call's timeout passed while the daemon was away: DaemonLost naming
+    /// the gap, else `timeout` (the call's own Timeout).
+    Status timedOut(Error timeout, std::uint32_t peer);
     /// What Group::health() answers: loads of host memory only.
     Health health() const noexcept;
     /// In a fork()ed child: the group is the parent's (its regions, rings

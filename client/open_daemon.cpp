@@ -64,6 +64,7 @@ Result<Message> askDaemon(Group::Impl& g, const std::uint8_t (&groupId)[16], con
     open.fixed.flags = g.options.buffers == Buffers::Device ? std::uint32_t(kOpenGpuDoorbells)
                        : g.env.hostDirect                   ? std::uint32_t(kOpenHostDirect)
                                                             : 0u;
+    g.openFlags = open.fixed.flags;
     open.roster = roster;
     auto m = request(g, encode(g.seq++, open), kVerdict, msLeft(deadline + kVerdictGrace));
     if (!m) return m.error();
@@ -104,6 +105,8 @@ Status mapRegions(Group::Impl& g, const Verdict& v, Message& m) {
     if (g.ring.header().magic != kRingMagic || g.ring.header().group != g.handle)
         return Error{Errc::BadMessage, "command ring header does not match the verdict"};
     g.proxyEvent = std::move(m.fds[2]);
+    g.regionFd = std::move(m.fds[0]); // kept to hand back to a restarted daemon (client/readopt.cpp)
+    g.ringFd = std::move(m.fds[1]);
     return okStatus();
 }
 
@@ -136,6 +139,8 @@ Status receiveOffers(Group::Impl& g, const Verdict& v, OpenClock::time_point dea
 
 } // namespace
 
+std::string daemonSocketPath(const Group::Impl& g) { return socketPathOf(g); }
+
 Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, OpenClock::time_point deadline) {
     const std::string path = socketPathOf(g);
     auto fd = connectUnix(path, msLeft(deadline));
@@ -161,6 +166,7 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Op
     std::memcpy(entry.nodeId, card->fixed.nodeId, 16);
     std::memcpy(entry.endpointAddr, card->fixed.endpointAddr, 16);
     entry.endpointPort = card->fixed.endpointPort;
+    entry.peerWire = card->fixed.peerWire;
     entry.pid = std::uint32_t(::getpid());
     entry.maxBytes = std::min(maxBytes, card->fixed.usableCap);
     return okStatus();
@@ -169,6 +175,8 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, RosterEntry& entry, Op
 Status joinDaemon(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::vector<RosterEntry>& roster,
                   OpenClock::time_point deadline) {
     Verdict v{};
+    std::memcpy(g.groupId.data(), groupId, 16);
+    g.roster = roster;
     auto m = askDaemon(g, groupId, roster, deadline, v);
     if (!m) return m.error();
     if (auto s = mapRegions(g, v, *m); !s) return s;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "client/impl.hpp"
@@ -30,5 +31,12 @@ Status meetDaemon(Group::Impl& g, std::uint64_t maxBytes, client_proto::RosterEn
 /// regions it hands over, and every peer connected to its transport.
 Status joinDaemon(Group::Impl& g, const std::uint8_t (&groupId)[16], const std::vector<client_proto::RosterEntry>& roster,
                   OpenClock::time_point deadline);
+
+/// The daemon's socket path: the open's option, else TPF_SOCKET, else the default.
+std::string daemonSocketPath(const Group::Impl& g);
+
+/// After the open: watch the daemon's connection of a group a restarted
+/// daemon can re-adopt (Group::Impl::adoptable; client/readopt.cpp).
+Status startDaemonWatch(Group::Impl& g);
 
 } // namespace tpf

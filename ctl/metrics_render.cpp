@@ -87,7 +87,9 @@ struct Snapshot {
     std::uint64_t startedUnixNs = 0, busyNs = 0, doorbells = 0;
     std::optional<std::uint64_t> carryThreads, carryParts; // absent from a daemon before the carry threads
     std::uint64_t regions = 0, hostBytes = 0, deviceBytes = 0, clients = 0;
-    std::uint64_t groupsOpened = 0, queuePairs = 0;
+    std::uint64_t groupsOpened = 0, queuePairs = 0, groupsAdopted = 0;
+    double adoptionGapSeconds = 0;
+    std::map<std::string, std::uint64_t> adoptionRefused;
     std::map<std::string, std::uint64_t> broken, refused, callErrors, groupsByState;
     std::vector<Fallback> fallbacks;
     std::map<std::string, OpCalls> ops;
@@ -125,6 +127,12 @@ Result<Snapshot> read(const json& doc) {
     s.groupsOpened = f.count(m, "groups_opened", "metrics.");
     s.broken = f.countsByName(m, "groups_broken", "metrics.");
     s.refused = f.countsByName(m, "open_refusals", "metrics.");
+    if (m.contains("groups_adopted")) { // a daemon that re-adopts groups after a restart
+        s.groupsAdopted = f.count(m, "groups_adopted", "metrics.");
+        const json* gap = m.contains("adoption_gap_seconds") ? &m["adoption_gap_seconds"] : nullptr;
+        s.adoptionGapSeconds = gap && gap->is_number() ? gap->get<double>() : 0.0;
+        s.adoptionRefused = f.countsByName(m, "adoption_refusals", "metrics.");
+    }
     s.callErrors = f.countsByName(m, "call_errors", "metrics.");
     s.groupsByState = f.countsByName(m, "groups", "metrics.");
     s.queuePairs = f.count(m, "queue_pairs", "metrics.");
@@ -213,6 +221,17 @@ Result<std::string> renderMetrics(const nlohmann::ordered_json& doc) {
     auto& refused = counter("tpfabric_open_refusals_total",
                             "Ranks whose open this daemon refused (a verdict naming why), by error name");
     for (const auto& [reason, n] : s.refused) refused.Add({{"reason", reason}}).Increment(double(n));
+    counter("tpfabric_groups_adopted_total",
+            "Groups this daemon re-adopted after a restart (every local rank handed its region and ring back)")
+        .Add({})
+        .Increment(double(s.groupsAdopted));
+    counter("tpfabric_adoption_gap_seconds_total",
+            "The re-adopted groups' gaps added up: from their ranks losing the old daemon to the adoption, seconds")
+        .Add({})
+        .Increment(s.adoptionGapSeconds);
+    auto& adoptionRefused = counter("tpfabric_adoption_refusals_total",
+                                    "Ranks this daemon refused to re-adopt after a restart (an Adopted naming why), by error name");
+    for (const auto& [reason, n] : s.adoptionRefused) adoptionRefused.Add({{"reason", reason}}).Increment(double(n));
     auto& fallbacks = counter("tpfabric_open_fallbacks_total",
                               "Opens that ranks report did not take the fabric path, by error name and outcome "
                               "(nccl: NCCL took the group; unavailable: the open failed)");

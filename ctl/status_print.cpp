@@ -187,6 +187,9 @@ void printHeader(const json& doc, std::ostream& out) {
     keyValue(out, "node id", text(d, "node_id"));
     keyValue(out, "socket", text(d, "socket"));
     keyValue(out, "config", text(d, "config_source"));
+    const json* wire = field(d, "peer_wire");
+    keyValue(out, "peer wire", wire && wire->is_string() && wire->get<std::string>().empty() ? "none (peer.listen unset)"
+                                                                                              : text(wire));
     keyValue(out, "proxy", proxyText(field(d, "proxy")));
     const json* version = field(doc, "status_version");
     if (!version || !version->is_number_integer() || version->get<std::int64_t>() != kKnownStatusVersion)
@@ -198,7 +201,11 @@ void printHcas(const json& doc, std::ostream& out) {
     const json* none = field(doc, "hcas_none_reason");
     const json* hcas = field(doc, "hcas");
     if (hcas && hcas->is_array() && hcas->empty() && none && none->is_string() && !none->get<std::string>().empty()) {
-        out << "\nHCAs: none (" << none->get<std::string>() << "; this node serves groups whose ranks are all on it)\n";
+        const json* daemon = field(doc, "daemon");
+        const json* wire = daemon ? field(*daemon, "peer_wire") : nullptr;
+        const bool tcp = wire && wire->is_string() && wire->get<std::string>() == "tcp";
+        out << "\nHCAs: none (" << none->get<std::string>()
+            << (tcp ? "; groups spanning nodes use the tcp wire)\n" : "; this node serves groups whose ranks are all on it)\n");
         return;
     }
     const json* list = section(out, doc, "hcas", "HCAs");
@@ -215,14 +222,22 @@ void printHcas(const json& doc, std::ostream& out) {
 void printPeers(const json& doc, std::ostream& out) {
     const json* list = section(out, doc, "peers", "Peers");
     if (!list) return;
-    // One link per group and other node; its queue pairs below it.
+    // One link per group and other node; its queue pairs (verbs) or its data link (tcp) below it.
     for (const auto& p : *list) {
         const json* qps = field(p, "qps");
-        const std::string qpCount = qps && qps->is_array() ? std::to_string(qps->size()) : text(qps);
-        Table t({"NODE", "ENDPOINT", "ROLE", "RANKS", "STATE", "QPS", "GROUP", "LAST ERROR"});
-        t.add({text(p, "node_id"), text(p, "endpoint"), text(p, "role"), text(p, "ranks"), text(p, "state"), qpCount,
-               text(p, "group").substr(0, 12), text(p, "last_error")});
+        const json* wire = field(p, "wire");
+        const bool tcpWire = wire && wire->is_string() && wire->get<std::string>() == "tcp";
+        const std::string qpCount = tcpWire ? kNone : qps && qps->is_array() ? std::to_string(qps->size()) : text(qps);
+        Table t({"NODE", "ENDPOINT", "ROLE", "RANKS", "STATE", "WIRE", "QPS", "GROUP", "LAST ERROR"});
+        t.add({text(p, "node_id"), text(p, "endpoint"), text(p, "role"), text(p, "ranks"), text(p, "state"),
+               text(p, "wire"), qpCount, text(p, "group").substr(0, 12), text(p, "last_error")});
         t.print(out, "  ");
+        if (const json* tcp = field(p, "tcp"); tcp && tcp->is_object()) {
+            Table d({"SENT", "FRAMES SENT", "RECEIVED", "FRAMES RECEIVED", "SEND BUFFER", "FAILED"});
+            d.add({bytesApprox(*tcp, "sent_bytes"), text(*tcp, "frames_sent"), bytesApprox(*tcp, "received_bytes"),
+                   text(*tcp, "frames_received"), bytesExact(*tcp, "send_buffer"), text(*tcp, "failed")});
+            d.print(out, "    ");
+        }
         if (!qps || !qps->is_array() || qps->empty()) continue;
         Table q({"LOCAL", "REMOTE", "RAIL", "HCA", "QPN", "REMOTE QPN", "POSTS", "INFLIGHT CAP", "HIGH WATER"});
         for (const auto& x : *qps)
@@ -284,6 +299,17 @@ void printGroups(const json& doc, std::ostream& out) {
         else
             out << ", latency p50 " << micros(lat, "p50") << ", p99 " << micros(lat, "p99") << '\n';
         out << "    last error " << text(g, "last_error") << '\n';
+        if (const json* a = field(g, "adoption"); a && a->is_object()) {
+            const json* gap = field(*a, "gap_ms");
+            if (gap && gap->is_number()) {
+                char ms[32];
+                std::snprintf(ms, sizeof ms, "%.1f", gap->get<double>());
+                out << "    re-adopted after a daemon restart: gap " << ms
+                    << " ms (from its ranks losing the old daemon to every rank re-adopted)\n";
+            }
+            else
+                out << "    re-adopting after a daemon restart: waiting for every local rank to ask\n";
+        }
         printRanks(g, out);
     }
 }

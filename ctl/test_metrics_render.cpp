@@ -53,7 +53,10 @@ json sampleDoc() {
              {{"calls", 0}, {"bytes", 0}, {"errors", 0}, {"latency_sum_ns", 0}, {"latency_buckets", none}}}}},
           {"call_errors", {{"PeerLost", 1}}},
           {"groups", {{"pending", 0}, {"negotiating", 0}, {"open", 1}, {"broken", 0}}},
-          {"queue_pairs", 6}}},
+          {"queue_pairs", 6},
+          {"groups_adopted", 2},
+          {"adoption_gap_seconds", 0.75},
+          {"adoption_refusals", {{"CapMismatch", 2}}}}},
     };
 }
 
@@ -106,6 +109,9 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
     CHECK(at(R"(tpfabric_groups_broken_total{reason="PeerLost"})") == 2);
     CHECK(at(R"(tpfabric_groups_broken_total{reason="Aborted"})") == 1);
     CHECK(at(R"(tpfabric_open_refusals_total{reason="Unavailable"})") == 3);
+    CHECK(at("tpfabric_groups_adopted_total") == 2);
+    CHECK(at("tpfabric_adoption_gap_seconds_total") == Approx(0.75));
+    CHECK(at(R"(tpfabric_adoption_refusals_total{reason="CapMismatch"})") == 2);
     CHECK(at(R"(tpfabric_open_fallbacks_total{outcome="unavailable",reason="Unavailable"})") == 2);
     CHECK(at(R"(tpfabric_open_fallbacks_total{outcome="nccl",reason="ProbeFailed"})") == 4);
     CHECK(at(R"(tpfabric_calls_total{op="all_gather"})") == double(kLatencies.size() + 1));
@@ -133,7 +139,7 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
         else if (line.rfind("# TYPE ", 0) == 0) ++type[line.substr(7, line.find(' ', 7) - 7)];
         else if (!line.empty()) CHECK(line.rfind("tpfabric_", 0) == 0);
     }
-    CHECK(type.size() == 20);
+    CHECK(type.size() == 23);
     for (const auto& [name, n] : type) {
         INFO(name);
         CHECK(n == 1);

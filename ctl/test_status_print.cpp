@@ -19,7 +19,7 @@ constexpr const char* kExample = R"json({
   "daemon": {
     "version": "0.1.0", "pid": 1234, "uptime_s": 12.5, "started_unix_ns": 0,
     "node_id": "32 hex digits", "socket": "/run/tpfabric/tpfabricd.sock",
-    "config_source": "built-in defaults",
+    "config_source": "built-in defaults", "peer_wire": "verbs|tcp|",
     "proxy": {"state": "sleeping|polling", "cpu": -1, "doorbells": 0}
   },
   "hcas": [
@@ -28,9 +28,14 @@ constexpr const char* kExample = R"json({
   ],
   "peers": [
     {"group": "32 hex digits", "node_id": "hex", "endpoint": "10.77.0.2:18515", "role": "connect|accept",
-     "ranks": "1,3", "state": "connecting|handshake|negotiating|ready|waiting|failed|closed",
+     "ranks": "1,3", "state": "connecting|handshake|negotiating|ready|waiting|failed|closed", "wire": "verbs",
      "qps": [{"local_rank": 0, "remote_rank": 1, "rail": 0, "hca": "rxe0", "qpn": 17, "remote_qpn": 18,
               "posts": 2000, "inflight_cap": 1048576, "inflight_high_water": 65544}],
+     "tcp": null, "last_error": ""},
+    {"group": "32 hex digits", "node_id": "hex", "endpoint": "127.0.0.1:18516", "role": "accept",
+     "ranks": "2", "state": "ready", "wire": "tcp", "qps": [],
+     "tcp": {"sent_bytes": 4096, "received_bytes": 8192, "frames_sent": 2, "frames_received": 4,
+             "send_buffer": 4194304, "failed": ""},
      "last_error": ""}
   ],
   "groups": [
@@ -97,11 +102,18 @@ TEST_CASE("the example document of docs/status.md prints every section") {
     CHECK(hcaHead.find("SUBNET") == hcaRow.find("10.77.0.0/24"));
 
     // Peers: the empty last_error prints as "-".
-    CHECK(has(out, "\nPeers: 1\n"));
+    CHECK(has(out, "\nPeers: 2\n"));
     const std::string peerRow = lineWith(out, "10.77.0.2:18515");
     CHECK(has(peerRow, "connecting|handshake|negotiating|ready|waiting|failed|closed"));
+    CHECK(has(peerRow, "  verbs  "));
     CHECK(has(peerRow, "  1  ")); // one QP listed
     CHECK(peerRow.substr(peerRow.size() - 1) == "-");
+    // A tcp link: its wire, then its data link's bytes and frames each way.
+    CHECK(has(lineWith(out, "127.0.0.1:18516"), "  tcp  "));
+    const std::string dataRow = lineWith(out, "4MiB");
+    CHECK(has(dataRow, "4.0KiB"));
+    CHECK(has(dataRow, "8.0KiB"));
+    CHECK(has(out, "FRAMES RECEIVED"));
     const std::string qpRow = lineWith(out, "65544");
     CHECK(has(qpRow, "rxe0"));
     CHECK(has(qpRow, "1048576"));
@@ -315,3 +327,20 @@ TEST_CASE("a group whose calls were not timed says so, never 0 µs") {
     CHECK_FALSE(has(out, "0.00"));
 }
 
+
+TEST_CASE("a re-adopted group shows its gap; one waiting for its ranks says so; an opened one shows nothing of it") {
+    const json doc = json::parse(R"({"groups": [
+        {"id": "a", "ranks": [], "adoption": {"lost_unix_ns": 1000, "adopted_unix_ns": 313001000, "gap_ms": 313.0}},
+        {"id": "p", "ranks": [], "adoption": {"lost_unix_ns": 1000, "adopted_unix_ns": null, "gap_ms": null}},
+        {"id": "o", "ranks": [], "adoption": null}]})");
+    const std::string out = render(doc);
+    INFO(out);
+    CHECK(has(out, "  a\n"));
+    CHECK(has(out, "    re-adopted after a daemon restart: gap 313.0 ms (from its ranks losing the old daemon to every rank "
+                   "re-adopted)\n"));
+    CHECK(has(out, "    re-adopting after a daemon restart: waiting for every local rank to ask\n"));
+    CHECK(linesOf(out).size() > 0);
+    std::size_t mentions = 0;
+    for (const auto& l : linesOf(out)) mentions += has(l, "daemon restart");
+    CHECK(mentions == 2);
+}

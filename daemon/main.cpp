@@ -187,6 +187,12 @@ int run(DaemonConfig cfg, bool foreground) {
     // The message names the remedy (a port held, an address not up yet).
     if (auto s = negotiations.start(); !s) return startFailed(s.error());
     const auto endpoint = endpointBytes(cfg.peerListen, hcas);
+    // A wildcard peer.listen is advertised as the first HCA's address: without one, other nodes cannot be told where to connect.
+    const bool endpointKnown = std::any_of(endpoint.begin(), endpoint.end(), [](std::uint8_t b) { return b != 0; });
+    if (negotiations.peersEnabled() && !endpointKnown)
+        spdlog::warn("peer.listen {} is a wildcard and this node has no HCA whose address it could give other nodes: "
+                     "groups spanning nodes cannot open here; set peer.listen to this node's address",
+                     cfg.peerListen);
 
     client_proto::HelloReply hello{};
     nodeId.copyTo(hello.nodeId);
@@ -198,7 +204,8 @@ int run(DaemonConfig cfg, bool foreground) {
         client_proto::NodeCard card;
         nodeId.copyTo(card.fixed.nodeId);
         card.fixed.usableCap = cfg.maxBytes;
-        card.fixed.endpointPort = negotiations.peersEnabled() ? cfg.peerPort : 0;
+        card.fixed.endpointPort = negotiations.peersEnabled() && endpointKnown ? cfg.peerPort : 0;
+        card.fixed.peerWire = negotiations.offeredWire();
         std::memcpy(card.fixed.endpointAddr, endpoint.data(), 16);
         card.hcas = hcas;
         card.fixed.hcaCount = std::uint16_t(hcas.size());
@@ -229,9 +236,11 @@ int run(DaemonConfig cfg, bool foreground) {
         server.stop();
         negotiations.stop();
         proxy.stop();
+        negotiations.stopReceiving();
         io.stop();
     });
-    spdlog::info("listening on {}, {} HCA(s)", socketPath, hcas.size());
+    spdlog::info("listening on {}, {} HCA(s){}", socketPath, hcas.size(),
+                 negotiations.peersEnabled() ? std::string(", peer wire ") + wireName(negotiations.offeredWire()) : "");
     notify("READY=1");
     io.run();
     spdlog::info("stopped");
@@ -295,9 +304,9 @@ void checkDegradedStart(const DaemonConfig& cfg) {
         spdlog::set_level(level);
         if (none)
             std::fprintf(stderr,
-                         "tpfabricd: note: verbs.hcas: a start here would find no usable HCA port (%s) and serve "
-                         "same-node groups only; check the names against `ibv_devices` / `rdma link`\n",
-                         why.c_str());
+                         "tpfabricd: note: verbs.hcas: a start here would find no usable HCA port (%s): %s; check "
+                         "the names against `ibv_devices` / `rdma link`\n",
+                         why.c_str(), withoutHcas(cfg));
     }
 }
 

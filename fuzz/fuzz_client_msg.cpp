@@ -6,7 +6,7 @@
 //   Checked: every refusal names an error and ends the session; nothing is
 //   dispatched after that; a record reaching the group table is in range and
 //   re-encodes to the very payload it came from (DeviceAttach included); replies are whole frames;
-//   fds never leak (LeakSanitizer) and reach ShareRegion only.
+//   fds never leak (LeakSanitizer) and reach ShareRegion (one) and Adopt (two) only.
 // - Replies: each frame's record decoder, as a client reads them; a decoded
 //   record re-encodes to exactly the bytes it came from.
 // - Bootstrap: the loopback bootstrap's framing and records.
@@ -73,6 +73,14 @@ public:
         TPF_FUZZ_CHECK(m.errc != 0 && (m.outcome == kOutcomeNccl || m.outcome == kOutcomeUnavailable));
         TPF_FUZZ_CHECK(camePayload(encode(kOpenReport, 0, m)));
         reported_ = true;
+    }
+    void adopt(const Adopt& m, UniqueFd region, UniqueFd ring) override {
+        TPF_FUZZ_CHECK(!ended_ && !inGroup_ && region.get() >= 0 && ring.get() >= 0);
+        TPF_FUZZ_CHECK(m.fixed.world >= 2 && m.fixed.world <= kMaxWorld);
+        TPF_FUZZ_CHECK(m.roster.size() == m.fixed.world && m.fixed.rank < m.fixed.world);
+        TPF_FUZZ_CHECK(camePayload(encode(0, m)));
+        inGroup_ = !refuseJoins_;
+        if (refuseJoins_) dispatch->groupRefused(); // as a refusing Adopted does, at once
     }
     Status shareRegion(const ShareRegion& m, int fd) override {
         TPF_FUZZ_CHECK(!ended_ && inGroup_ && fd >= 0);
@@ -185,6 +193,7 @@ void replyRecord(ByteView frame, const MsgHeader& h, ByteView payload) {
     case kErrorReply: fixedRecord<ErrorReply>(frame, h, payload, "ErrorReply"); break;
     case kPeerRegion: fixedRecord<PeerRegion>(frame, h, payload, "PeerRegion"); break;
     case kPeerHostRegion: fixedRecord<PeerHostRegion>(frame, h, payload, "PeerHostRegion"); break;
+    case kAdopted: fixedRecord<Adopted>(frame, h, payload, "Adopted"); break;
     default: break; // a client ignores nothing silently: it fails the call (client/)
     }
 }

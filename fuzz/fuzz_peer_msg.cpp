@@ -7,13 +7,17 @@
 // keyed, then records; the first error ends the link. Checked: errors are
 // named; a decoded record is the opcode its phase takes, re-encodes to
 // exactly the bytes it came from, and keeps the bounds the daemon relies on
-// when it indexes by rank, HCA and QP.
+// when it indexes by rank, HCA and QP. After a PeerData record the rest is a
+// tcp data link's frames (proto/tcp_frame.hpp), each header checked as the
+// receiver does (TcpLink::receive) for a fixed layout: a frame it takes
+// lands inside the slot, from a rank the sender serves to one this node does.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "daemon/negotiate/peer_input.hpp"
 #include "fuzz_common.hpp"
+#include "proto/tcp_frame.hpp"
 
 using namespace tpf;
 using namespace tpf::peer_proto;
@@ -35,6 +39,25 @@ void checkGroup(const PeerGroup& m, const MsgHeader& h, ByteView frame) {
         TPF_FUZZ_CHECK(q.hca < m.hcas.size() && q.localRank < f.world && q.remoteRank < f.world &&
                        q.localRank != q.remoteRank);
     sameBytes(encode(h.seq, m), frame);
+}
+
+// The frames of a data link, against world 4, two stripes, ranks 0 and 2 on
+// the sender's node and 1 and 3 here: the first bad header ends the link.
+void checkFrames(ByteView rest) {
+    const Layout layout = *Layout::of(4, slotBytesFor(64 * 1024), 2);
+    while (rest.size() >= sizeof(TcpFrame)) {
+        TcpFrame f;
+        std::memcpy(&f, rest.data(), sizeof f);
+        rest = rest.subspan(sizeof f);
+        if (auto st = validate(f, layout, 0b0101, 0b1010); !st) {
+            TPF_FUZZ_CHECK(!st.error().detail.empty());
+            return;
+        }
+        TPF_FUZZ_CHECK(f.src < 4 && (f.src & 1) == 0 && f.dst < 4 && (f.dst & 1) == 1 && f.stripe < 2);
+        TPF_FUZZ_CHECK(f.offset + f.bytes <= layout.slotBytes && f.epoch != 0 && f.phase == phaseOf(f.epoch));
+        if (rest.size() < f.bytes) return;
+        rest = rest.subspan(f.bytes);
+    }
 }
 
 } // namespace
@@ -77,6 +100,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             if (const auto* g = std::get_if<PeerGroup>(&in->record)) {
                 TPF_FUZZ_CHECK(h->opcode == kPeerGroup);
                 checkGroup(*g, *h, frame);
+            } else if (const auto* d = std::get_if<PeerData>(&in->record)) {
+                TPF_FUZZ_CHECK(h->opcode == kPeerData && d->reserved0 == 0 && d->reserved1 == 0);
+                sameBytes(encode(h->opcode, h->seq, *d), frame);
+                checkFrames(stream.subspan(used)); // a data link: frames from here on, no records
+                return 0;
             } else {
                 TPF_FUZZ_CHECK(h->opcode == kPeerReady || h->opcode == kPeerBroken);
                 const auto& v = std::get<PeerVerdict>(in->record);

@@ -11,6 +11,7 @@
 #include "proto/bootstrap.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/peer_msg.hpp"
+#include "proto/tcp_frame.hpp"
 #include "proto/ring.hpp"
 
 using namespace tpf;
@@ -103,10 +104,22 @@ void clientSeeds() {
     attach.group = 3;
     put("req-device-attach-refused", cat({hello, encode(3, deviceOpen), encode(kDeviceAttach, 4, attach)}, 0));
     put("req-two-reads", cat({hello, encode(3, open), encodeEmpty(kClose, 5)}, 3 * 6 * 7));
+    // A rank asking a restarted daemon to re-adopt its group, its region and ring fds beside (% 3 == 2).
+    Adopt adopt;
+    adopt.fixed = AdoptFixed{{}, 1, 2, 7, 64, 65536, slotBytesFor(65536), 65536 * 4, 1, 30000, kOpenHostDirect, 0, 1, 0};
+    adopt.roster = open.roster;
+    put("req-adopt", cat({hello, encode(3, adopt), encodeEmpty(kClose, 4)}, 2));
+    put("req-adopt-refused", cat({hello, encode(3, adopt), encode(kAbort, 4, Abort{})}, 3 * 3 + 2));
     // Replies (prefix 1): what the client library decodes.
     put("rep-hello", cat({encode(kHelloReply, 1, hr)}, 1));
     put("rep-nodecard", cat({encode(2, card)}, 1));
     put("rep-verdict", cat({encode(kVerdict, 0, v)}, 1));
+    Adopted adopted{};
+    adopted.rank = 1;
+    adopted.groupHandle = 7;
+    adopted.ranks = 3;
+    adopted.gapNs = 250000000;
+    put("rep-adopted", cat({encode(kAdopted, 0, adopted)}, 1));
     put("rep-status", cat({encodeStatusReply(4, R"({"groups":[],"regions":0})")}, 1));
     put("rep-error", cat({encode(kErrorReply, 0, er), encodeEmpty(kClosed, 9)}, 1));
     // Bootstrap (prefix 2).
@@ -157,6 +170,20 @@ void peerSeeds() {
     put("peer-group", cat({group}, 2));
     put("peer-unkeyed-link", cat({helloB, group, readyB, brokenB}, 0));
     put("peer-link", cat({helloB, auth, group, readyB, brokenB}, 3));
+    // A tcp group's record, then its data link: PeerData and frames from rank 0 to rank 1.
+    PeerGroup t;
+    t.fixed = g.fixed;
+    t.fixed.wire = kWireTcp;
+    PeerData data{};
+    Bytes link = encode(kPeerData, 0, data);
+    for (std::uint64_t epoch = 1; epoch <= 3; ++epoch) {
+        TcpFrame f{kTcpFrameMagic, 0, 1, std::uint8_t(epoch & 1), std::uint8_t(epoch & 1), 0, 24, 4096 * (epoch & 1), epoch};
+        const auto* p = reinterpret_cast<const std::uint8_t*>(&f);
+        link.insert(link.end(), p, p + sizeof f);
+        link.insert(link.end(), 24, std::uint8_t(epoch));
+    }
+    put("peer-tcp-group", cat({helloB, encode(2, t), readyB}, 0));
+    put("peer-data-link", cat({helloB, link}, 0));
 }
 
 void ringSeeds() {

@@ -58,10 +58,10 @@ Errc validateView(const DeviceGroupView& v) {
     bool proxy = false;
     for (std::uint32_t r = 0; r < v.world; ++r) {
         const std::uint8_t route = v.wires[r];
-        if (route > kWireIpc || (route == kWireSelf) != (r == v.rank))
+        if (route > kLastWire || (route == kWireSelf) != (r == v.rank))
             return Errc::OutOfRange;
         if (route == kWireIpc && v.peerRegions[r] == nullptr) return Errc::BadMessage;
-        proxy |= route == kWireShm || route == kWireVerbs;
+        proxy |= proxyCarries(route);
     }
     if (proxy && (v.ring == nullptr || v.hostRegion == nullptr || !RingLayout::validEntries(v.ringLayout.entries)))
         return Errc::BadMessage;

@@ -16,6 +16,7 @@
 #include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
 #include "proto/peer_wire.hpp"
+#include "proto/ring.hpp"
 #include "proto/wire.hpp"
 
 namespace tpf::client_proto {
@@ -44,8 +45,12 @@ inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// (proto/layout.hpp), checked by every receiver: a rank of 5 writes none,
 /// so a rank of 6 would fail every call with it as GroupMismatch. Both ends
 /// must speak 6.
-inline constexpr std::uint16_t kClientVersion = 6;
-inline constexpr std::uint16_t kClientMinVersion = 6;
+/// 7: Adopt and Adopted (a restarted daemon re-adopts a one-node Host
+/// group: each rank hands its region and ring back). A daemon of 6 would
+/// refuse Adopt as an unknown opcode; replies carry the sender's version, so
+/// both ends must speak 7.
+inline constexpr std::uint16_t kClientVersion = 7;
+inline constexpr std::uint16_t kClientMinVersion = 7;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
 inline constexpr std::uint32_t kMaxReplyPayload = 4 * 1024 * 1024; ///< daemon -> client (status JSON)
 
@@ -72,6 +77,8 @@ enum Opcode : std::uint16_t {
     kOpenReport = 15,     ///< client -> daemon: OpenReport; no reply
     kDeviceAttach = 16,   ///< client -> daemon: DeviceAttach; no reply
     kPeerHostRegion = 17, ///< daemon -> client: PeerHostRegion + 1 fd (a same-node member's host region memfd)
+    kAdopt = 18,          ///< client -> daemon: AdoptFixed + RosterEntry[world] + 2 fds (own region memfd, own ring memfd)
+    kAdopted = 19,        ///< daemon -> client: Adopted (+1 fd when ok: the new proxy eventfd)
 };
 
 /// Who connects. Hello.role.
@@ -140,10 +147,16 @@ struct NodeCardFixed {
     std::uint8_t endpointAddr[16]; ///< peer-negotiation address (IPv4-mapped or IPv6)
     std::uint16_t endpointPort;    ///< peer-negotiation TCP port, 0 when none
     std::uint16_t hcaCount;        ///< HcaCard records that follow, <= kMaxStripes
-    std::uint32_t reserved;
+    /// The wire this daemon offers to other nodes' daemons: kWireVerbs, or
+    /// kWireTcp when it has no usable HCA or peer.wire = "tcp". 0 (a daemon
+    /// before the tcp wire) is verbs.
+    std::uint8_t peerWire;
+    std::uint8_t reserved0;
+    std::uint16_t reserved1;
     std::uint64_t usableCap;       ///< largest shard this daemon serves, bytes
 };
 static_assert(sizeof(NodeCardFixed) == 48);
+static_assert(offsetof(NodeCardFixed, peerWire) == 36);
 static_assert(offsetof(NodeCardFixed, usableCap) == 40);
 static_assert(std::is_trivially_copyable_v<NodeCardFixed>);
 
@@ -157,11 +170,16 @@ struct RosterEntry {
     std::uint8_t nodeId[16];
     std::uint8_t endpointAddr[16]; ///< that rank's daemon, for peer negotiation
     std::uint16_t endpointPort;
-    std::uint16_t reserved0;
+    /// NodeCardFixed::peerWire of that rank's daemon. A group whose roster
+    /// has a kWireTcp entry crosses nodes over tcp on every node, else over
+    /// verbs (0, a client before the tcp wire: verbs).
+    std::uint8_t peerWire;
+    std::uint8_t reserved0;
     std::uint32_t pid;             ///< that rank's process id, for status
     std::uint64_t maxBytes;        ///< that rank's usable maximum: min(its maxBytes, its daemon's cap)
 };
 static_assert(sizeof(RosterEntry) == 48);
+static_assert(offsetof(RosterEntry, peerWire) == 34);
 static_assert(offsetof(RosterEntry, maxBytes) == 40);
 static_assert(std::is_trivially_copyable_v<RosterEntry>);
 
@@ -290,7 +308,7 @@ struct DeviceAttach {
     std::uint32_t world;       ///< the group's world, 2..16
     std::uint32_t reserved;    ///< 0
     std::uint64_t deviceBytes; ///< own device region (cuMemCreate size), 0..2 GiB; 0 when none was created
-    std::uint8_t wires[16];   ///< Wire per rank: kWireSelf at `rank`, kWireShm / kWireVerbs / kWireIpc
+    std::uint8_t wires[16];   ///< Wire per rank: kWireSelf at `rank`, kWireShm / kWireVerbs / kWireIpc / kWireTcp
                                ///< to peers below `world`, 0 from `world` on
 };
 static_assert(sizeof(DeviceAttach) == 40);
@@ -300,6 +318,63 @@ static_assert(std::is_trivially_copyable_v<DeviceAttach>);
 
 /// Some peer of the report is on a proxy route: the sender's kernels ring the proxy.
 inline bool ringsProxy(const DeviceAttach& m) { return anyProxyCarries(m.wires, m.world < kMaxWorld ? m.world : kMaxWorld); }
+
+/// A rank of an open one-node Host group asks a restarted daemon to
+/// re-adopt it: the daemon it opened with closed its connection, and this
+/// rank kept what it owns (its region and ring, mapped). Sent after Hello on
+/// a fresh connection, with two fds beside it: the rank's own region memfd
+/// (sealed, regionBytes) and its command ring memfd (sealed,
+/// RingLayout{ringEntries}.totalBytes()). The daemon waits up to timeoutMs
+/// (and daemon.open_timeout_ms) for every local rank of the group, then
+/// answers every one alike: Adopted with errc 0 and the proxy eventfd, or a
+/// refusal naming why (all or none). Fixed part 88 bytes; RosterEntry[world]
+/// follows, as the group opened.
+struct AdoptFixed {
+    std::uint8_t groupId[16];  ///< the group's id, as it opened
+    std::uint32_t rank;        ///< < world
+    std::uint32_t world;       ///< 2..16
+    std::uint32_t groupHandle; ///< Verdict.groupHandle: its doorbells and ring header carry it
+    std::uint32_t ringEntries; ///< Verdict.ringEntries
+    std::uint64_t agreedCap;   ///< Verdict.agreedCap
+    std::uint64_t slotBytes;   ///< Verdict.slotBytes
+    std::uint64_t regionBytes; ///< Verdict.regionBytes
+    std::uint32_t stripes;     ///< Verdict.stripes
+    std::uint32_t timeoutMs;   ///< how long the daemon waits for the other local ranks (1..600000)
+    std::uint32_t flags;       ///< OpenFlags the rank opened with (kOpenHostDirect or 0)
+    std::uint32_t reserved0;   ///< 0
+    std::uint64_t lostUnixNs;  ///< wall clock when the rank saw its daemon's connection close
+    std::uint64_t reserved1;   ///< 0
+};
+static_assert(sizeof(AdoptFixed) == 88);
+static_assert(offsetof(AdoptFixed, agreedCap) == 32);
+static_assert(offsetof(AdoptFixed, stripes) == 56);
+static_assert(offsetof(AdoptFixed, lostUnixNs) == 72);
+static_assert(std::is_trivially_copyable_v<AdoptFixed>);
+inline constexpr std::uint32_t kAdoptFds = 2;
+
+struct Adopt {
+    AdoptFixed fixed{};
+    std::vector<RosterEntry> roster;
+};
+
+/// The daemon's answer to an Adopt, the same for every local rank of the
+/// group. errc 0: re-adopted, one fd beside it (the new proxy eventfd); the
+/// proxy carries the rank's ring again from where the old daemon left it.
+/// Else why not (every rank of the group is refused alike), no fd. 160 bytes.
+struct Adopted {
+    std::uint16_t errc;        ///< 0 = re-adopted, else why not
+    std::uint16_t reserved0;   ///< 0
+    std::uint32_t rank;        ///< the rank it answers
+    std::uint32_t groupHandle; ///< as the Adopt said
+    std::uint32_t ranks;       ///< bit per rank re-adopted with it (its local ranks)
+    std::uint64_t gapNs;       ///< from the earliest rank's lostUnixNs to the adoption; 0 when refused
+    std::uint64_t reserved1;   ///< 0
+    char reason[128];          ///< NUL-terminated, why not when errc != 0
+};
+static_assert(sizeof(Adopted) == 160);
+static_assert(offsetof(Adopted, gapNs) == 16);
+static_assert(offsetof(Adopted, reason) == 32);
+static_assert(std::is_trivially_copyable_v<Adopted>);
 
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {
@@ -376,6 +451,8 @@ inline Status validate(const GroupOpenFixed& m) {
 }
 
 inline Status validate(const RosterEntry& m) {
+    if (m.peerWire != 0 && m.peerWire != kWireVerbs && m.peerWire != kWireTcp)
+        return {Errc::OutOfRange, "RosterEntry: peer wire " + std::to_string(m.peerWire) + " is neither verbs nor tcp"};
     if (m.maxBytes == 0 || m.maxBytes > kMaxCapBytes)
         return {Errc::OutOfRange, "RosterEntry: maxBytes " + std::to_string(m.maxBytes) + " outside 1 byte..1 GiB"};
     return okStatus();
@@ -457,6 +534,38 @@ inline Status validate(const DeviceAttach& m) {
     return okStatus();
 }
 
+inline Status validate(const AdoptFixed& m) {
+    if (m.world < 2 || m.world > kMaxWorld)
+        return {Errc::OutOfRange, "Adopt: world " + std::to_string(m.world) + " outside 2..16"};
+    if (m.rank >= m.world)
+        return {Errc::OutOfRange, "Adopt: rank " + std::to_string(m.rank) + " not below world " + std::to_string(m.world)};
+    if (m.agreedCap == 0 || m.agreedCap > kMaxCapBytes)
+        return {Errc::OutOfRange, "Adopt: agreed cap " + std::to_string(m.agreedCap) + " outside 1 byte..1 GiB"};
+    if (m.slotBytes != slotBytesFor(m.agreedCap))
+        return {Errc::BadMessage, "Adopt: slot size does not follow from the agreed cap"};
+    if (m.stripes < 1 || m.stripes > kMaxStripes) return {Errc::OutOfRange, "Adopt: stripes " + std::to_string(m.stripes)};
+    if (m.regionBytes == 0 || m.regionBytes % kSlotAlign != 0)
+        return {Errc::OutOfRange, "Adopt: region of " + std::to_string(m.regionBytes) + " bytes, not a positive number of pages"};
+    if (!RingLayout::validEntries(m.ringEntries))
+        return {Errc::OutOfRange, "Adopt: ring entries " + std::to_string(m.ringEntries)};
+    if (m.groupHandle == 0) return {Errc::OutOfRange, "Adopt: group handle 0"};
+    if (m.timeoutMs == 0 || m.timeoutMs > 600000)
+        return {Errc::OutOfRange, "Adopt: timeout " + std::to_string(m.timeoutMs) + " ms outside 1..600000"};
+    if (m.flags & ~std::uint32_t(kOpenHostDirect))
+        return {Errc::BadMessage, "Adopt: flags " + std::to_string(m.flags) + " (only host-direct is re-adopted)"};
+    if (m.reserved0 || m.reserved1) return {Errc::BadMessage, "Adopt: reserved fields not 0"};
+    return okStatus();
+}
+
+inline Status validate(const Adopted& m) {
+    Errc e;
+    if (!errcFromWire(m.errc, e)) return {Errc::OutOfRange, "Adopted: unknown error code " + std::to_string(m.errc)};
+    std::string s;
+    if (!getText(m.reason, s)) return {Errc::BadMessage, "Adopted: reason not terminated"};
+    if (m.rank >= kMaxWorld) return {Errc::OutOfRange, "Adopted: rank " + std::to_string(m.rank)};
+    return okStatus();
+}
+
 inline Status validate(const Abort&) { return okStatus(); }
 inline Status validate(const StatusRequest&) { return okStatus(); }
 
@@ -503,6 +612,14 @@ inline Bytes encode(std::uint32_t seq, const GroupOpen& m) {
     return out;
 }
 
+inline Bytes encode(std::uint32_t seq, const Adopt& m) {
+    Writer w;
+    w.put(m.fixed).putAll(std::span<const RosterEntry>(m.roster));
+    Bytes out = encodeHeader(kRequestSpec, kAdopt, seq, std::uint32_t(w.bytes().size()));
+    out.insert(out.end(), w.bytes().begin(), w.bytes().end());
+    return out;
+}
+
 inline Bytes encodeStatusReply(std::uint32_t seq, std::string_view json) {
     Bytes out = encodeHeader(kReplySpec, kStatusReply, seq, std::uint32_t(json.size()));
     out.insert(out.end(), json.begin(), json.end());
@@ -530,19 +647,28 @@ inline Result<NodeCard> decodeNodeCard(ByteView payload) {
     return m;
 }
 
-inline Result<GroupOpen> decodeGroupOpen(ByteView payload) {
-    Reader r(payload, "GroupOpen");
-    GroupOpen m;
+/// A fixed part (validated) followed by RosterEntry[fixed.world], each validated: GroupOpen, Adopt.
+template <class M>
+inline Result<M> decodeWithRoster(ByteView payload, const char* what) {
+    Reader r(payload, what);
+    M m;
     if (auto s = r.get(m.fixed); !s) return s.error();
     if (auto s = validate(m.fixed); !s) return s.error();
     if (auto s = r.getAll(m.roster, m.fixed.world); !s) return s.error();
     if (auto s = r.finish(); !s) return s.error();
     for (const auto& e : m.roster)
         if (auto s = validate(e); !s) return s.error();
-    if (m.roster[m.fixed.rank].maxBytes != m.fixed.maxBytes)
+    return m;
+}
+
+inline Result<GroupOpen> decodeGroupOpen(ByteView payload) {
+    auto m = decodeWithRoster<GroupOpen>(payload, "GroupOpen");
+    if (m && m->roster[m->fixed.rank].maxBytes != m->fixed.maxBytes)
         return {Errc::GroupMismatch, "GroupOpen: own roster entry disagrees with maxBytes"};
     return m;
 }
+
+inline Result<Adopt> decodeAdopt(ByteView payload) { return decodeWithRoster<Adopt>(payload, "Adopt"); }
 
 inline Result<std::string> decodeStatusReply(ByteView payload) {
     if (std::memchr(payload.data(), 0, payload.size()))

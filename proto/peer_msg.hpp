@@ -9,6 +9,11 @@
 // send PeerAuth (HMAC over both hellos) and check the other's before any
 // other record; then PeerGroup records per group both serve; then PeerReady
 // per group (ok or the reason it is unavailable), later PeerBroken.
+//
+// A group on the tcp wire has a second link per node pair, its data link
+// (proto/tcp_frame.hpp): opened by the same side, with the same hellos and
+// proofs, then one PeerData record naming the group; after it the link
+// carries TcpFrames only, and is no longer read as records.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,7 @@
 
 #include <tpfabric/error.hpp>
 #include "proto/layout.hpp"
+#include "proto/peer_wire.hpp"
 #include "proto/wire.hpp"
 
 namespace tpf::peer_proto {
@@ -27,6 +33,9 @@ inline constexpr std::uint32_t kPeerMagic = fourcc('T', 'P', 'P', 1);
 /// 3: PeerGroupFixed.daemonMax (the former reserved1, same layout) carries the
 /// sender's daemon.max_bytes, which enters the agreed cap; a daemon of 2 sends
 /// 0 there and refuses groups whose daemons differ in daemon.max_bytes.
+/// Still 3 with PeerGroupFixed.wire (the former reserved0) and kPeerData: a
+/// daemon before the tcp wire sends 0 there (verbs, as before), and refuses
+/// a tcp group's record, which lists no HCA, by its pairing (no HCA pairs).
 inline constexpr std::uint16_t kPeerVersion = 3;
 inline constexpr std::uint16_t kPeerMinVersion = 3;
 inline constexpr std::uint32_t kMaxPeerPayload = 64 * 1024;
@@ -41,6 +50,7 @@ enum Opcode : std::uint16_t {
     kPeerGroup = 3,  ///< PeerGroupFixed + RegionRecord[] + HcaRecord[] + QpRecord[]
     kPeerReady = 4,  ///< PeerVerdict: the sender brought up every QP (errc 0) or refuses the group
     kPeerBroken = 5, ///< PeerVerdict: a group the sender served broke (rank died, QP error)
+    kPeerData = 6,   ///< PeerData: this link is the named group's tcp data link (its only record)
 };
 
 /// First record each way. 64 bytes.
@@ -72,7 +82,10 @@ struct PeerGroupFixed {
     std::uint32_t regionCount;  ///< RegionRecord that follow, <= kMaxRegions
     std::uint32_t hcaCount;     ///< HcaRecord that follow, <= kMaxStripes
     std::uint32_t qpCount;      ///< QpRecord that follow, <= kMaxQps
-    std::uint32_t reserved0;
+    /// The wire between the nodes: kWireVerbs (or 0, from a daemon before
+    /// the tcp wire) or kWireTcp; both nodes chose it from the same roster.
+    /// A tcp record lists no region, HCA or QP.
+    std::uint32_t wire;
     std::uint64_t caps[16];     ///< every rank's roster maxBytes as the sender knows it (0 past world); equal on every node
     /// The sender's daemon.max_bytes, 1..1 GiB. The group's agreed cap is the
     /// minimum of every caps[r] and every daemon's daemonMax; a receiver refuses
@@ -81,6 +94,7 @@ struct PeerGroupFixed {
 };
 static_assert(sizeof(PeerGroupFixed) == 192);
 static_assert(offsetof(PeerGroupFixed, world) == 32);
+static_assert(offsetof(PeerGroupFixed, wire) == 52);
 static_assert(offsetof(PeerGroupFixed, caps) == 56);
 static_assert(offsetof(PeerGroupFixed, daemonMax) == 184);
 static_assert(std::is_trivially_copyable_v<PeerGroupFixed>);
@@ -153,7 +167,23 @@ static_assert(offsetof(PeerVerdict, reason) == 24);
 static_assert(offsetof(PeerVerdict, leftAfter) == 152);
 static_assert(std::is_trivially_copyable_v<PeerVerdict>);
 
+/// The only record on a tcp data link, from the side that opened it. 48 bytes.
+struct PeerData {
+    std::uint8_t groupId[16];
+    std::uint8_t nodeId[16]; ///< sender
+    std::uint64_t reserved0; ///< 0
+    std::uint64_t reserved1; ///< 0
+};
+static_assert(sizeof(PeerData) == 48);
+static_assert(offsetof(PeerData, reserved0) == 32);
+static_assert(std::is_trivially_copyable_v<PeerData>);
+
 // ---- validation --------------------------------------------------------
+
+inline Status validate(const PeerData& m) {
+    if (m.reserved0 || m.reserved1) return {Errc::BadMessage, "PeerData: reserved fields not 0"};
+    return okStatus();
+}
 
 inline Status validate(const PeerHello& m) {
     if (m.flags & ~kHelloKeyed) return {Errc::BadMessage, "PeerHello: unknown flags " + std::to_string(m.flags)};
@@ -178,6 +208,10 @@ inline bool validMtu(std::uint16_t mtu) {
 inline Status validate(const PeerGroup& m) {
     const auto& f = m.fixed;
     const auto world = f.world;
+    if (f.wire != 0 && f.wire != kWireVerbs && f.wire != kWireTcp)
+        return {Errc::OutOfRange, "PeerGroup: wire " + std::to_string(f.wire) + " is neither verbs nor tcp"};
+    if (f.wire == kWireTcp && (f.regionCount || f.hcaCount || f.qpCount))
+        return {Errc::BadMessage, "PeerGroup: a tcp record lists regions, HCAs or QPs"};
     for (const auto& r : m.regions) {
         if (r.rank >= world) return {Errc::OutOfRange, "PeerGroup: region of rank " + std::to_string(r.rank)};
         if (!(f.localRanks >> r.rank & 1u))

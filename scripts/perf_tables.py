@@ -12,7 +12,8 @@ table. docs/development.md ("Measuring performance") says which run writes
 which input.
 
     perf_tables.py host JSON [--commit C] [--machine M] [--date D] [--doc PERF_MD]
-        tables host and host-control from the JSON of `tpf-bench run --json`;
+        tables host and host-control from the JSON of `tpf-bench run --json`,
+        or table host-tcp from that of `tpf-bench run --nodes 2 --json`;
     perf_tables.py gpu LOGDIR [--commit C] [--machine M] [--date D] [--doc PERF_MD]
         from the tpf-gpubench logs that tests/gpu/run.sh leaves in LOGDIR
         ($TPF_GPU_LOG), every table whose logs are there:
@@ -46,7 +47,7 @@ import subprocess
 import sys
 
 KIB = 1024
-TABLES = ["host", "host-control", "mps-ipc", "mps-proxy", "mps-hop", "nccl"]
+TABLES = ["host", "host-control", "host-tcp", "mps-ipc", "mps-proxy", "mps-hop", "nccl"]
 GPU_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 512 * KIB]
 ROW = re.compile(r"^ROW (\S+) W=(\d+) (\d+) ([\d.]+)\s*$")
 
@@ -160,6 +161,31 @@ def host_tables(doc: dict, machine: str, date: str, commit: str, hand: bool) -> 
     src = "`tpf-bench run --json`"
     return {"host": host + "\n\n" + stamp(machine, date, commit, src, hand) + loadline,
             "host-control": control + "\n\n" + stamp(machine, date, commit, src, hand)}
+
+
+def host_tcp_table(doc: dict, machine: str, date: str, commit: str, hand: bool) -> dict[str, str]:
+    """Table host-tcp from `tpf-bench run --nodes 2 --json`: ranks across two daemons over the tcp wire beside the TCP floor."""
+    floor = {f["size"]: f for f in doc.get("floor", [])}
+    res = {(r["op"], r["world"], r["size"]): r for r in doc.get("results", [])}
+    rows = []
+    for w, s in sorted({(w, s) for (_, w, s) in res}):
+        g, b, f = res.get(("gather", w, s), {}), res.get(("sum_bf16", w, s), {}), floor.get(s, {})
+        fp50 = f.get("p50_us")
+        rows.append([str(w), size_name(s), (g or b).get("routes", ""), num(g.get("p50_us"), 1), num(g.get("p99_us"), 1),
+                     num(b.get("p50_us"), 1), num(b.get("p99_us"), 1), num(fp50, 1), num(f.get("p99_us"), 1),
+                     ratio(g.get("p50_us"), fp50, 1), ratio(b.get("p50_us"), fp50, 1)])
+    table = markdown(["W", "bytes", "routes", "gather p50 µs", "gather p99 µs", "bf16 sum p50 µs", "sum p99 µs",
+                      "tcp floor p50 µs", "tcp floor p99 µs", "gather / floor", "sum / floor"], rows, left=3)
+    m = doc.get("machine", {})
+    lb, la = m.get("loadavg_1m_before"), m.get("loadavg_1m_after")
+    loadline = f" Load average {lb:.2f} before the run, {la:.2f} after it." if lb is not None and la is not None and lb >= 0 else ""
+    note = ("Two tpfabricd on this machine as two nodes (`peer.wire = \"tcp\"`, loopback), rank r on node r % 2; "
+            "the tcp floor is a raw TCP ping-pong between two processes on loopback, one way = round trip / 2, "
+            f"its two processes {doc.get('floor_pinning', 'pinning not recorded')}. Loopback on one host is not a network: these rows "
+            "measure the daemons' share of a call across nodes (the sending proxy, both kernels' socket copies, the "
+            "receiving daemon's receiver thread), not a wire.")
+    src = "`tpf-bench run --nodes 2 --json`"
+    return {"host-tcp": table + "\n\n" + note + "\n\n" + stamp(machine, date, commit, src, hand) + loadline}
 
 
 # ---- the GPU paths: tpf-gpubench's ROW lines --------------------------------------------------
@@ -410,9 +436,11 @@ def main() -> int:
     if a.what == "host":
         doc = json.load(open(a.input))
         m = doc.get("machine", {})
-        machine = a.machine or f"{m.get('cpus', '?')} CPUs, {m.get('kernel', '?')}"
+        model = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
+        machine = a.machine or f"{m.get('cpus', '?')} CPUs{model}, {m.get('kernel', '?')}"
         date = a.date or m.get("date_utc", "?").replace("T", " ").replace("Z", " UTC")
-        new = host_tables(doc, machine, date, commit, a.hand)
+        build = host_tcp_table if doc.get("nodes", 1) == 2 else host_tables
+        new = build(doc, machine, date, commit, a.hand)
     else:
         new = gpu_tables(a.input, a.machine, a.date, commit, a.hand)
         if not new:

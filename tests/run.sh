@@ -6,7 +6,7 @@
 #   build-asan/  ASan+UBSan (gcc, CUDA off, -O0): the unit and integration
 #                suites, collectives scaled down with TPF_IT_SCALE=0.1; only
 #                what those tests run is compiled (tests/targets_for.py)
-#   build-tsan/  TSan (gcc, CUDA off): the ring and inflight unit tests and the
+#   build-tsan/  TSan (gcc, CUDA off): the ring, inflight and tcp_link unit tests and the
 #                faults, fault_matrix and status integration tests (proxy thread
 #                against rank processes); likewise only what they run
 #   build-fuzz/  libFuzzer targets (clang++-14, -Dfuzz=true): regression
@@ -121,9 +121,9 @@ for stage in $stages; do
   tsan)
     rm -f build-tsan/meson-logs/testlog.json
     if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized &&
-       ninja -C build-tsan $(python3 tests/targets_for.py build-tsan ring inflight faults fault_matrix status); then
+       ninja -C build-tsan $(python3 tests/targets_for.py build-tsan ring inflight tcp_link faults fault_matrix status); then
       printf 'race:^Catch::\n' >"$tsan_supp"
-      meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 ring inflight faults fault_matrix status
+      meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 ring inflight tcp_link faults fault_matrix status
       logs+=(build-tsan/meson-logs/testlog.json)
     else failed_build tsan; fi
     ;;

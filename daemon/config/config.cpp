@@ -194,6 +194,16 @@ const KeySpec kPeerKeys[] = {
     {"port", [](const Value& v, DaemonConfig& c) { c.peerPort = std::uint16_t(integer(v, 1, 65535)); }},
     {"key_file", [](const Value& v, DaemonConfig& c) { c.peerKeyFile = absolutePathOrEmpty(v, "no key", 0); }},
     {"connect_timeout_ms", [](const Value& v, DaemonConfig& c) { c.peerConnectTimeoutMs = integer(v, 100, 600000); }},
+    {"wire",
+     [](const Value& v, DaemonConfig& c) {
+         const std::string allowed = "\"auto\" (verbs where this node has a usable HCA, tcp otherwise), \"verbs\" or \"tcp\"";
+         const std::string w = text(v, allowed);
+         if (w == "auto") c.peerWire = DaemonConfig::PeerWire::Auto;
+         else if (w == "verbs") c.peerWire = DaemonConfig::PeerWire::Verbs;
+         else if (w == "tcp") c.peerWire = DaemonConfig::PeerWire::Tcp;
+         else v.refuse(allowed);
+     }},
+    {"tcp_inflight_bytes", [](const Value& v, DaemonConfig& c) { c.tcpInflightBytes = byteSize(v, 64 * KiB, GiB); }},
 };
 
 const KeySpec kVerbsKeys[] = {

@@ -45,6 +45,10 @@ struct DaemonConfig {
     std::uint16_t peerPort = 18515;            ///< peer.port: TCP port, 1..65535
     std::string peerKeyFile = "";              ///< peer.key_file: cluster key file (>= 32 bytes); "" = no key
     std::uint32_t peerConnectTimeoutMs = 5000; ///< peer.connect_timeout_ms, 100..600000
+    /// peer.wire: "auto" (verbs with a usable HCA, else tcp), "verbs" or "tcp" (docs/wires.md).
+    enum class PeerWire : std::uint8_t { Auto, Verbs, Tcp };
+    PeerWire peerWire = PeerWire::Auto;
+    std::uint64_t tcpInflightBytes = 4ull << 20; ///< peer.tcp_inflight_bytes: a tcp data link's send buffer (SO_SNDBUF), 64KiB..1GiB
 
     // [verbs]
     std::vector<std::string> hcas;             ///< verbs.hcas: device names ("mlx5_0", "rxe0") or IPs; [] = $TPF_HCA, $NCCL_IB_HCA, every active RoCE port

@@ -27,6 +27,20 @@ bool ControlDispatch::refuse(Errc code, const std::string& why) {
     return false;
 }
 
+// A rank hands its region and ring back to a restarted daemon (GroupTable::adopt).
+bool ControlDispatch::handleAdopt(ByteView payload, std::vector<UniqueFd>& fds) {
+    if (fds.size() != kAdoptFds)
+        return refuse(Errc::BadMessage, "Adopt needs exactly 2 file descriptors (region, ring), got " + std::to_string(fds.size()));
+    UniqueFd region = std::move(fds[0]), ring = std::move(fds[1]);
+    fds.clear();
+    if (inGroup_) return refuse(Errc::GroupMismatch, "this connection already joined a group");
+    auto m = decodeAdopt(payload);
+    if (!m) return refuse(m.code(), m.error().detail);
+    inGroup_ = true;
+    to_.adopt(*m, std::move(region), std::move(ring));
+    return !to_.closed();
+}
+
 bool ControlDispatch::handle(const MsgHeader& h, ByteView payload, std::vector<UniqueFd>& fds) {
     // Only ShareRegion carries a file descriptor (exactly one).
     if (h.opcode == kShareRegion && role_ == kRoleRank) {
@@ -39,6 +53,7 @@ bool ControlDispatch::handle(const MsgHeader& h, ByteView payload, std::vector<U
         if (auto s = to_.shareRegion(*m, fd.get()); !s) return refuse(s.code(), s.error().detail);
         return true;
     }
+    if (h.opcode == kAdopt && role_ == kRoleRank) return handleAdopt(payload, fds);
     if (!fds.empty())
         return refuse(Errc::BadMessage, std::to_string(fds.size()) + " file descriptor(s) sent where none belong");
     if (role_ == 0 && h.opcode != kHello) return refuse(Errc::BadMessage, "opcode " + std::to_string(h.opcode) + " before Hello");
@@ -98,6 +113,7 @@ bool ControlDispatch::handle(const MsgHeader& h, ByteView payload, std::vector<U
         if (auto s = to_.deviceAttach(*m); !s) return refuse(s.code(), s.error().detail);
         return true;
     }
+    case kAdopt: return refuse(Errc::PermissionDenied, "Adopt from a control client");
     case kStatusRequest: {
         auto m = decodeFixed<StatusRequest>(payload, "StatusRequest");
         if (!m) return refuse(m.code(), m.error().detail);

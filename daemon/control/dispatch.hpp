@@ -40,6 +40,9 @@ public:
     virtual void openReport(const client_proto::OpenReport& m) = 0;
     virtual Status shareRegion(const client_proto::ShareRegion& m, int fd) = 0;
     virtual Status deviceAttach(const client_proto::DeviceAttach& m) = 0;
+    /// A rank asks this (restarted) daemon to re-adopt its group, handing
+    /// back its region and ring; the answer (Adopted) comes later.
+    virtual void adopt(const client_proto::Adopt& m, UniqueFd region, UniqueFd ring) = 0;
     /// The connection closed meanwhile (a client that never reads its replies).
     virtual bool closed() const = 0;
 };
@@ -72,6 +75,7 @@ private:
     /// One message; false when it ends the session.
     bool handle(const MsgHeader& h, ByteView payload, std::vector<UniqueFd>& fds);
     bool refuse(Errc code, const std::string& why);
+    bool handleAdopt(ByteView payload, std::vector<UniqueFd>& fds);
 
     ControlRequests& to_;
     std::uint32_t role_ = 0; ///< 0 until Hello

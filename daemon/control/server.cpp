@@ -154,6 +154,9 @@ void Connection::abort() { server_.groups_.abort(*this); }
 void Connection::openReport(const OpenReport& m) { server_.groups_.openReport(*this, m); }
 Status Connection::shareRegion(const ShareRegion& m, int fd) { return server_.groups_.shareRegion(*this, m, fd); }
 Status Connection::deviceAttach(const DeviceAttach& m) { return server_.groups_.deviceAttach(*this, m); }
+void Connection::adopt(const Adopt& m, UniqueFd region, UniqueFd ring) {
+    server_.groups_.adopt(*this, m, std::move(region), std::move(ring));
+}
 
 void Connection::refuse(Errc code, const std::string& why) {
     spdlog::warn("client {} (pid {}, uid {}): refused: {}: {}", id_, pid_, uid_, errcName(code), why);
@@ -169,6 +172,11 @@ void Connection::refuse(Errc code, const std::string& why) {
 void Connection::sendVerdict(const Verdict& v, std::vector<int> fds) {
     if (v.errc != 0) dispatch_.groupRefused(); // a refused rank may not abort or signal anything
     send(encode(kVerdict, 0, v), fds);
+}
+
+void Connection::sendAdopted(const Adopted& m, int fd) {
+    if (m.errc != 0) dispatch_.groupRefused(); // as a refused open: in no group
+    send(encode(kAdopted, 0, m), fd >= 0 ? std::vector<int>{fd} : std::vector<int>{});
 }
 
 void Connection::sendPeerRegion(const PeerRegion& m, int fd) { send(encode(kPeerRegion, 0, m), {fd}); }

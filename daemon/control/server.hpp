@@ -42,6 +42,7 @@ public:
     void sendVerdict(const client_proto::Verdict& v, std::vector<int> fds) override;
     void sendPeerRegion(const client_proto::PeerRegion& m, int fd) override;
     void sendPeerHostRegion(const client_proto::PeerHostRegion& m, int fd) override;
+    void sendAdopted(const client_proto::Adopted& m, int fd) override;
     std::int32_t pid() const override { return pid_; }
     std::uint32_t uid() const override { return uid_; }
     std::uint64_t id() const { return id_; }
@@ -77,6 +78,7 @@ private:
     void openReport(const client_proto::OpenReport& m) override;
     Status shareRegion(const client_proto::ShareRegion& m, int fd) override;
     Status deviceAttach(const client_proto::DeviceAttach& m) override;
+    void adopt(const client_proto::Adopt& m, UniqueFd region, UniqueFd ring) override;
     bool closed() const override { return closed_; }
 
     void send(Bytes bytes, const std::vector<int>& fds = {});

@@ -8,6 +8,7 @@
 
 #include "daemon/groups/cap.hpp"
 #include "daemon/proxy/shm_transport.hpp"
+#include "daemon/proxy/tcp_transport.hpp"
 #include "daemon/proxy/verbs_transport.hpp"
 
 namespace tpf::daemon {
@@ -36,6 +37,7 @@ std::shared_ptr<Transport> transportTo(const ProxyGroup& g, std::uint32_t rank, 
     switch (wire) {
     case kWireShm: return std::make_shared<ShmTransport>(g.layout, rank, g.regions[rank], g.regions[peer]);
     case kWireVerbs: return std::make_shared<VerbsTransport>(g.layout, rank, peer, g.verbs);
+    case kWireTcp: return std::make_shared<TcpTransport>(g.layout, rank, peer, g.regions[rank], g.tcp);
     case kWireIpc: return directTransport(); // its kernel stores into the peer's device region
     }
     return directTransport();
@@ -47,16 +49,17 @@ std::shared_ptr<Transport> transportTo(const ProxyGroup& g, std::uint32_t rank, 
 // transition returned: the negotiation's refusal comes back at once.
 class GroupTable::Effects final : public GroupLifeEffects {
 public:
-    Effects(GroupTable& table, Group& g, std::shared_ptr<CommandRing> ring, bool rang, std::shared_ptr<VerbsGroup> wire)
-        : t_(table), g_(g), ring_(std::move(ring)), rang_(rang), wire_(std::move(wire)) {}
+    Effects(GroupTable& table, Group& g, std::shared_ptr<CommandRing> ring, bool rang, NodeWires wires)
+        : t_(table), g_(g), ring_(std::move(ring)), rang_(rang), wires_(std::move(wires)) {}
 
     void refuseMembers(Errc code, const std::string& why, bool tellOtherNodes) override {
         if (tellOtherNodes) t_.negotiations_.tellRefused(g_.id, g_.roster, code, why);
-        for (auto& [rank, m] : g_.members) t_.refuse(*m.link, code, why);
+        for (auto& [rank, m] : g_.members) t_.refuse(*m.link, code, why, g_.adoption.has_value());
         g_.members.clear();
     }
     void open() override {
-        if (wire_) g_.verbs = std::move(wire_);
+        if (wires_.verbs) g_.verbs = std::move(wires_.verbs);
+        if (wires_.tcp) g_.tcp = std::move(wires_.tcp);
         t_.finishOpen(g_);
     }
     void tellOtherNodes(Errc code, std::uint32_t rank, const std::string& why, std::uint64_t leftAfter) override {
@@ -98,7 +101,7 @@ private:
     Group& g_;
     std::shared_ptr<CommandRing> ring_;
     bool rang_;
-    std::shared_ptr<VerbsGroup> wire_;
+    NodeWires wires_;
     std::optional<Error> negotiationFailure_;
 };
 
@@ -110,8 +113,8 @@ GroupTable::GroupTable(boost::asio::io_context& io, const DaemonConfig& cfg, con
 }
 
 GroupLife::Outcome GroupTable::transition(Group& g, const GroupEvent& e, std::shared_ptr<CommandRing> ring, bool rang,
-                                          std::shared_ptr<VerbsGroup> wire) {
-    Effects fx(*this, g, std::move(ring), rang, std::move(wire));
+                                          NodeWires wires) {
+    Effects fx(*this, g, std::move(ring), rang, std::move(wires));
     const GroupLife::Outcome out = g.life.on(e, fx);
     if (g.life.state() == GroupState::Closed) {
         erase(groups_.find(g.id));
@@ -134,7 +137,8 @@ void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, Erro
     boost::asio::post(io_, [this, handle, remoteRank, why = std::move(why)] { onPeerFailed(handle, remoteRank, why); });
 }
 
-void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why) {
+void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why, bool adopting) {
+    if (adopting) return refuseAdopted(link, code, why);
     Verdict v{};
     v.errc = std::uint16_t(code);
     setText(v.reason, why);
@@ -160,6 +164,7 @@ void GroupTable::join(MemberLink& link, const GroupOpen& m) {
     auto it = groups_.find(id);
     if (it != groups_.end()) {
         Group& old = it->second;
+        if (old.adoption) return refuseJoin(Errc::GroupMismatch, "group " + shortId(id) + " is re-adopted after a daemon restart");
         const bool open = old.life.state() == GroupState::Open;
         if (transition(old, GroupEvent::join()) == GroupLife::Outcome::Refused)
             return refuseJoin(Errc::GroupMismatch, "group " + shortId(id) + " is already " + (open ? "open" : "broken"));
@@ -226,20 +231,27 @@ void GroupTable::tryOpen(Group& g) {
     const bool remote = g.negotiation != nullptr;
     const auto refuseOpen = [&](Errc code, const std::string& why) { transition(g, GroupEvent::refuse(code, why)); };
     if (const auto why = remote ? negotiations_.unavailable() : std::nullopt) return refuseOpen(why->code, why->detail);
+    // Across nodes: verbs or tcp, chosen from the roster alike on every node.
+    std::uint8_t crossWire = kWireVerbs;
+    if (remote) {
+        auto w = negotiations_.wireFor(g.roster);
+        if (!w) return refuseOpen(w.code(), w.error().detail);
+        crossWire = *w;
+    }
     // The roster and our daemon.max_bytes: other daemons' maxima are at least
     // their ranks' roster entries (a client clamps its entry to its daemon's
     // node card), and each checks ours against its cap in the negotiation.
     g.agreedCap = capAgreement(g, nodeId_, cfg_.maxBytes).cap;
-    // Across nodes a shard is striped over every HCA pair (pairing checks both
-    // nodes have as many); within one node there is one stripe.
-    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote ? negotiations_.hcaCount() : 1);
+    // Across nodes on verbs a shard is striped over every HCA pair (pairing
+    // checks both nodes have as many); on tcp and within one node there is one stripe.
+    auto layout = Layout::of(g.world, slotBytesFor(g.agreedCap), remote && crossWire == kWireVerbs ? negotiations_.hcaCount() : 1);
     if (!layout) return refuseOpen(layout.code(), layout.error().detail);
     g.layout = *layout;
     const std::uint64_t need = std::uint64_t(std::popcount(g.localMask)) * g.layout.totalBytes();
     if (hostRegionBytes() + need > cfg_.maxRegionBytes)
         return refuseOpen(Errc::Unavailable,
                           "regions would exceed daemon.max_region_bytes (" + std::to_string(cfg_.maxRegionBytes) + ")");
-    for (std::uint32_t r = 0; r < g.world; ++r) g.wires[r] = (g.localMask >> r & 1u) ? kWireShm : kWireVerbs;
+    for (std::uint32_t r = 0; r < g.world; ++r) g.wires[r] = (g.localMask >> r & 1u) ? std::uint8_t(kWireShm) : crossWire;
     for (auto& [rank, m] : g.members) {
         const std::string tag = "tpf-" + shortId(id) + "-r" + std::to_string(rank);
         auto region = HostRegion::create(g.layout, tag + "-region");
@@ -254,15 +266,15 @@ void GroupTable::tryOpen(Group& g) {
     }
     if (!remote) return void(transition(g, GroupEvent::ready()));
     transition(g, GroupEvent::negotiate());
-    NegotiationPlan plan{g.handle, g.layout, g.agreedCap, {}};
+    NegotiationPlan plan{g.handle, crossWire, g.layout, g.agreedCap, {}};
     for (auto& [rank, m] : g.members)
-        plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region});
+        plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region, m.region});
     g.negotiation->start(std::move(plan)); // a refusal comes back through negotiationRefused, maybe at once
 }
 
-void GroupTable::negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) {
+void GroupTable::negotiationReady(const GroupId& id, NodeWires wires) {
     auto it = groups_.find(id);
-    if (it != groups_.end()) transition(it->second, GroupEvent::negotiationReady(), nullptr, false, std::move(wire));
+    if (it != groups_.end()) transition(it->second, GroupEvent::negotiationReady(), nullptr, false, std::move(wires));
 }
 
 // Every other node was told; refuse every local rank, drop the group.
@@ -282,8 +294,7 @@ void GroupTable::negotiationBroken(const GroupId& id, Errc code, std::uint32_t r
     else transition(g, GroupEvent::remoteFault(code, rank, why));
 }
 
-void GroupTable::finishOpen(Group& g) {
-    g.openTimer->cancel();
+std::shared_ptr<ProxyGroup> GroupTable::proxyGroupOf(const Group& g) {
     auto pg = std::make_shared<ProxyGroup>();
     pg->handle = g.handle;
     pg->world = g.world;
@@ -291,8 +302,15 @@ void GroupTable::finishOpen(Group& g) {
     pg->agreedCap = g.agreedCap;
     pg->wires = g.wires;
     pg->verbs = g.verbs;
-    for (auto& [rank, m] : g.members) pg->regions[rank] = m.region;
-    g.proxyGroup = pg;
+    pg->tcp = g.tcp;
+    for (const auto& [rank, m] : g.members) pg->regions[rank] = m.region;
+    return pg;
+}
+
+void GroupTable::finishOpen(Group& g) {
+    g.openTimer->cancel();
+    if (g.adoption) return finishAdoption(g);
+    g.proxyGroup = proxyGroupOf(g);
     lifetime_.groupOpened();
     publishProxyTable();
     // Every daemon's maximum is known by now (each record was checked against the cap).
@@ -358,14 +376,20 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     const std::uint32_t others = ((1u << g->world) - 1) & ~(1u << rank);
     const bool rang = ring && (g->gpuDoorbells ? g->ringsProxy(g->members[rank])
                                                : (others & ~g->directPeers(rank, g->members[rank])) != 0);
-    if (ring) lifetime_.rankLeft(readStats(ring->view.stats()));
+    if (ring) lifetime_.rankLeft(readStats(ring->view.stats()), g->members[rank].countedBefore.get());
     g->members.erase(rank);
     spdlog::info("group {}: rank {} {}", shortId(id), rank,
                  orderly     ? "left"
-                 : stopping_ ? "dropped: the daemon is stopping (the rank sees DaemonLost)"
+                 : stopping_ ? "dropped: the daemon is stopping (a one-node host group waits for the next daemon to "
+                               "re-adopt it; others see DaemonLost)"
                              : "is gone (connection closed without Close)");
     // Ranks on other nodes may still wait for this node's last shards.
     const bool othersAwait = g->negotiation && g->proxyGroup;
+    if (g->adoption && g->life.state() == GroupState::Joining) { // all or none: the others are refused, told why
+        if (stopping_) return; // not while stopping: the ranks ask the next daemon
+        return void(transition(*g, GroupEvent::refuse(Errc::PeerLost, "rank " + std::to_string(rank) +
+                                                                          " left before every rank was re-adopted")));
+    }
     transition(*g, GroupEvent::leave(rank, orderly, g->members.empty(), othersAwait), ring, rang);
 }
 
@@ -427,7 +451,7 @@ Status GroupTable::deviceAttach(MemberLink& link, const DeviceAttach& m) {
         if (q == rank) continue;
         const bool local = g->localMask >> q & 1u;
         const std::uint8_t r = m.wires[q];
-        if (local ? r == kWireVerbs : r != kWireVerbs)
+        if (local ? crossesNodes(r) : r != g->wires[q])
             return {Errc::BadMessage, "DeviceAttach: route " + std::string(wireName(r)) + " to rank " + std::to_string(q) +
                                           (local ? ", which is on this node" : ", which is on another node")};
         wires += (wires.empty() ? "" : " ") + std::to_string(q) + ":" + (r == kWireIpc ? "ipc" : "proxy");

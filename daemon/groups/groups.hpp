@@ -40,6 +40,8 @@ public:
     virtual void sendPeerRegion(const client_proto::PeerRegion& m, int fd) = 0;
     /// Hand a same-node member's host region memfd to a host-direct rank.
     virtual void sendPeerHostRegion(const client_proto::PeerHostRegion& m, int fd) = 0;
+    /// Answer a rank's Adopt (fd: the proxy eventfd when re-adopted, else -1).
+    virtual void sendAdopted(const client_proto::Adopted& m, int fd) = 0;
     virtual std::int32_t pid() const = 0;
     virtual std::uint32_t uid() const = 0;
 };
@@ -84,11 +86,19 @@ public:
     /// the proxy (the proxy stops polling its ring when they never do).
     /// Refused (named error) from a rank in no open Device group, for
     /// another group, rank or world, twice, or with wires this node cannot
-    /// have (ipc to another node, shm to another node, verbs within it).
+    /// have (ipc or shm to another node, verbs or tcp within it, another
+    /// wire across nodes than the group's).
     Status deviceAttach(MemberLink& link, const client_proto::DeviceAttach& m);
+    /// A rank of a one-node Host group hands its region and ring back to
+    /// this daemon, which was (re)started after the one it opened with
+    /// (adopt.cpp). All or none: once every local rank of the group did,
+    /// within the adoption's timeout, the proxy carries the group on from
+    /// where its rings and regions show the old daemon left it, and every
+    /// rank gets Adopted; else every rank is refused, the reason named.
+    void adopt(MemberLink& link, const client_proto::Adopt& m, UniqueFd region, UniqueFd ring);
 
     // NegotiationEvents
-    void negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) override;
+    void negotiationReady(const GroupId& id, NodeWires wires) override;
     void negotiationRefused(const GroupId& id, Errc code, const std::string& why) override;
     void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why, bool seenHere,
                            std::uint64_t leftAfter) override;
@@ -105,6 +115,10 @@ public:
         /// with its host-direct same-node peers through their regions (it
         /// reads their rows there) and holds their memfds.
         bool hostDirect = false;
+        /// A re-adopted rank: what its ring had counted when this daemon got
+        /// it (calls an earlier daemon counted), left out of this daemon's
+        /// own call counters (metrics); null for a rank that opened here.
+        std::shared_ptr<const RankStats> countedBefore;
     };
     struct Group {
         GroupId id{};
@@ -124,8 +138,16 @@ public:
         bool gpuDoorbells = false; ///< a Device group (kOpenGpuDoorbells): its kernels may ring the proxy
         std::shared_ptr<ProxyGroup> proxyGroup;
         std::shared_ptr<Negotiation> negotiation; ///< when some rank is on another node
-        std::shared_ptr<VerbsGroup> verbs;        ///< the negotiation's wire, once every node is ready
+        std::shared_ptr<VerbsGroup> verbs;        ///< the negotiation's verbs wire, once every node is ready
+        std::shared_ptr<TcpGroup> tcp;            ///< or its tcp wire
         Error lastError; ///< the failure its members' calls see (GroupLifeEffects::failCalls)
+        /// A group this daemon re-adopted after a restart (Adopt), not opened.
+        struct Adoption {
+            std::uint64_t lostUnixNs = 0;    ///< the earliest rank's record of its old daemon's connection closing
+            std::uint64_t adoptedUnixNs = 0; ///< when every local rank was re-adopted (0: not yet)
+            std::uint64_t gapNs = 0;         ///< adoptedUnixNs - lostUnixNs
+        };
+        std::optional<Adoption> adoption;
 
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its wires yet, or has a proxy-route peer.
@@ -179,12 +201,13 @@ private:
 
     /// Hand `e` to the group's life and carry out what it says; a group that
     /// reaches Closed is erased (`g` is gone then). `ring`, `rang`: a Leave's
-    /// leaver; `wire`: Ready's verbs wire.
+    /// leaver; `wires`: Ready's wire to the other nodes.
     GroupLife::Outcome transition(Group& g, const GroupEvent& e, std::shared_ptr<CommandRing> ring = nullptr,
-                                  bool rang = false, std::shared_ptr<VerbsGroup> wire = nullptr);
+                                  bool rang = false, NodeWires wires = {});
     Group* findByLink(MemberLink& link, std::uint32_t* rank = nullptr);
     Group* findByHandle(std::uint32_t handle);
-    void refuse(MemberLink& link, Errc code, const std::string& why);
+    /// An error verdict (or, for a rank asking to be re-adopted, an error Adopted).
+    void refuse(MemberLink& link, Errc code, const std::string& why, bool adopting = false);
     void tryOpen(Group& g);
     void openTimedOut(const GroupId& id);
     /// The last epoch a local rank that left posted (kCarriedUnknown when no
@@ -196,6 +219,21 @@ private:
     /// hand the group to the proxy and the verdict to each local rank.
     void finishOpen(Group& g);
     std::uint64_t publishProxyTable();
+    // adopt.cpp
+    /// The first group handle this daemon gives out (random, see adopt.cpp).
+    static std::uint32_t firstHandle();
+    /// Rebuild member `rank`'s ring's proxy state from the ring and the regions.
+    Status rebuildRing(Group& g, std::uint32_t rank, Member& m);
+    /// An error Adopted for a member of an adopting group (refuse(..., true)).
+    void refuseAdopted(MemberLink& link, Errc code, const std::string& why);
+    /// Every local rank handed its region and ring back: rebuild each ring's
+    /// proxy state, hand the group to the proxy, answer every rank.
+    void finishAdoption(Group& g);
+    /// What the proxy is handed of an open (or re-adopted) group.
+    static std::shared_ptr<ProxyGroup> proxyGroupOf(const Group& g);
+    void adoptTimedOut(const GroupId& id);
+    /// Refuse one rank's Adopt (not yet in a group), logged and counted.
+    void refuseAdopt(MemberLink& link, const GroupId& id, std::uint32_t rank, Errc code, const std::string& why);
     /// Drop a group: its negotiation closes, the proxy forgets it.
     void erase(std::map<GroupId, Group>::iterator it);
 
@@ -205,7 +243,7 @@ private:
     NegotiationTable& negotiations_;
     Proxy proxy_; ///< reports to this table (ProxyEvents)
     std::map<GroupId, Group> groups_;
-    std::uint32_t nextHandle_ = 1;
+    std::uint32_t nextHandle_ = firstHandle();
     bool stopping_ = false;
     std::uint64_t tableVersion_ = 0;
     std::vector<PendingBreak> pendingBreaks_;

@@ -28,8 +28,9 @@ struct CallTotals {
     std::array<Op, kStatsOps> ops{};                               ///< by StatsOp
     std::array<std::uint64_t, kStatsErrcSlots> errorsByCode{};     ///< failed calls by Errc value
 
-    /// Add one rank's stats (a private copy: readStats).
-    void add(const RankStats& s);
+    /// Add one rank's stats (a private copy: readStats), less what of them
+    /// `before` had counted already (a re-adopted rank's earlier calls) when given.
+    void add(const RankStats& s, const RankStats* before = nullptr);
     void add(const CallTotals& t);
 };
 
@@ -44,19 +45,34 @@ public:
     void openRefused(Errc why) { ++refused_[why]; }
     /// A rank reported that its open did not take the fabric path (OpenReport).
     void fallbackReported(Errc why, std::uint16_t outcome) { ++fallbacks_[{why, outcome}]; }
+    /// A group was re-adopted after a daemon restart, `gapNs` after its ranks lost the old daemon.
+    void groupAdopted(std::uint64_t gapNs) {
+        ++groupsAdopted_;
+        adoptionGapNs_ += gapNs;
+    }
+    /// This daemon refused one rank's Adopt (or its whole group's).
+    void adoptionRefused(Errc why) { ++adoptionRefused_[why]; }
     /// A member left: its calls so far stay counted after its ring is gone.
-    void rankLeft(const RankStats& last) { calls_.add(last); }
+    void rankLeft(const RankStats& last, const RankStats* countedBefore = nullptr) { calls_.add(last, countedBefore); }
 
     /// Calls of ranks that have left.
     const CallTotals& calls() const { return calls_; }
     std::uint64_t groupsOpened() const { return groupsOpened_; }
     const std::map<Errc, std::uint64_t>& groupsBroken() const { return broken_; }
     const std::map<Errc, std::uint64_t>& openRefusals() const { return refused_; }
+    std::uint64_t groupsAdopted() const { return groupsAdopted_; }
+    /// The gaps of every re-adopted group added up, ns.
+    std::uint64_t adoptionGapNs() const { return adoptionGapNs_; }
+    /// Ranks refused re-adoption, by reason.
+    const std::map<Errc, std::uint64_t>& adoptionRefusals() const { return adoptionRefused_; }
     /// By (reason, OpenReport outcome).
     const std::map<std::pair<Errc, std::uint16_t>, std::uint64_t>& openFallbacks() const { return fallbacks_; }
 
 private:
     std::uint64_t groupsOpened_ = 0;
+    std::uint64_t groupsAdopted_ = 0;
+    std::uint64_t adoptionGapNs_ = 0;
+    std::map<Errc, std::uint64_t> adoptionRefused_;
     std::map<Errc, std::uint64_t> broken_;
     std::map<Errc, std::uint64_t> refused_;
     std::map<std::pair<Errc, std::uint16_t>, std::uint64_t> fallbacks_;

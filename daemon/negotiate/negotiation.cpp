@@ -1,11 +1,14 @@
 // One group's negotiation with the other nodes (see negotiation.hpp).
 #include "daemon/negotiate/negotiation.hpp"
 
+#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
+#include "common/shm.hpp"
 #include "daemon/negotiate/negotiation_table.hpp"
 #include "daemon/verbs/hca.hpp"
 #include "proto/pairing.hpp"
@@ -71,7 +74,8 @@ Status Negotiation::bringUp() {
         if (!n) {
             if (e.endpointPort == 0)
                 return Error{Errc::Unavailable, "rank " + std::to_string(r) + "'s daemon (node " + node.shortHex() +
-                                                    ") has no peer link (peer.listen is unset there)"};
+                                                    ") has no peer link (peer.listen is unset there, or a wildcard "
+                                                    "on a node without an HCA address)"};
             n = &nodes_.emplace_back();
             n->node = node;
             std::memcpy(n->addr, e.endpointAddr, 16);
@@ -84,8 +88,11 @@ Status Negotiation::bringUp() {
     for (auto& n : nodes_) n.ourRecord = recordFor(n);
 
     armTimer(desk_.cfg_.openTimeoutMs);
-    spdlog::info("group {}: negotiating with {} other node(s) over {} HCA(s)", id_.shortHex(), nodes_.size(),
-                 desk_.hcas_.size());
+    if (plan_.wire == kWireTcp)
+        spdlog::info("group {}: negotiating with {} other node(s) over the tcp wire", id_.shortHex(), nodes_.size());
+    else
+        spdlog::info("group {}: negotiating with {} other node(s) over {} HCA(s)", id_.shortHex(), nodes_.size(),
+                     desk_.hcas_.size());
     // Links whose record already arrived are taken last: taking one may end the negotiation.
     std::vector<NegotiationTable::Parked> ready;
     for (auto& n : nodes_) {
@@ -110,6 +117,10 @@ Status Negotiation::bringUp() {
 }
 
 Status Negotiation::buildWire() {
+    if (plan_.wire == kWireTcp) {
+        tcp_ = std::make_shared<TcpGroup>(desk_.tcpReceiver_); // its links come with the records
+        return okStatus();
+    }
     const auto& hcas = desk_.hcas_;
     const std::uint32_t nh = std::uint32_t(hcas.size());
     auto vg = std::make_shared<VerbsGroup>();
@@ -154,6 +165,8 @@ Bytes Negotiation::recordFor(const NodeLink& n) const {
     rec.fixed.localRanks = localMask_;
     for (std::uint32_t r = 0; r < world_; ++r) rec.fixed.caps[r] = roster_[r].maxBytes;
     rec.fixed.daemonMax = desk_.cfg_.maxBytes;
+    rec.fixed.wire = plan_.wire;
+    if (plan_.wire == kWireTcp) return peer_proto::encode(0, rec); // no region, HCA or QP: frames name ranks
     for (std::uint32_t a = 0; a < nh; ++a) {
         const auto& c = hcas[a]->card();
         HcaRecord h{};
@@ -203,22 +216,36 @@ void Negotiation::takeLink(const std::shared_ptr<PeerSession>& s, const PeerGrou
     takeRecord(*n, rec);
 }
 
-// The remote's record: pair, connect our QPs, say PeerReady (or why not).
+// The remote's record: check it, then verbs: pair, connect our QPs, say
+// PeerReady (or why not); tcp: bring up the data link first.
 void Negotiation::takeRecord(NodeLink& n, const PeerGroup& rec) {
-    if (auto s = connectQps(n, rec); !s)
+    auto s = checkRecord(n, rec);
+    if (s && plan_.wire == kWireVerbs) s = connectQps(n, rec);
+    if (!s)
         return fail(s.code(), "with node " + n.node.shortHex() + " (" + n.session->endpointText() + "): " +
                                   s.error().detail);
+    n.recordTaken = true;
+    if (plan_.wire == kWireTcp) return openDataLink(n);
+    selfReady(n);
+}
+
+void Negotiation::selfReady(NodeLink& n) {
     n.session->send(verdictMessage(kPeerReady, id_, Errc::Ok, kNoPeer, ""));
     n.selfReady = true;
-    // Our QPs are up towards every node: the others' must follow within verbs.qp_timeout_ms.
+    // Our QPs (data links) are up towards every node: the others' must follow within verbs.qp_timeout_ms.
     if (std::all_of(nodes_.begin(), nodes_.end(), [](const NodeLink& x) { return x.selfReady; }))
         armTimer(desk_.cfg_.qpTimeoutMs);
     maybeReady();
 }
 
-Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
+Status Negotiation::checkRecord(NodeLink& n, const PeerGroup& rec) {
     const auto& f = rec.fixed;
-    const Layout& layout = plan_.layout;
+    const std::uint8_t theirs = f.wire == kWireTcp ? kWireTcp : kWireVerbs; // 0: a daemon before the tcp wire
+    if (theirs != plan_.wire)
+        return Error{Errc::GroupMismatch, std::string("it carries the group over the ") + wireName(theirs) +
+                                              " wire, this node over " + wireName(plan_.wire) +
+                                              " (both choose from the roster: a daemon or libtpfabric before the tcp "
+                                              "wire on one of the nodes?)"};
     if (f.world != world_ || f.localRanks != n.ranks)
         return Error{Errc::GroupMismatch, "it serves ranks " + ranksText(f.localRanks) + " of world " + std::to_string(f.world) +
                                               ", our roster says ranks " + ranksText(n.ranks) + " of world " +
@@ -236,6 +263,11 @@ Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
                                             " bytes this node agreed: a rank of it sent a roster entry above its own "
                                             "daemon's maximum (a libtpfabric of another release?)"};
     n.daemonMax = f.daemonMax;
+    return okStatus();
+}
+
+Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
+    const Layout& layout = plan_.layout;
     std::vector<HcaAddress> ours, theirs;
     for (const auto& h : desk_.hcas_) ours.push_back(hcaAddress(h->card()));
     for (const auto& h : rec.hcas) theirs.push_back(addressOf(h));
@@ -281,6 +313,75 @@ Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
     return okStatus();
 }
 
+void Negotiation::openDataLink(NodeLink& n) {
+    if (!n.weConnect) return; // the other node opens it: takeDataLink
+    PeerData d{};
+    id_.copyTo(d.groupId);
+    desk_.self_.copyTo(d.nodeId);
+    desk_.peers_.connectData(n.addr, n.port, n.node, peer_proto::encode(kPeerData, 0, d),
+                             [w = weak_from_this(), node = n.node](Result<UniqueFd> fd) {
+                                 auto self = w.lock();
+                                 if (!self || self->phase_ != Phase::Negotiating) return;
+                                 NodeLink* to = self->nodeOf(node);
+                                 if (!to) return;
+                                 if (!fd)
+                                     return self->fail(fd.code() == Errc::AuthFailed ? Errc::AuthFailed : Errc::PeerLost,
+                                                       "tcp data link to node " + node.shortHex() + ": " +
+                                                           fd.error().detail);
+                                 self->dataLinkUp(*to, std::move(*fd));
+                             });
+}
+
+void Negotiation::takeDataLink(const std::shared_ptr<PeerSession>& s) {
+    auto self = shared_from_this();
+    const auto refuse = [&](const std::string& why) {
+        spdlog::warn("peer link {}: group {}: tcp data link refused: {}", s->endpointText(), id_.shortHex(), why);
+        s->close();
+    };
+    NodeLink* n = nodeOf(s->remoteNode());
+    if (phase_ != Phase::Negotiating) return refuse("the group is not negotiating here");
+    if (plan_.wire != kWireTcp) return refuse("the group is on the verbs wire here");
+    if (!n || n->weConnect) return refuse("node " + s->remoteNode().shortHex() + " does not open this group's data link");
+    if (!n->recordTaken || n->selfReady) return refuse(n->selfReady ? "a second data link" : "before the node's record");
+    auto fd = s->takeSocket();
+    if (!fd) return fail(Errc::PeerLost, "tcp data link from node " + n->node.shortHex() + ": " + fd.error().detail);
+    dataLinkUp(*n, std::move(*fd));
+}
+
+void Negotiation::dataLinkUp(NodeLink& n, UniqueFd fd) {
+    std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{};
+    for (const auto& m : plan_.regions) regions[m.rank] = m.host;
+    auto link = std::make_shared<TcpLink>(std::move(fd), plan_.layout, plan_.handle, n.node, endpointText(n.addr, n.port),
+                                          n.ranks, localMask_, regions, desk_.cfg_.tcpInflightBytes);
+    // The receiver's thread reports on the control thread, to a negotiation that may be gone by then.
+    link->onReceiveFailed = [&io = desk_.io_, w = weak_from_this(), node = n.node](const Error& why) {
+        boost::asio::post(io, [w, node, why] {
+            if (auto self = w.lock()) self->dataLinkLost(node, why);
+        });
+    };
+    if (auto s = tcp_->add(link); !s) return fail(s.code(), "tcp data link to node " + n.node.shortHex() + ": " + s.error().detail);
+    spdlog::info("group {}: tcp data link to node {} ({}) up, send buffer {} bytes", id_.shortHex(), n.node.shortHex(),
+                 endpointText(n.addr, n.port), link->sendBuffer());
+    // The kernel holds twice what it is asked for, up to twice net.core.wmem_max (socket(7)); said once a daemon.
+    static bool capped = false;
+    if (link->sendBuffer() < desk_.cfg_.tcpInflightBytes && !std::exchange(capped, true))
+        spdlog::warn("tcp data links get a send buffer of {} bytes, below peer.tcp_inflight_bytes ({}): the kernel caps it "
+                     "at twice net.core.wmem_max; sysctl net.core.wmem_max={} gives the configured size",
+                     link->sendBuffer(), desk_.cfg_.tcpInflightBytes, desk_.cfg_.tcpInflightBytes / 2);
+    selfReady(n);
+}
+
+void Negotiation::dataLinkLost(const NodeId& node, const Error& why) {
+    auto self = shared_from_this();
+    spdlog::warn("group {}: {}", id_.shortHex(), why.describe());
+    if (phase_ == Phase::Negotiating) return fail(Errc::PeerLost, why.detail);
+    if (phase_ != Phase::Ready) return;
+    const NodeLink* n = nodeOf(node);
+    std::uint32_t first = 0;
+    while (n && first < world_ && !(n->ranks >> first & 1u)) ++first;
+    events_.negotiationBroken(id_, Errc::PeerLost, first, why.detail, true, 0);
+}
+
 void Negotiation::maybeReady() {
     for (const auto& n : nodes_)
         if (!n.selfReady || !n.remoteReady) return;
@@ -289,7 +390,7 @@ void Negotiation::maybeReady() {
     ++timerGen_;
     timer_.cancel();
     phase_ = Phase::Ready;
-    events_.negotiationReady(id_, wire_);
+    events_.negotiationReady(id_, NodeWires{wire_, tcp_});
 }
 
 void Negotiation::verdict(NodeLink& n, std::uint16_t opcode, const PeerVerdict& v) {
@@ -308,8 +409,34 @@ void Negotiation::verdict(NodeLink& n, std::uint16_t opcode, const PeerVerdict& 
     if (phase_ == Phase::Negotiating) return fail(code, from + ": " + reason);
     // An orderly leave counts only for a rank that node serves.
     const bool left = code == Errc::PeerLost && v.missingRank < world_ && (n.ranks >> v.missingRank & 1u);
-    if (phase_ == Phase::Ready || phase_ == Phase::Stopped) // counted where it was seen
-        events_.negotiationBroken(id_, code, v.missingRank, from + ": " + reason, false, left ? v.leftAfter : 0);
+    if (phase_ != Phase::Ready && phase_ != Phase::Stopped) return;
+    // Counted where it was seen. On the tcp wire a leave waits until that
+    // node's data link landed what it sent first (TcpLink::drained); every
+    // later verdict of the group waits behind it, in order.
+    const TcpLink* link = tcp_ ? tcp_->linkTo(n.node) : nullptr;
+    const std::uint64_t leftAfter = left ? v.leftAfter : 0;
+    heldVerdicts_.push_back(HeldVerdict{code, v.missingRank, from + ": " + reason, leftAfter,
+                                        leftAfter ? link : nullptr, monotonicNs()});
+    releaseVerdicts();
+}
+
+void Negotiation::releaseVerdicts() {
+    auto self = shared_from_this(); // the table may drop us on a verdict
+    constexpr std::uint64_t kLandingWaitNs = 1000000000ull; // as the proxy waits for a leaver's last writes
+    while (!heldVerdicts_.empty()) {
+        HeldVerdict& h = heldVerdicts_.front();
+        if (h.link && !h.link->drained() && monotonicNs() - h.sinceNs < kLandingWaitNs) {
+            if (!verdictTimer_) verdictTimer_ = std::make_unique<boost::asio::steady_timer>(desk_.io_);
+            verdictTimer_->expires_after(std::chrono::microseconds(200));
+            verdictTimer_->async_wait([w = weak_from_this()](const boost::system::error_code& ec) {
+                if (auto again = w.lock(); again && !ec) again->releaseVerdicts();
+            });
+            return;
+        }
+        const HeldVerdict out = std::move(h);
+        heldVerdicts_.pop_front();
+        events_.negotiationBroken(id_, out.code, out.rank, out.why, false, out.leftAfter); // may close us
+    }
 }
 
 void Negotiation::linkLost(const PeerSession& s, const Error& why) {
@@ -373,7 +500,7 @@ void Negotiation::timedOut() {
                     linkStateName(n.session ? n.session->state() : LinkState::Waiting) + ")";
     fail(Errc::Timeout, "peer daemon(s) " + slow +
                             " did not complete negotiation in time (daemon.open_timeout_ms, or verbs.qp_timeout_ms "
-                            "once our QPs were up)");
+                            "once our QPs or data links were up)");
 }
 
 } // namespace tpf::daemon

@@ -1,10 +1,12 @@
 // The negotiation of one group whose ranks span nodes (docs/design.md,
-// "3. Negotiation", steps 3-7): its local regions registered on every HCA,
-// one RC QP per (local rank, remote rank, HCA), a PeerGroup record to each
-// other node's daemon over a peer link, HCA pairing by subnet, QPs connected
-// from the exchanged records, PeerReady both ways. The group opens when every
-// node is ready and is refused on every node otherwise. Once open, the same
-// links carry PeerBroken both ways.
+// "3. Negotiation", steps 3-7), on the wire its roster chose (GroupTable:
+// NegotiationTable::wireFor). Verbs: its local regions registered on every
+// HCA, one RC QP per (local rank, remote rank, HCA), a PeerGroup record to
+// each other node's daemon over a peer link, HCA pairing by subnet, QPs
+// connected from the exchanged records, PeerReady both ways. Tcp: the
+// records, then one data link per other node (daemon/tcp/), then PeerReady
+// both ways. The group opens when every node is ready and is refused on
+// every node otherwise. Once open, the same links carry PeerBroken both ways.
 //
 // Owned by the group table, which it tells what happened through
 // NegotiationEvents only; it never sees the table. NegotiationTable (this
@@ -16,6 +18,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,22 +26,32 @@
 #include "common/ids.hpp"
 #include "daemon/config/config.hpp"
 #include "daemon/negotiate/peer_link.hpp"
+#include "daemon/proxy/shared_state.hpp"
+#include "daemon/tcp/tcp_link.hpp"
 #include "daemon/verbs/qp_index.hpp"
 #include "daemon/verbs/verbs_group.hpp"
 #include "proto/client_msg.hpp"
 #include "proto/layout.hpp"
 #include "proto/peer_msg.hpp"
+#include "proto/peer_wire.hpp"
 
 namespace tpf::daemon {
 
 class NegotiationTable;
 
+/// How a group's ranks on other nodes are reached once every node is ready:
+/// its verbs wire or its tcp wire (the other one null).
+struct NodeWires {
+    std::shared_ptr<VerbsGroup> verbs;
+    std::shared_ptr<TcpGroup> tcp;
+};
+
 /// What a negotiation tells the group table that owns it, by group id.
 class NegotiationEvents {
 public:
     virtual ~NegotiationEvents() = default;
-    /// Every node is ready: the group opens on `wire`. Once per negotiation.
-    virtual void negotiationReady(const GroupId& id, std::shared_ptr<VerbsGroup> wire) = 0;
+    /// Every node is ready: the group opens on `wires`. Once per negotiation.
+    virtual void negotiationReady(const GroupId& id, NodeWires wires) = 0;
     /// The group cannot open: every other node was told why; refuse every
     /// local rank. Once per negotiation, and nothing follows it.
     virtual void negotiationRefused(const GroupId& id, Errc code, const std::string& why) = 0;
@@ -56,12 +69,14 @@ struct LocalRegion {
     std::uint8_t* base = nullptr;       ///< the daemon's mapping
     std::uint64_t bytes = 0;            ///< Layout::totalBytes()
     std::shared_ptr<const void> memory; ///< keeps the mapping alive while registered
+    std::shared_ptr<HostRegion> host;   ///< the same region: where the tcp wire lands frames and wakes the rank
 };
 
 /// What the group table fixed when the last local rank joined.
 struct NegotiationPlan {
     std::uint32_t handle = 0;    ///< the group's handle, named in proxy reports of its QPs
-    Layout layout{};             ///< stripes = this node's HCAs
+    std::uint8_t wire = kWireVerbs; ///< kWireVerbs or kWireTcp, from the roster (NegotiationTable::wireFor)
+    Layout layout{};             ///< stripes = this node's HCAs (verbs), 1 (tcp)
     std::uint64_t agreedCap = 0; ///< from the roster and our daemon.max_bytes; every other daemon's must reach it
     std::vector<LocalRegion> regions;
 };
@@ -74,7 +89,8 @@ struct NodeLink {
     std::uint16_t port = 0;
     bool weConnect = false;   ///< our node id is the smaller one
     std::shared_ptr<PeerSession> session;
-    bool selfReady = false;   ///< our QPs towards it are up and PeerReady sent
+    bool recordTaken = false; ///< its PeerGroup was checked (and, verbs, our QPs connected)
+    bool selfReady = false;   ///< our QPs (tcp: the data link) towards it are up and PeerReady sent
     bool remoteReady = false; ///< its PeerReady (ok) arrived
     std::uint64_t daemonMax = 0; ///< its daemon.max_bytes, once its record was taken (0 before)
     Bytes ourRecord;          ///< PeerGroup we send it
@@ -113,8 +129,12 @@ public:
     Phase phase() const { return phase_; }
     const std::vector<NodeLink>& nodes() const { return nodes_; }
     /// The group's verbs wire: its queue pairs as they come up, then as the
-    /// proxy posts on them (null before start()).
+    /// proxy posts on them (null before start(), and on the tcp wire).
     const VerbsGroup* wire() const { return wire_.get(); }
+    /// The group's tcp wire: its data links as they come up (null before
+    /// start(), and on the verbs wire).
+    const TcpGroup* tcp() const { return tcp_.get(); }
+    std::uint8_t wireKind() const { return plan_.wire; }
     /// Whether `node` serves a rank of the roster.
     bool inRoster(const NodeId& node) const;
     NodeLink* nodeOf(const NodeId& node);
@@ -127,6 +147,9 @@ public:
     /// Link `s` of a node of the group failed (why.code AuthFailed: a
     /// handshake refused, maybe before the link was attached).
     void linkLost(const PeerSession& s, const Error& why);
+    /// The accepted link `s` is the tcp data link of its node: take its
+    /// socket, or close it when the group expects none from there now.
+    void takeDataLink(const std::shared_ptr<PeerSession>& s);
 
 private:
     Status bringUp();
@@ -134,7 +157,19 @@ private:
     Bytes recordFor(const NodeLink& n) const;
     void attach(NodeLink& n, const std::shared_ptr<PeerSession>& s);
     void takeRecord(NodeLink& n, const peer_proto::PeerGroup& rec);
+    /// What both wires check in the remote's record: world, ranks, caps, wire.
+    Status checkRecord(NodeLink& n, const peer_proto::PeerGroup& rec);
     Status connectQps(NodeLink& n, const peer_proto::PeerGroup& rec);
+    /// Tcp: the side with the smaller node id opens the data link to `n`.
+    void openDataLink(NodeLink& n);
+    void dataLinkUp(NodeLink& n, UniqueFd fd);
+    /// The receiver lost the data link to `node` (posted from its thread).
+    void dataLinkLost(const NodeId& node, const Error& why);
+    /// Our side towards `n` is up: PeerReady to it.
+    void selfReady(NodeLink& n);
+    /// Tell the group table the PeerBroken verdicts held in order, up to a
+    /// leave whose node's data link has not landed its last frames yet.
+    void releaseVerdicts();
     void maybeReady();
     void armTimer(std::uint32_t ms);
     void timedOut();
@@ -149,6 +184,18 @@ private:
     NegotiationPlan plan_;
     std::vector<NodeLink> nodes_;
     std::shared_ptr<VerbsGroup> wire_;
+    std::shared_ptr<TcpGroup> tcp_;
+    /// A PeerBroken the group table has not been told yet (releaseVerdicts).
+    struct HeldVerdict {
+        Errc code;
+        std::uint32_t rank;
+        std::string why;
+        std::uint64_t leftAfter;
+        const TcpLink* link; ///< a leave on the tcp wire: told once this drained
+        std::uint64_t sinceNs;
+    };
+    std::deque<HeldVerdict> heldVerdicts_;
+    std::unique_ptr<boost::asio::steady_timer> verdictTimer_;
     QpTable<std::unique_ptr<QpLink>> qpsByHca_; ///< lanes are this node's HCAs, until paired
     boost::asio::steady_timer timer_;
     std::uint64_t timerGen_ = 0;

@@ -30,10 +30,30 @@ NegotiationTable::NegotiationTable(boost::asio::io_context& io, const DaemonConf
 std::optional<Error> NegotiationTable::unavailable() const {
     if (!peers_.enabled())
         return Error{Errc::Unavailable, "ranks are on other nodes and this daemon has no peer link (set peer.listen)"};
-    if (hcas_.empty())
-        return Error{Errc::Unavailable, "ranks are on other nodes and this daemon has no usable HCA "
-                                        "(verbs.hcas, TPF_HCA; see tpfabricctl status)"};
     return std::nullopt;
+}
+
+std::uint8_t offeredWire(const DaemonConfig& cfg, bool haveHcas) {
+    using W = DaemonConfig::PeerWire;
+    return cfg.peerWire == W::Tcp || (cfg.peerWire == W::Auto && !haveHcas) ? kWireTcp : kWireVerbs;
+}
+
+Result<std::uint8_t> NegotiationTable::wireFor(const std::vector<RosterEntry>& roster) const {
+    for (std::uint32_t r = 0; r < roster.size(); ++r) {
+        if (roster[r].peerWire != kWireTcp) continue;
+        // The point first and short: a reason travels in 127 bytes, behind "node X (ADDR) refused the group: ".
+        if (cfg_.peerWire == DaemonConfig::PeerWire::Verbs)
+            return Error{Errc::Unavailable, "peer.wire is \"verbs\" and node " + NodeId::of(roster[r].nodeId).shortHex() +
+                                                " offers only tcp (set \"auto\")"};
+        return std::uint8_t(kWireTcp);
+    }
+    if (hcas_.empty())
+        return Error{Errc::Unavailable, cfg_.peerWire == DaemonConfig::PeerWire::Verbs
+                                            ? "peer.wire is \"verbs\" and this node has no usable HCA (tpfabricctl "
+                                              "status; or set \"auto\")"
+                                            : "this node has no usable HCA and the roster offers no tcp (a "
+                                              "libtpfabric before the tcp wire opened it?)"};
+    return std::uint8_t(kWireVerbs);
 }
 
 std::shared_ptr<Negotiation> NegotiationTable::create(NegotiationEvents& events, const GroupId& id,
@@ -171,6 +191,17 @@ void NegotiationTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::u
     }
     if (!n || !node || node->session != s) return;
     n->verdict(*node, opcode, v);
+}
+
+void NegotiationTable::peerData(const std::shared_ptr<PeerSession>& s, const PeerData& rec) {
+    const GroupId id = GroupId::of(rec.groupId);
+    Negotiation* n = find(id);
+    if (!n) {
+        spdlog::warn("peer link {}: tcp data link for group {}, which is not negotiating here; closed", s->endpointText(),
+                     id.shortHex());
+        return s->close();
+    }
+    n->takeDataLink(s);
 }
 
 void NegotiationTable::peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) {

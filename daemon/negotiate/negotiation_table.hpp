@@ -21,9 +21,14 @@
 #include "daemon/config/config.hpp"
 #include "daemon/negotiate/negotiation.hpp"
 #include "daemon/negotiate/peer_link.hpp"
+#include "daemon/tcp/tcp_receiver.hpp"
 #include "daemon/verbs/qp.hpp"
 
 namespace tpf::daemon {
+
+/// The wire a node offers other nodes: tcp when peer.wire is "tcp", or
+/// "auto" without a usable HCA; else verbs.
+std::uint8_t offeredWire(const DaemonConfig& cfg, bool haveHcas);
 
 class NegotiationTable : public PeerHandler {
 public:
@@ -39,8 +44,19 @@ public:
     bool peersEnabled() const { return peers_.enabled(); }
     /// Why no group spanning nodes can open here, or nothing when one can.
     std::optional<Error> unavailable() const;
-    /// HCAs a group spanning nodes stripes over (every one of this node's).
+    /// HCAs a group spanning nodes on the verbs wire stripes over (every one of this node's).
     std::uint32_t hcaCount() const { return std::uint32_t(hcas_.size()); }
+    /// The wire this node offers other nodes (NodeCardFixed::peerWire).
+    std::uint8_t offeredWire() const { return tpf::daemon::offeredWire(cfg_, !hcas_.empty()); }
+    /// The wire a group of `roster` crosses nodes on, the same on every node
+    /// of it: tcp when some node offers only tcp, else verbs. Unavailable
+    /// when this node cannot carry it (peer.wire = "verbs" in a tcp group;
+    /// verbs without a usable HCA), naming why and what to set.
+    Result<std::uint8_t> wireFor(const std::vector<client_proto::RosterEntry>& roster) const;
+    /// The tcp wire's receiver (its thread starts with the first data link).
+    TcpReceiver& tcpReceiver() { return tcpReceiver_; }
+    /// Stop receiving on the tcp wire (the daemon is stopping).
+    void stopReceiving() { tcpReceiver_.stop(); }
 
     /// The negotiation of cross-node group `id`, whose local ranks start
     /// joining now; the caller owns it.
@@ -58,6 +74,7 @@ public:
     void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) override;
     void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) override;
     void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) override;
+    void peerData(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerData& rec) override;
 
 private:
     friend class Negotiation;
@@ -95,6 +112,7 @@ private:
     const DaemonConfig& cfg_;
     NodeId self_;
     std::vector<std::shared_ptr<VerbsHca>> hcas_;
+    TcpReceiver tcpReceiver_; ///< outlives every group's tcp wire (the group table goes first)
     PeerService peers_; ///< reports every link to this table
     std::map<GroupId, Negotiation*> active_; ///< registered by Negotiation, until close()
     std::vector<Parked> parked_;             ///< accepted links whose group has not reached negotiation here yet

@@ -16,11 +16,14 @@ namespace tpf::daemon {
 /// either side has a cluster key, then group records.
 enum class PeerPhase { Hello, Auth, Records };
 
-/// One record of a peer link, decoded: PeerHello, PeerAuth, PeerGroup, or a
-/// PeerVerdict (opcode kPeerReady or kPeerBroken).
+/// One record of a peer link, decoded: PeerHello, PeerAuth, PeerGroup, a
+/// PeerVerdict (opcode kPeerReady or kPeerBroken), or PeerData (the link is
+/// a tcp data link from here on).
 struct PeerInput {
     std::uint16_t opcode = 0;
-    std::variant<peer_proto::PeerHello, peer_proto::PeerAuth, peer_proto::PeerGroup, peer_proto::PeerVerdict> record;
+    std::variant<peer_proto::PeerHello, peer_proto::PeerAuth, peer_proto::PeerGroup, peer_proto::PeerVerdict,
+                 peer_proto::PeerData>
+        record;
 };
 
 /// The record of message (h, payload) on a link in `phase`. Errors, with

@@ -4,11 +4,13 @@
 #include <arpa/inet.h>
 #include <sodium.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <cerrno>
 #include <cstring>
 
 namespace tpf::daemon {
@@ -94,6 +96,12 @@ void PeerSession::connect(const tcp::endpoint& endpoint, const NodeId& remote, s
     });
 }
 
+void PeerSession::connectData(const tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs, Bytes first,
+                              DataLinkDone done) {
+    dataDone_ = std::move(done);
+    connect(endpoint, remote, timeoutMs, std::move(first));
+}
+
 void PeerSession::accept() {
     socket_.set_option(tcp::no_delay(true));
     handshake();
@@ -136,6 +144,15 @@ void PeerSession::onMessage(const MsgHeader& h, ByteView payload) {
     if (auto* rec = std::get_if<PeerGroup>(&in->record)) {
         state_ = LinkState::Negotiating;
         handler_.peerRecord(self, std::move(*rec));
+    } else if (auto* data = std::get_if<PeerData>(&in->record)) {
+        // Frames follow on this socket, not records: no more reads here.
+        if (!accepted_ || dataDone_)
+            return fail(Error{Errc::BadMessage, "peer daemon " + endpoint_ + " sent PeerData on a link this daemon opened"});
+        if (NodeId::of(data->nodeId) != remote_)
+            return fail(Error{Errc::BadMessage, "peer daemon " + endpoint_ + " sent PeerData of another node"});
+        handler_.peerData(self, *data);
+        if (!done_) close();
+        return;
     } else {
         handler_.peerVerdict(self, in->opcode, std::get<PeerVerdict>(in->record));
     }
@@ -178,8 +195,33 @@ void PeerSession::established() {
     state_ = LinkState::Negotiating;
     spdlog::info("peer link {} to node {} established{}", endpoint_, remote_.shortHex(), key_ ? " (cluster key proven)" : "");
     if (!first_.empty()) send(std::move(first_));
-    if (onlyFirst_) return finish();
+    if (onlyFirst_ || dataDone_) return finish(); // a data link: handed over once PeerData is written
     readNext();
+}
+
+// A data link's connecting side: PeerData written, the socket goes to the wire.
+void PeerSession::handOver() {
+    DataLinkDone done = std::exchange(dataDone_, nullptr);
+    auto fd = takeSocket();
+    done(std::move(fd));
+}
+
+Result<UniqueFd> PeerSession::takeSocket() {
+    if (done_)
+        return lastError_.code != Errc::Ok ? lastError_
+                                           : Error{Errc::PeerLost, "tcp data link " + endpoint_ + " closed before it was handed over"};
+    boost::system::error_code ec;
+    const int fd = ::dup(socket_.native_handle());
+    if (fd < 0) {
+        const Error why{Errc::SystemError, "tcp data link " + endpoint_ + ": dup: " + std::strerror(errno)};
+        close();
+        return why;
+    }
+    done_ = true;
+    state_ = LinkState::Closed;
+    timer_.cancel();
+    socket_.close(ec); // the duplicate keeps the connection
+    return UniqueFd(fd);
 }
 
 // HMAC-SHA-256(key, label || first hello || second hello): the sender MACs
@@ -208,7 +250,7 @@ void PeerSession::finish() {
 }
 
 void PeerSession::flush() {
-    if (finishing_ && !writing_ && out_.empty()) return close();
+    if (finishing_ && !writing_ && out_.empty()) return dataDone_ && !done_ ? handOver() : close();
     if (writing_ || out_.empty() || done_) return;
     writing_ = true;
     auto self = shared_from_this();
@@ -232,6 +274,7 @@ void PeerSession::fail(Error why) {
     boost::system::error_code ec;
     timer_.cancel();
     socket_.close(ec);
+    if (dataDone_) return std::exchange(dataDone_, nullptr)(why);
     handler_.peerLost(shared_from_this(), why);
 }
 
@@ -322,6 +365,14 @@ std::shared_ptr<PeerSession> PeerService::connect(const std::uint8_t (&addr)[16]
     sessions_.push_back(s);
     s->connect(toEndpoint(addr, port), remote, cfg_.peerConnectTimeoutMs, std::move(first), only);
     return s;
+}
+
+void PeerService::connectData(const std::uint8_t (&addr)[16], std::uint16_t port, const NodeId& remote, Bytes first,
+                              DataLinkDone done) {
+    auto s = std::make_shared<PeerSession>(io_, tcp::socket(io_), handler_, self_, key_, false);
+    std::erase_if(sessions_, [](const std::weak_ptr<PeerSession>& w) { return w.expired(); });
+    sessions_.push_back(s);
+    s->connectData(toEndpoint(addr, port), remote, cfg_.peerConnectTimeoutMs, std::move(first), std::move(done));
 }
 
 } // namespace tpf::daemon

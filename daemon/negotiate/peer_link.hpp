@@ -4,7 +4,10 @@
 // cluster key both prove it (PeerAuth, HMAC-SHA-256 with libsodium) before any
 // other record; then the records of proto/peer_msg.hpp: PeerGroup each way,
 // PeerReady each way, and PeerBroken when a group breaks. A closed or failed
-// link is reported once.
+// link is reported once. A group on the tcp wire opens a second link per
+// node pair the same way, its data link: after the handshake the connecting
+// side sends PeerData and both hand the socket over to the wire
+// (daemon/tcp/tcp_link.hpp); from then on no record is read from it here.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -14,11 +17,13 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/fd.hpp"
 #include "common/ids.hpp"
 #include "daemon/config/config.hpp"
 #include "daemon/negotiate/peer_input.hpp"
@@ -52,7 +57,14 @@ public:
     virtual void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) = 0;
     /// The link failed or closed (once per session; not after close()).
     virtual void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) = 0;
+    /// An accepted link is a group's tcp data link (its PeerData arrived):
+    /// take its socket (PeerSession::takeSocket) or close it.
+    virtual void peerData(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerData& rec) = 0;
 };
+
+/// Where a data link's connecting side learns how it went: the connected,
+/// proven socket once PeerData is written, or why not.
+using DataLinkDone = std::function<void(Result<UniqueFd>)>;
 
 class PeerSession : public std::enable_shared_from_this<PeerSession> {
 public:
@@ -64,8 +76,15 @@ public:
     /// with `only`, close once `first` is written (a refusal's verdict).
     void connect(const boost::asio::ip::tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs,
                  Bytes first, bool only = false);
+    /// Connecting side of a tcp data link: as connect(), with PeerData as
+    /// `first`; once it is written the socket goes to `done` (so does an
+    /// error, instead of peerLost).
+    void connectData(const boost::asio::ip::tcp::endpoint& endpoint, const NodeId& remote, std::uint32_t timeoutMs,
+                     Bytes first, DataLinkDone done);
     /// Accepting side: handshake, then wait for the remote's record.
     void accept();
+    /// After peerData: the socket, leaving the session closed (no peerLost).
+    Result<UniqueFd> takeSocket();
     void send(Bytes message);
     /// Close without reporting peerLost.
     void close();
@@ -87,6 +106,7 @@ private:
     void onHello(const peer_proto::PeerHello& hello);
     void onAuth(const peer_proto::PeerAuth& auth);
     void established();
+    void handOver();
     void fail(Error why);
     void flush();
     std::array<std::uint8_t, 32> mac(const peer_proto::PeerHello& first, const peer_proto::PeerHello& second) const;
@@ -114,6 +134,7 @@ private:
     std::deque<Bytes> out_;
     bool writing_ = false;
     bool finishing_ = false;
+    DataLinkDone dataDone_; ///< set: the connecting side of a data link
     std::uint32_t seq_ = 0;
 };
 
@@ -130,6 +151,10 @@ public:
     /// done; with `only`, close after it (a PeerReady refusing a group).
     std::shared_ptr<PeerSession> connect(const std::uint8_t (&addr)[16], std::uint16_t port, const NodeId& remote,
                                          Bytes first, bool only = false);
+    /// Open a tcp data link to that node, sending `first` (our PeerData);
+    /// `done` gets the socket or the error.
+    void connectData(const std::uint8_t (&addr)[16], std::uint16_t port, const NodeId& remote, Bytes first,
+                     DataLinkDone done);
     bool enabled() const { return acceptor_.is_open(); }
     bool keyed() const { return key_.has_value(); }
 

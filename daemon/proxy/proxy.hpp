@@ -27,6 +27,7 @@
 #include "daemon/proxy/carry.hpp"
 #include "daemon/proxy/shared_state.hpp"
 #include "daemon/proxy/transport.hpp"
+#include "daemon/tcp/tcp_link.hpp"
 #include "daemon/verbs/qp.hpp"
 #include "daemon/verbs/verbs_group.hpp"
 #include "proto/client_msg.hpp"
@@ -44,7 +45,8 @@ struct ProxyGroup {
     std::array<std::shared_ptr<HostRegion>, kMaxWorld> regions{}; ///< local ranks only
     /// How this node reaches each rank; the transports are chosen from them.
     std::array<std::uint8_t, kMaxWorld> wires{};
-    std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node
+    std::shared_ptr<VerbsGroup> verbs; ///< set when some rank is on another node and the group is on the verbs wire
+    std::shared_ptr<TcpGroup> tcp;     ///< or on the tcp wire
     /// Once broken: doorbells of epochs up to this are still carried (ranks
     /// closed in order after it: ControlBlock::carriedThrough); 0 after a
     /// fault. Stored before `broken` (release).

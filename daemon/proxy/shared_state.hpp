@@ -22,6 +22,10 @@ struct HostRegion {
     Mapping map;
 
     static Result<std::shared_ptr<HostRegion>> create(const Layout& layout, const std::string& name);
+    /// A region a rank hands back to a restarted daemon (Adopt): `fd` must be
+    /// a sealed memfd of exactly layout.totalBytes(). Nothing in it is
+    /// written: the control block keeps what the old daemon recorded.
+    static Result<std::shared_ptr<HostRegion>> adopt(const Layout& layout, UniqueFd fd);
 
     std::uint8_t* slot(std::uint32_t phase, std::uint32_t src) const { return map.data() + layout.slotOffset(phase, src); }
     std::uint64_t* flag(std::uint32_t phase, std::uint32_t src, std::uint32_t stripe) const {
@@ -64,6 +68,13 @@ struct CommandRing {
     /// `heartbeatMs`: proxy.heartbeat_ms, told to the rank in the header (RingHeader::heartbeatMs).
     static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint32_t groupHandle,
                                                        const std::string& name, std::uint32_t heartbeatMs = 0);
+    /// A ring a rank hands back to a restarted daemon (Adopt): a sealed memfd
+    /// of RingLayout{entries}, whose header names kRingMagic, kRingVersion and
+    /// `groupHandle`. Its proxy state (tail, lastEpoch, delivering) is left
+    /// at zero: the group table rebuilds it from the ring and the regions
+    /// before the proxy serves it. heartbeatMs is written anew.
+    static Result<std::shared_ptr<CommandRing>> adopt(std::uint32_t entries, std::uint32_t groupHandle, UniqueFd fd,
+                                                      std::uint32_t heartbeatMs);
 };
 
 } // namespace tpf::daemon

@@ -16,9 +16,12 @@
 // - VerbsTransport (verbs_transport.hpp), the verbs wire: each stripe posted
 //   (payload WRITE, then flag WRITE) on its rail's queue pair while that is
 //   under its in-flight cap; Later at the cap.
+// - TcpTransport (tcp_transport.hpp), the tcp wire: each stripe sent as one
+//   frame on the data link to the peer's node (daemon/tcp/), whose daemon
+//   stores payload then flag; Later at the socket's send buffer.
 //
-// Adding a wire (a TCP stream between daemons, say) is one class deriving
-// from Transport and its case in GroupTable::publishProxyTable: carry()
+// Adding a wire is one class deriving from Transport and its case in
+// GroupTable::publishProxyTable (docs/development.md): carry()
 // writes each stripe's payload then its flag in order under its own
 // in-flight cap and returns Later at the cap; inFlight() tells whether what
 // it sent may not have reached the peer yet (a leaving rank's drained()

@@ -52,6 +52,8 @@ nlohmann::json daemonPart(const StatusSources& s) {
             {"node_id", s.nodeId.hex()},
             {"socket", s.socketPath},
             {"config_source", s.cfg.source},
+            // The wire this node offers other nodes; "" without a peer link (peer.listen unset).
+            {"peer_wire", s.cfg.peerListen.empty() ? "" : wireName(offeredWire(s.cfg, !s.hcas.empty()))},
             {"proxy",
              {{"state", s.proxy.sleeping() ? "sleeping" : "polling"},
               {"cpu", s.proxy.cpu()},
@@ -73,7 +75,20 @@ nlohmann::json hcasPart(const std::vector<client_proto::HcaCard>& hcas) {
     return out;
 }
 
-// One entry per (group, other node): its link and the queue pairs to its ranks.
+// A tcp data link: its bytes and frames each way, its send buffer; null before it is up.
+nlohmann::json tcpLinkPart(const TcpLink* l) {
+    if (!l) return nullptr;
+    const auto why = l->error();
+    return {{"sent_bytes", l->bytesSent()},
+            {"received_bytes", l->bytesReceived()},
+            {"frames_sent", l->framesSent()},
+            {"frames_received", l->framesReceived()},
+            {"send_buffer", l->sendBuffer()},
+            {"failed", why ? why->describe() : std::string()}};
+}
+
+// One entry per (group, other node): its link, its wire, and the queue pairs
+// to its ranks (verbs) or its data link (tcp).
 nlohmann::json peersPart(const GroupTable& table) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [id, g] : table.groups()) {
@@ -95,17 +110,23 @@ nlohmann::json peersPart(const GroupTable& table) {
                                    {"inflight_high_water", l->gate.highWater()},
                                    {"flag_bytes", l->flagBytes()}});
                 }
-            const LinkState state = n.session ? n.session->state()
+            // Every rank of that node closed in order: its daemon closing the link is no failure.
+            const bool left = g.proxyGroup && (g.proxyGroup->gone.load(std::memory_order_relaxed) & n.ranks) == n.ranks;
+            const LinkState state = left ? LinkState::Closed
+                                    : n.session ? n.session->state()
                                     : g.life.state() == GroupState::Negotiating ? LinkState::Waiting
                                                                     : LinkState::Closed;
-            const bool failed = n.session && n.session->lastError().code != Errc::Ok;
+            const bool failed = !left && n.session && n.session->lastError().code != Errc::Ok;
+            const TcpGroup* tcp = g.negotiation->tcp();
             out.push_back({{"group", id.hex()},
                            {"node_id", n.node.hex()},
                            {"endpoint", endpointText(n.addr, n.port)},
                            {"role", n.weConnect ? "connect" : "accept"},
                            {"ranks", ranksText(n.ranks)},
                            {"state", linkStateName(state)},
+                           {"wire", wireName(g.negotiation->wireKind())},
                            {"qps", qps},
+                           {"tcp", tcpLinkPart(tcp ? tcp->linkTo(n.node) : nullptr)},
                            {"last_error", failed ? n.session->lastError().describe() : std::string()}});
         }
     }
@@ -122,6 +143,17 @@ std::string reportedRouteTo(const GroupTable::Group& g, std::uint32_t r) {
     for (const auto& [s, m] : g.members)
         if (s != r && m.attach) (m.attach->wires[r] == kWireIpc ? ipc : proxy) = true;
     return ipc && proxy ? "ipc+proxy" : ipc ? "ipc" : proxy ? "proxy" : "";
+}
+
+// null for a group opened on this daemon; else its re-adoption after a
+// restart: the gap from its ranks' loss of the old daemon to the adoption
+// (null while some local rank has yet to ask).
+nlohmann::json adoptionJson(const GroupTable::Group& g) {
+    if (!g.adoption) return nullptr;
+    const auto& a = *g.adoption;
+    return {{"lost_unix_ns", a.lostUnixNs},
+            {"adopted_unix_ns", a.adoptedUnixNs ? nlohmann::json(a.adoptedUnixNs) : nlohmann::json(nullptr)},
+            {"gap_ms", a.adoptedUnixNs ? nlohmann::json(double(a.gapNs) / 1e6) : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json groupsPart(const GroupTable& table) {
@@ -179,7 +211,8 @@ nlohmann::json groupsPart(const GroupTable& table) {
                           {"latency_us", total ? nlohmann::json{{"p50", percentileUs(hist, total, 0.50)},
                                                                 {"p99", percentileUs(hist, total, 0.99)}}
                                                : nlohmann::json{{"p50", nullptr}, {"p99", nullptr}}},
-                          {"last_error", g.lastError.code == Errc::Ok ? std::string() : g.lastError.describe()}});
+                          {"last_error", g.lastError.code == Errc::Ok ? std::string() : g.lastError.describe()},
+                          {"adoption", adoptionJson(g)}});
     }
     return groups;
 }
@@ -227,14 +260,17 @@ nlohmann::json metricsPart(const GroupTable& table) {
     nlohmann::json out = {{"groups_opened", life.groupsOpened()},
                           {"groups_broken", byName(life.groupsBroken())},
                           {"open_refusals", byName(life.openRefusals())},
-                          {"open_fallbacks", std::move(fallbacks)}};
+                          {"open_fallbacks", std::move(fallbacks)},
+                          {"groups_adopted", life.groupsAdopted()},
+                          {"adoption_gap_seconds", double(life.adoptionGapNs()) / 1e9},
+                          {"adoption_refusals", byName(life.adoptionRefusals())}};
     CallTotals calls = life.calls();
     std::map<std::string, std::uint64_t> byState;
     std::uint64_t qps = 0;
     for (const auto& [id, g] : table.groups()) {
         ++byState[stateName(g.life)];
         for (const auto& [r, m] : g.members)
-            if (m.ring) calls.add(readStats(m.ring->view.stats()));
+            if (m.ring) calls.add(readStats(m.ring->view.stats()), m.countedBefore.get());
         if (const VerbsGroup* wire = g.negotiation ? g.negotiation->wire() : nullptr)
             for (const auto& l : wire->links) qps += l ? 1 : 0;
     }

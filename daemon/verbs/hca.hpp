@@ -19,10 +19,20 @@ namespace tpf::daemon {
 /// chosen: cfg.hcas, else $TPF_HCA, else $NCCL_IB_HCA, else every ACTIVE
 /// RoCE port). Called once at start-up; never fails: when verbs finds
 /// nothing usable, or the selection matches nothing, it logs why (one line)
-/// and returns an empty list, and the daemon serves same-node groups only.
+/// and returns an empty list, and the daemon serves same-node groups, and
+/// groups spanning nodes over the tcp wire where peer.wire allows.
 /// Logs one info line per chosen HCA and a warning per selection entry that
 /// matched nothing. `noneWhy`, when given, gets the reason of an empty list
 /// (status's hcas_none_reason), "" otherwise.
+/// What a node without a usable HCA still serves, for the discovery's log
+/// line: groups spanning nodes over the tcp wire when peer.wire allows and
+/// peer.listen is set, else same-node groups only.
+inline const char* withoutHcas(const DaemonConfig& cfg) {
+    return cfg.peerWire != DaemonConfig::PeerWire::Verbs && !cfg.peerListen.empty()
+               ? "groups spanning nodes use the tcp wire"
+               : "serving same-node groups only";
+}
+
 std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::string* noneWhy = nullptr);
 
 /// The port's state now (an IBV_PORT_* value, 4 = ACTIVE), read from sysfs,

@@ -8,8 +8,8 @@ namespace tpf::daemon {
 std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::string* noneWhy) {
     const std::string why = cfg.hcas.empty() ? "built without verbs (libibverbs)"
                                              : "verbs.hcas is set but this tpfabricd was built without verbs (libibverbs)";
-    spdlog::log(cfg.hcas.empty() ? spdlog::level::info : spdlog::level::warn, "HCAs: none: {}; serving same-node groups only",
-                why);
+    spdlog::log(cfg.hcas.empty() ? spdlog::level::info : spdlog::level::warn, "HCAs: none: {}; {}", why,
+                withoutHcas(cfg));
     if (noneWhy) *noneWhy = why;
     return {};
 }

@@ -208,7 +208,7 @@ std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::st
     if (noneWhy) noneWhy->clear();
     auto ports = findPorts();
     if (!ports) {
-        spdlog::error("HCA discovery failed: {}; serving same-node groups only", ports.error().describe());
+        spdlog::error("HCA discovery failed: {}; {}", ports.error().describe(), withoutHcas(cfg));
         if (noneWhy) *noneWhy = "HCA discovery failed: " + ports.error().describe();
         return {};
     }
@@ -221,7 +221,7 @@ std::vector<client_proto::HcaCard> discoverHcas(const DaemonConfig& cfg, std::st
         const auto level = sel.code() == Errc::ConfigError ? spdlog::level::err
                            : asked                          ? spdlog::level::warn
                                                             : spdlog::level::info;
-        spdlog::log(level, "HCAs: none: {}; serving same-node groups only", sel.error().describe());
+        spdlog::log(level, "HCAs: none: {}; {}", sel.error().describe(), withoutHcas(cfg));
         if (noneWhy) *noneWhy = sel.error().describe();
         return {};
     }

@@ -92,7 +92,7 @@ typedef struct tpf_open_options {
     int32_t buffers;           /**< enum tpf_buffers; default TPF_BUFFERS_HOST */
     const char* socket_path;   /**< tpfabricd's socket; NULL: $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock */
     uint32_t timeout_ms;       /**< bound on every wait of a call; 0: 5000 */
-    uint32_t open_timeout_ms;  /**< bound on opening; 0: 30000 */
+    uint32_t open_timeout_ms;  /**< bound on opening, and on a one-node host group's wait for a restarted daemon; 0: 30000 */
     uint32_t spin_us;          /**< host path: busy-poll this long before sleeping; 0: 20 */
     int32_t fallback;          /**< enum tpf_fallback */
     int32_t gpu_route;         /**< enum tpf_gpu_route (device groups) */
@@ -250,7 +250,7 @@ TPF_API uint64_t tpf_agreed_cap(const tpf_group* group);
 TPF_API int tpf_fits(const tpf_group* group, size_t bytes);
 /** "fabric" or "nccl": which path this group's calls take ("" for NULL). Static storage. */
 TPF_API const char* tpf_path(const tpf_group* group);
-/** "self", "shm", "verbs" or "ipc": how this rank reaches `peer` ("none" out of range). Static storage. */
+/** "self", "shm", "verbs", "ipc" or "tcp": how this rank reaches `peer` ("none" out of range; docs/wires.md). Static storage. */
 TPF_API const char* tpf_route(const tpf_group* group, uint32_t peer);
 /** This rank's rank in the group (0 for NULL). */
 TPF_API uint32_t tpf_rank(const tpf_group* group);

@@ -129,6 +129,9 @@ struct Options {
     /// less with InvalidArgument).
     std::chrono::milliseconds timeout{5000};
     /// Bound on opening (all local ranks joining at their daemon); positive.
+    /// Also how long a host group whose ranks are all on one node waits for
+    /// its daemon to come back and re-adopt it after a restart (from its
+    /// connection closing; docs/integration.md, "A daemon restart").
     std::chrono::milliseconds openTimeout{30000};
     /// Busy-poll this long before sleeping in a wait (host path); 0 or more.
     std::chrono::microseconds spin{20};
@@ -302,7 +305,7 @@ public:
     /// Exact minimum of every rank's usable maximum.
     std::uint64_t agreedCap() const;
     bool fits(std::size_t bytes) const;
-    /// "self", "shm", "verbs" or "ipc": how this rank reaches `peer`.
+    /// "self", "shm", "verbs", "ipc" or "tcp": how this rank reaches `peer` (docs/wires.md).
     std::string route(std::uint32_t peer) const;
 
     struct Impl;

@@ -447,7 +447,7 @@ class Group:
         return n <= self._cap
 
     def route(self, peer: int) -> str:
-        """How this rank reaches ``peer``: ``"self"``, ``"shm"``, ``"verbs"``, ``"ipc"`` (``"none"`` out of range)."""
+        """How this rank reaches ``peer``: ``"self"``, ``"shm"``, ``"verbs"``, ``"ipc"``, ``"tcp"`` (``"none"`` out of range)."""
         return _L.tpf_route(self._handle(), unsigned(peer, "peer")).decode()
 
     def check(self) -> None:

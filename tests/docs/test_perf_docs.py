@@ -10,7 +10,8 @@
         date and commit line) and perf.md is at most 600 lines;
     test_perf_docs.py script PERF_MD SCRIPT TPF_BENCH TPFABRICD README_MD
         SCRIPT rewrites a copy of perf.md from a short real `tpf-bench run
-        --json` and from tpf-gpubench ROW lines of each mode: every table
+        --json`, one of `tpf-bench run --nodes 2 --json` and from
+        tpf-gpubench ROW lines of each mode: every table
         replaced, holding the input's numbers, the rest of the file kept;
         then a copy of README's Performance table from those tables, a row
         whose cells the copy lacks kept as it was.
@@ -115,6 +116,16 @@ def script(perf: str, script_py: str, bench: str, daemon: str, readme_md: str) -
                            capture_output=True, text=True)
         if r.returncode != 0:
             return [f"perf_tables.py host exited {r.returncode}: {r.stderr}"]
+        tcp_js = os.path.join(tmp, "host-tcp.json")
+        r = subprocess.run([bench, "run", "--daemon", daemon, "--nodes", "2", "--world", "2", "--sizes", "4KiB", "--iters",
+                            "20", "--floor-iters", "100", "--opens", "1", "--idle-ms", "50", "--settle-ms", "20", "--json",
+                            tcp_js], capture_output=True, text=True, timeout=240)
+        if r.returncode != 0:
+            return [f"tpf-bench run --nodes 2 exited {r.returncode}: {r.stderr[-2000:]}"]
+        r = subprocess.run([sys.executable, script_py, "host", tcp_js, "--doc", doc, "--commit", "abc1234"],
+                           capture_output=True, text=True)
+        if r.returncode != 0 or "table host-tcp rewritten" not in r.stdout or "table host " in r.stdout:
+            return [f"perf_tables.py host (two nodes) exited {r.returncode}, rewriting other than host-tcp: {r.stdout}{r.stderr}"]
         logs = os.path.join(tmp, "logs")
         os.mkdir(logs)
         for name, lines in GPU_LOGS.items():
@@ -128,12 +139,17 @@ def script(perf: str, script_py: str, bench: str, daemon: str, readme_md: str) -
         import json
         host = json.load(open(js))
         g = next(x for x in host["results"] if x["op"] == "gather" and x["world"] == 2)
+        tcp = json.load(open(tcp_js))
+        tg = next(x for x in tcp["results"] if x["op"] == "gather" and x["world"] == 2)
+        tf = next(x for x in tcp["floor"] if x["size"] == 4096)
         parts = {}
         for m in re.finditer(r"<!-- perf-table: ([\w-]+) -->\n(.*?)<!-- /perf-table: \1 -->", after, re.S):
             parts[m.group(1)] = m.group(2)
         want = {
             "host": [f"| 2 | 4 KiB | {g['p50_us']:.1f} |", "Commit: abc1234."],
             "host-control": ["| W = 2 |", "Commit: abc1234."],
+            "host-tcp": [f"| 2 | 4 KiB | tcp | {tg['p50_us']:.1f} | {tg['p99_us']:.1f} |", f"| {tf['p50_us']:.1f} | {tf['p99_us']:.1f} |",
+                         "Loopback on one host is not a network", "Commit: abc1234."],
             "mps-ipc": ["| 2 | 4 KiB | 3.33 | 3.44 | 1.11 | 3.00x | 2.22 | 1.50x |", "| 2 | 64 KiB | 4.44 |",
                         "Date: 2030-01-02 03:04 UTC. Commit: def5678."],
             "mps-proxy": ["| 2 | 4 KiB | 8.88 |  | 9.99 |", "gather ≤ 7 µs: missed"],

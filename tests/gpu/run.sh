@@ -25,15 +25,34 @@
 # TPF_GPU_TIMEOUT: seconds one test program may run (default 540).
 # The MPS suite ends with the chaos run (tests/gpu/chaos.sh; TPF_GPU_CHAOS_SECONDS,
 # default 60; TPF_GPU_CHAOS_SEED replays one; TPF_GPU_NO_CHAOS=1 skips it).
+# Then the cross-node (tcp) stage (tests/gpu/crossnode.sh; TPF_GPU_NO_TCP=1
+# skips it): two tpfabricd on loopback as two nodes, Device groups of W = 2
+# (a rank a node) and W = 4 (two a node: ipc inside, tcp across) split across
+# them, and the torch Communicator at W = 2 across them; its verdict lines
+# read "gpu-crossnode(tcp)".
 # Last, the torch Communicator's suite (tests/gpu/python/run.sh; TPF_GPU_NO_PYTHON=1 skips it).
+# TPF_GPU_ONLY=STAGE[,STAGE...] runs only those stages (to split a run under
+# a command time limit; unset: all): single (the single-process test and
+# nccl1), pergpu (the one-process-per-GPU part, several GPUs), mps (the MPS
+# suite's route x W x scenario loop), extra (mixed routes, idle, daemonkill,
+# probefail), chaos, tcp (the cross-node stage), bench (tpf-gpubench), python,
+# host (tpf-bench on the host CPUs).
 # Several GPUs (nvidia-smi -L lists N >= 2): first, with no MPS, one rank
 # process per GPU (rank r on GPU r % N): the scenarios at W = N, the NCCL
-# bootstrap and fallback scenarios, and the benchmark beside NCCL
+# bootstrap and fallback scenarios, the cross-node (tcp) stage with one GPU
+# a node (node n's ranks on GPU n), and the benchmark beside NCCL
 # (tpf-gpubench --mode nccl); then the MPS suite as on one GPU, on GPU 0
 # (CUDA_VISIBLE_DEVICES=0). TPF_GPU_NO_MPS=1 skips the MPS suite.
 # Exit: 0 all passed, 1 a test failed or the build failed, 77 no GPU here.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# stage NAME: true when TPF_GPU_ONLY is unset or lists NAME.
+stage() { [ -z "${TPF_GPU_ONLY:-}" ] || [[ ",$TPF_GPU_ONLY," == *",$1,"* ]]; }
+for st_ in ${TPF_GPU_ONLY//,/ }; do
+  case $st_ in single | pergpu | mps | extra | chaos | tcp | bench | python | host) ;;
+  *) echo "TPF_GPU_ONLY: unknown stage '$st_' (single, pergpu, mps, extra, chaos, tcp, bench, python, host)"; exit 1 ;;
+  esac
+done
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "SKIP: no GPU here (nvidia-smi -L failed); tests/gpu needs the GPU machine"
@@ -99,8 +118,10 @@ stop_mps() {
   [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null; dpid=
   if [ -n "$mps_dir" ]; then echo quit | nvidia-cuda-mps-control; sleep 1; rm -rf "$mps_dir"; mps_dir=; fi
 }
+xnode_pids=() # the cross-node stage's daemons (crossnode.sh)
 cleanup() {
   [ -n "${xpid:-}" ] && kill "$xpid" 2>/dev/null && wait "$xpid" 2>/dev/null
+  for p in "${xnode_pids[@]}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done
   stop_mps
   echo "gpu: $n_pass passed, $n_fail failed, $n_skip skipped"
 }
@@ -126,11 +147,11 @@ run_one() {
   echo "== $name: exit $r ($st)"
 }
 [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && TPF_GPU_SKIP_SINGLE=1
-if [ -z "${TPF_GPU_SKIP_SINGLE:-}" ]; then
+if [ -z "${TPF_GPU_SKIP_SINGLE:-}" ] && stage single; then
   for t in "${single_process[@]}"; do run_one "$t" "$@"; done
 fi
 [ -x "$bin/tpf-gpurank" ] || { echo "no $bin/tpf-gpurank: multi-process tests not run"; exit $rc; }
-if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
+if [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && stage single; then
   echo "== tpf-gpurank nccl1 (world-1 NcclBootstrap; above-cap calls to NCCL)"
   timeout 60 "$bin/tpf-gpurank" --scenario nccl1 2>&1 | tee "$logdir/nccl1.log"
   judge "${PIPESTATUS[0]}"
@@ -148,7 +169,9 @@ start_daemon() {
 }
 
 # ranks PROGRAM WORLD ROUTE SCENARIO TIMEOUT_MS [extra args]: W rank
-# processes against the daemon on $sock (rank r on GPU r % N); each judges
+# processes against the daemon on $sock (rank r on GPU r % N), or rank r on
+# the r-th socket of $rank_socks and the r-th device of $rank_devs where
+# those lists are set (two daemons as two nodes: crossnode.sh); each judges
 # its own outcome (exit 0, 77 for a scenario it cannot run) and prints RESULT
 # lines. Returns 0 when every rank passed, 77 when every rank skipped, else 1.
 # $tag names the log. A scenario's rank gets 40 s; a benchmark rank 120 (the
@@ -157,13 +180,14 @@ start_daemon() {
 tag=
 ranks() {
   local prog=$1 w=$2 route=$3 scen=$4 tmo=$5; shift 5
-  local port pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log" limit=40
+  local port pids=() r ok=1 log="$logdir/$prog-$scen-$route-w$w$tag.log" limit=40 socks devs
   [ "$prog" = tpf-gpubench ] && limit=120
+  read -ra socks <<<"${rank_socks:-}"; read -ra devs <<<"${rank_devs:-}"
   port=$(freeport)
   : >"$log"
   for ((r = 0; r < w; r++)); do
-    timeout $limit "$bin/$prog" --socket "$sock" --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" \
-      "$@" >>"$log" 2>&1 &
+    timeout $limit "$bin/$prog" --socket "${socks[$r]:-$sock}" ${devs[$r]:+--device "${devs[$r]}"} \
+      --bootstrap 127.0.0.1:$port --rank $r --world $w --route "$route" "$@" >>"$log" 2>&1 &
     pids+=($!)
   done
   local skipped=0
@@ -184,7 +208,7 @@ show() {
 # One rank process per GPU, no MPS: the scenarios at W = N, NCCL bootstrap
 # and fallback, and the benchmark beside NCCL (needs N >= 2: NCCL refuses two
 # ranks on one GPU). NCCL_NVLS_ENABLE=0 stays exported (above).
-if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
+if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && stage pergpu; then
   t0=$SECONDS
   xdir=$(mktemp -d)
   sock=$xdir/tpfabricd.sock
@@ -230,6 +254,9 @@ if [ "$ngpu" -ge 2 ] && [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   fi
   [ -n "${xpid:-}" ] && kill "$xpid" && wait "$xpid" 2>/dev/null; xpid=
   tag=
+  # Two daemons as two nodes, one GPU each (tests/gpu/crossnode.sh).
+  . tests/gpu/crossnode.sh
+  tpf_gpu_crossnode pergpu 0 1
   echo "one-process-per-GPU tests took $((SECONDS - t0)) s"
   if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
     echo "== benchmark beside NCCL (bench/gpu, --mode nccl, one process per GPU): $(date -u +%FT%TZ)"
@@ -258,6 +285,7 @@ dpid=$started
 t0=$SECONDS
 for route in ipc proxy; do
   [ -n "${TPF_GPU_BENCH_ONLY:-}" ] && break
+  stage mps || break
   for w in 2 4 8; do
     for scen in data odd gatherv graph b2b kill stall mismatch graphkill graphleave graphstall; do
       [ $scen = mismatch ] && [ $route != ipc ] && continue # the proxy route carries no call tag
@@ -271,7 +299,7 @@ for route in ipc proxy; do
 done
 if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   # Mixed routes in one group: ranks of one "node" (TPF_TEST_NODES, a test hook) over ipc, the others through the proxy.
-  for nodes in 0,0,1,1 0,0,0,1,1,1,2,2; do
+  stage extra && for nodes in 0,0,1,1 0,0,0,1,1,1,2,2; do
     w=$(echo "$nodes" | tr ',' '\n' | wc -l)
     (export TPF_TEST_NODES=$nodes; ranks tpf-gpurank $w auto mixed 5000 --scenario mixed); judge $?
     echo "$st gpu-multiprocess mixed W=$w nodes=$nodes"
@@ -282,7 +310,9 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
   # While an open W = 2 ipc group idles: tpfabricctl status shows ipc routes
   # and the ranks' device regions, and the daemon's CPU over 2 s stays under
   # 5 % of a core (its proxy polls no ipc-only ring). Needs $bin/tpfabricctl.
-  if [ -x "$bin/tpfabricctl" ]; then
+  if ! stage extra; then
+    :
+  elif [ -x "$bin/tpfabricctl" ]; then
     ilog=$logdir/tpf-gpurank-idle-ipc-w2.log
     (ranks tpf-gpurank 2 ipc idle 5000 --scenario idle) &
     rp=$!
@@ -313,7 +343,7 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
   # wake it), a whole core; proxy.gpu_poll_us = 100 bounds that.
   # Both measured, the bounded one must stay under 20 % of a core, and the
   # group's calls before and after the idle stretch must be right.
-  if [ -x "$bin/tpfabricctl" ]; then
+  if [ -x "$bin/tpfabricctl" ] && stage extra; then
     pdir=$(mktemp -d)
     printf '[proxy]\ngpu_poll_us = 100\n' >"$pdir/nap.toml"
     for cfg in busy nap; do
@@ -337,7 +367,9 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
   fi
   # The daemon killed under a proxy-route Device group: DaemonLost within 1 s.
   dkdir=$(mktemp -d)
-  if start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then
+  if ! stage extra; then
+    :
+  elif start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then
     dk=$started
     (sock=$dkdir/d.sock; ranks tpf-gpurank 2 proxy daemonkill 10000 --scenario daemonkill --timeout-ms 10000) &
     rp=$!
@@ -352,17 +384,24 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
   fi
   rm -rf "$dkdir"
   # The chaos run (tests/gpu/chaos.sh): random kills, stalls, aborts and daemon kills under W = 2..4 groups.
-  if [ -z "${TPF_GPU_NO_CHAOS:-}" ]; then
+  if [ -z "${TPF_GPU_NO_CHAOS:-}" ] && stage chaos; then
     . tests/gpu/chaos.sh
     tpf_gpu_chaos
   fi
-  (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); judge $?
-  echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
-  grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
+  # The cross-node (tcp) stage on this one GPU: two daemons as two nodes (tests/gpu/crossnode.sh).
+  if stage tcp; then
+    . tests/gpu/crossnode.sh
+    tpf_gpu_crossnode mps
+  fi
+  if stage extra; then
+    (export TPF_PROBE_SABOTAGE=1 TPF_FALLBACK=error; ranks tpf-gpurank 2 auto probefail 5000 --scenario probefail); judge $?
+    echo "$st gpu-multiprocess probefail W=2 (TPF_PROBE_SABOTAGE=1, TPF_FALLBACK=error)"
+    grep -h RESULT "$logdir/tpf-gpurank-probefail-auto-w2.log" | sed 's/^/    /'
+  fi
   echo "multi-process tests took $((SECONDS - t0)) s"
 fi
 
-if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
+if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && stage bench; then
   echo "== benchmark (bench/gpu): $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
   for w in ${TPF_GPU_BENCH_W:-2 4 8}; do
     ranks tpf-gpubench $w ipc sizes 0 --mode sizes || { echo "bench ipc W=$w failed"; rc=1; }
@@ -382,10 +421,15 @@ if [ -x "$bin/tpf-gpubench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ]; then
     ranks tpf-gpubench $w ipc parts 0 --mode parts || { echo "bench ipc parts W=$w failed"; rc=1; }
     grep -h '^ROW' "$logdir/tpf-gpubench-parts-ipc-w$w.log"
   done
+  # The tcp wire between two daemons beside the one-host proxy route (tests/gpu/crossnode.sh).
+  if [ -z "${TPF_GPU_NO_TCP:-}" ]; then
+    . tests/gpu/crossnode.sh
+    tpf_gpu_crossnode_bench
+  fi
 fi
 
 # ---- tpfabric.torch (tests/gpu/python/run.sh): the Communicator over torch.distributed ----
-if [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && [ -z "${TPF_GPU_NO_PYTHON:-}" ]; then
+if [ -z "${TPF_GPU_BENCH_ONLY:-}" ] && [ -z "${TPF_GPU_NO_PYTHON:-}" ] && stage python; then
   . tests/gpu/python/run.sh
   tpf_python_gpu_suite "$bin" "$logdir"; judge $?
   echo "$st gpu-python (tests/gpu/python/run.sh)"
@@ -397,7 +441,7 @@ fi
 # Last, with the MPS daemon and the suite's tpfabricd stopped first and a
 # few seconds to settle: the targets are stated for idle host CPUs, and 16
 # host ranks on 16 vCPUs feel any process still awake.
-if [ -x "$bin/tpf-bench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_GPU_NO_HOST_BENCH:-}" ]; then
+if [ -x "$bin/tpf-bench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_GPU_NO_HOST_BENCH:-}" ] && stage host; then
   stop_mps
   sleep "${TPF_GPU_HOST_SETTLE:-5}"
   echo "== host path (tpf-bench run, $(nproc) host CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), MPS stopped): $(date -u +%FT%TZ)"
@@ -405,5 +449,10 @@ if [ -x "$bin/tpf-bench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_GPU_
     --sizes 4KiB,64KiB --ops gather,sum --markdown --json "$logdir/tpf-bench-host.json" >"$logdir/tpf-bench-host.log" 2>&1 ||
     { echo "bench host path failed"; rc=1; }
   cat "$logdir/tpf-bench-host.log"
+  # The host path across two daemons over the tcp wire (loopback), beside a TCP floor (docs/perf.md, host-tcp).
+  timeout 300 "$bin/tpf-bench" run --daemon "$bin/tpfabricd" --nodes 2 --world 2,4 --sizes 4KiB,64KiB --ops gather,sum \
+    --markdown --json "$logdir/tpf-bench-host-tcp.json" >"$logdir/tpf-bench-host-tcp.log" 2>&1 ||
+    { echo "bench host path across two daemons failed"; rc=1; }
+  cat "$logdir/tpf-bench-host-tcp.log"
 fi
 exit $rc

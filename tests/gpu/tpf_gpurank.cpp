@@ -28,6 +28,10 @@
 //              with exact output until then; the failed replay flagged (the code and the rank as
 //              check() then reports them) with its outputs unwritten; never a replay whose
 //              output is wrong or unwritten while the word says healthy
+//   graphnodekill
+//              two daemons as two nodes (--nodes): the graphkill graph replayed until a replay fails;
+//              READY after replay 5, then run.sh SIGKILLs node 1's daemon: node 0's ranks see PeerLost,
+//              node 1's DaemonLost, in the health word at the failed replay's sync point, outputs unwritten
 //   stall      the last rank never posts call 3: the others get Timeout naming it
 //   mismatch   ipc route: the last rank gathers 8 KiB, the others 4 KiB: GroupMismatch on every rank
 //              naming the other side, within 1 s, nothing written; the next call fails with it too
@@ -37,6 +41,8 @@
 //              ms and detail; tests/gpu/chaos.sh injects the event and judges the outcomes
 //   probefail  TPF_PROBE_SABOTAGE on the last rank: open fails on every rank (TPF_FALLBACK=error)
 //   nccl1      world 1 over an NcclBootstrap: above-cap calls go to NCCL
+// --nodes 0,0,1,1 (any scenario): the ranks' daemons are distinct nodes (tests/gpu/crossnode.sh); at open
+// every rank checks its routes: self, ipc (shm with --route proxy) to its own node's ranks, tcp to the others.
 // Over an NcclBootstrap of W processes, one per GPU (run.sh on a machine of
 // several GPUs; --max-bytes sets the group's cap):
 //   nccl-fabric    the fabric path; calls above the cap go by NCCL; results exact and identical on every rank
@@ -85,6 +91,7 @@ struct Args {
     std::uint64_t calls = 20000; ///< chaos: calls when nothing fails (a count, so that every rank stops at the same call)
     std::uint64_t maxBytes = 512 * 1024;
     int device = -1; ///< -1: rank % visible devices
+    std::vector<std::uint32_t> nodes; ///< --nodes: the node (daemon) of each rank, as run.sh started them
 };
 
 Args a;
@@ -569,27 +576,112 @@ int scenarioFault(Group& g, cudaStream_t st, Buffers2 b, bool kill) {
     return report(false, "no failure seen");
 }
 
+// The graph of the health scenarios: a flag-path (or LL) gather, a staged
+// gather (pack, gather, unpack) and an f32 sum, the three kinds of failing
+// kernel. replay() launches it with new shards, copies the outputs to the
+// host (an engine's sync point: its sampled tokens) and reads the health word
+// before anything else does, as an engine would.
+class HealthGraph {
+public:
+    static constexpr std::uint64_t kGather = 4096, kOdd = 100, kSum = 1024; // kSum: f32 elements
+    struct Replay {
+        Health health;
+        bool exact = true;     ///< every output right
+        bool untouched = true; ///< every output byte still 0x5a (a failed call writes nothing)
+        double ms = 0;         ///< launch to sync
+    };
+    HealthGraph(Group& g, cudaStream_t st, Buffers2 b) : g_(g), st_(st), b_(b) {}
+    ~HealthGraph() {
+        if (exec_) cudaGraphExecDestroy(exec_);
+        if (graph_) cudaGraphDestroy(graph_);
+    }
+    /// Captures and instantiates the graph; "" or what failed.
+    std::string capture() {
+        const std::uint32_t W = g_.world();
+        if (cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return "begin capture";
+        Status s = g_.allGather(b_.send, b_.recv, kGather, st_);
+        if (s) s = g_.allGather(b_.send + kOddAt, b_.recv + kGather * W, kOdd, st_);
+        if (s) s = g_.allReduceSum(b_.send + kSumAt, b_.recv + outSum(), kSum, DType::F32, st_);
+        const cudaError_t e = cudaStreamEndCapture(st_, &graph_);
+        if (!s) return "captured call: " + s.error().describe();
+        if (e != cudaSuccess) return std::string("end capture: ") + cudaGetErrorName(e);
+        if (cudaGraphInstantiate(&exec_, graph_, 0) != cudaSuccess) return "instantiate";
+        h_.resize(kSumAt + kSum * 4);
+        out_.resize(outBytes());
+        want_.resize(kGather);
+        return "";
+    }
+    /// Replay number rep; false with what failed in `err` if CUDA did.
+    bool replay(int rep, Replay& r, std::string& err) {
+        const std::uint32_t W = g_.world();
+        fillBytes(h_.data(), kGather, 7000 + rep, g_.rank());
+        fillBytes(h_.data() + kOddAt, kOdd, 9000 + rep, g_.rank());
+        for (std::uint64_t i = 0; i < kSum; ++i) {
+            const float v = value(g_.rank(), rep, i);
+            std::memcpy(h_.data() + kSumAt + i * 4, &v, 4);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        cudaError_t e = cudaMemcpyAsync(b_.send, h_.data(), h_.size(), cudaMemcpyHostToDevice, st_);
+        if (e == cudaSuccess) e = cudaMemsetAsync(b_.recv, 0x5a, outBytes(), st_);
+        if (e == cudaSuccess) e = cudaGraphLaunch(exec_, st_);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(out_.data(), b_.recv, outBytes(), cudaMemcpyDeviceToHost, st_);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(st_);
+        if (e != cudaSuccess) {
+            err = std::string("replay: ") + cudaGetErrorName(e);
+            return false;
+        }
+        r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        r.health = g_.health(); // before check(), which would read the device's record itself
+        r.exact = r.untouched = true;
+        for (std::uint32_t q = 0; q < W; ++q) {
+            fillBytes(want_.data(), kGather, 7000 + rep, q);
+            r.exact = r.exact && std::memcmp(out_.data() + q * kGather, want_.data(), kGather) == 0;
+            fillBytes(want_.data(), kOdd, 9000 + rep, q);
+            r.exact = r.exact && std::memcmp(out_.data() + kGather * W + q * kOdd, want_.data(), kOdd) == 0;
+        }
+        for (std::uint64_t i = 0; i < kSum && r.exact; ++i) {
+            float sum = 0, got;
+            for (std::uint32_t q = 0; q < W; ++q) sum += value(q, rep, i); // small integers: exact in any order
+            std::memcpy(&got, out_.data() + outSum() + i * 4, 4);
+            r.exact = got == sum;
+        }
+        for (std::uint64_t i = 0; i < outBytes() && r.untouched; ++i) r.untouched = out_[i] == 0x5a;
+        return true;
+    }
+
+private:
+    static constexpr std::uint64_t kOddAt = kGather, kSumAt = kOddAt + 128; // offsets in send (16-byte aligned)
+    static float value(std::uint32_t r, int rep, std::uint64_t i) { return float(int((i * 7 + r * 13 + rep) % 31) - 15); }
+    std::uint64_t outSum() const { return kGather * g_.world() + 128 * g_.world(); }
+    std::uint64_t outBytes() const { return outSum() + kSum * 4; }
+    Group& g_;
+    cudaStream_t st_;
+    Buffers2 b_;
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t exec_ = nullptr;
+    std::vector<std::uint8_t> h_, out_, want_;
+};
+
+std::string replayText(int rep, const HealthGraph::Replay& r, const Status& checked) {
+    char buf[384];
+    std::snprintf(buf, sizeof buf, "replay=%d health=%s health_rank=%d check=%s untouched=%d after_ms=%.1f detail=%s", rep,
+                  std::string(errcName(r.health.code)).c_str(), r.health.rank == Health::kNoRank ? -1 : int(r.health.rank),
+                  std::string(errcName(checked.code())).c_str(), int(r.untouched), r.ms,
+                  checked ? "" : checked.error().detail.c_str());
+    return buf;
+}
+
 // graphkill / graphleave / graphstall: the health word flags every failed
-// replay of a captured graph at the replay's own host sync point, without
-// check(). The graph holds the three kinds of failing kernel: a flag-path
-// (or LL) gather, a staged gather (pack, gather, unpack) and an f32 sum.
+// replay of a captured graph (HealthGraph) at the replay's own host sync
+// point, without check().
 enum class GraphFault { Kill, Leave, Stall };
 int scenarioGraphHealth(Group& g, cudaStream_t st, Buffers2 b, GraphFault fault) {
-    const std::uint32_t W = g.world(), bad = W - 1;
-    constexpr std::uint64_t kGather = 4096, kOdd = 100, kSum = 1024; // kSum: f32 elements
+    const std::uint32_t bad = g.world() - 1;
     constexpr int kFaultAt = 20, kReplays = 64;
-    const std::uint64_t oddAt = kGather, sumAt = oddAt + 128;         // offsets in send (16-byte aligned)
-    const std::uint64_t outOdd = kGather * W, outSum = outOdd + 128 * W, outBytes = outSum + kSum * 4;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    ST(g.allGather(b.send, b.recv, kGather, st));
-    ST(g.allGather(b.send + oddAt, b.recv + outOdd, kOdd, st));
-    ST(g.allReduceSum(b.send + sumAt, b.recv + outSum, kSum, DType::F32, st));
-    CK(cudaStreamEndCapture(st, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    std::vector<std::uint8_t> h(sumAt + kSum * 4), out(outBytes), want(kGather);
-    const auto value = [](std::uint32_t r, int rep, std::uint64_t i) { return float(int((i * 7 + r * 13 + rep) % 31) - 15); };
+    HealthGraph graph(g, st, b);
+    if (const std::string e = graph.capture(); !e.empty()) return report(false, e);
+    HealthGraph::Replay r;
+    std::string err;
     for (int rep = 0; rep < kReplays; ++rep) {
         if (g.rank() == bad && rep == kFaultAt) {
             CK(cudaStreamSynchronize(st));
@@ -601,53 +693,51 @@ int scenarioGraphHealth(Group& g, cudaStream_t st, Buffers2 b, GraphFault fault)
             std::this_thread::sleep_for(std::chrono::milliseconds(3 * a.timeoutMs));
             return report(true, "stalled rank woke up");
         }
-        fillBytes(h.data(), kGather, 7000 + rep, g.rank());
-        fillBytes(h.data() + oddAt, kOdd, 9000 + rep, g.rank());
-        for (std::uint64_t i = 0; i < kSum; ++i) {
-            const float v = value(g.rank(), rep, i);
-            std::memcpy(h.data() + sumAt + i * 4, &v, 4);
-        }
-        CK(cudaMemcpyAsync(b.send, h.data(), h.size(), cudaMemcpyHostToDevice, st));
-        CK(cudaMemsetAsync(b.recv, 0x5a, outBytes, st));
-        CK(cudaGraphLaunch(exec, st));
-        // The engine's own sync point: the step's result reaches the host.
-        CK(cudaMemcpyAsync(out.data(), b.recv, outBytes, cudaMemcpyDeviceToHost, st));
-        CK(cudaStreamSynchronize(st));
-        const Health health = g.health(); // before check(), which would read the device's record itself
-        bool exact = true, untouched = true;
-        for (std::uint32_t q = 0; q < W; ++q) {
-            fillBytes(want.data(), kGather, 7000 + rep, q);
-            exact = exact && std::memcmp(out.data() + q * kGather, want.data(), kGather) == 0;
-            fillBytes(want.data(), kOdd, 9000 + rep, q);
-            exact = exact && std::memcmp(out.data() + outOdd + q * kOdd, want.data(), kOdd) == 0;
-        }
-        for (std::uint64_t i = 0; i < kSum && exact; ++i) {
-            float sum = 0, got;
-            for (std::uint32_t q = 0; q < W; ++q) sum += value(q, rep, i); // small integers: exact in any order
-            std::memcpy(&got, out.data() + outSum + i * 4, 4);
-            exact = got == sum;
-        }
-        for (std::uint64_t i = 0; i < outBytes && untouched; ++i) untouched = out[i] == 0x5a; // a failed call writes nothing
-        if (health.ok()) {
-            if (!exact)
-                return report(false, "replay " + std::to_string(rep) + ": output " + (untouched ? "unwritten" : "wrong") +
+        if (!graph.replay(rep, r, err)) return report(false, err);
+        if (r.health.ok()) {
+            if (!r.exact)
+                return report(false, "replay " + std::to_string(rep) + ": output " + (r.untouched ? "unwritten" : "wrong") +
                                          " while the health word says healthy");
             continue;
         }
         const Status checked = g.check();
         const Errc expected = fault == GraphFault::Stall ? Errc::Timeout : Errc::PeerLost;
-        char buf[320];
-        std::snprintf(buf, sizeof buf, "replay=%d health=%s health_rank=%d check=%s untouched=%d detail=%s", rep,
-                      std::string(errcName(health.code)).c_str(), health.rank == Health::kNoRank ? -1 : int(health.rank),
-                      std::string(errcName(checked.code())).c_str(), int(untouched),
-                      checked ? "" : checked.error().detail.c_str());
-        const bool ok = health.code == expected && health.rank == bad && checked.code() == health.code && untouched &&
+        const bool ok = r.health.code == expected && r.health.rank == bad && checked.code() == r.health.code && r.untouched &&
                         rep == kFaultAt && !g.healthy();
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        return report(ok, buf);
+        return report(ok, replayText(rep, r, checked));
     }
     return report(false, "no replay failed");
+}
+
+// graphnodekill (two daemons as two nodes, --nodes): HealthGraph replayed
+// until a replay fails; READY after replay 5, then run.sh SIGKILLs the
+// daemon of node 1. Node 0's ranks: PeerLost (their daemon lost the link),
+// node 1's: DaemonLost (the kernels' heartbeat watch); the failed replay
+// flagged in the health word at its sync point with its outputs unwritten,
+// within the timeout, and no replay before it wrong while healthy.
+int scenarioGraphNodeKill(Group& g, cudaStream_t st, Buffers2 b, const std::vector<std::uint32_t>& nodes) {
+    if (nodes.size() != g.world()) return report(false, "graphnodekill needs --nodes with a node per rank");
+    const bool lostOwnDaemon = nodes[g.rank()] == 1;
+    HealthGraph graph(g, st, b);
+    if (const std::string e = graph.capture(); !e.empty()) return report(false, e);
+    HealthGraph::Replay r;
+    std::string err;
+    for (int rep = 0; rep < 200000; ++rep) {
+        if (rep == 5) std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
+        if (!graph.replay(rep, r, err)) return report(false, err);
+        if (r.health.ok()) {
+            if (!r.exact)
+                return report(false, "replay " + std::to_string(rep) + ": output " + (r.untouched ? "unwritten" : "wrong") +
+                                         " while the health word says healthy");
+            continue;
+        }
+        const Status checked = g.check();
+        const Errc expected = lostOwnDaemon ? Errc::DaemonLost : Errc::PeerLost;
+        const bool ok = r.health.code == expected && checked.code() == r.health.code && r.untouched && rep >= 5 &&
+                        r.ms < a.timeoutMs && !g.healthy();
+        return report(ok, std::string("expected=") + std::string(errcName(expected)) + " " + replayText(rep, r, checked));
+    }
+    return report(false, "no replay failed: node 1's daemon was never killed");
 }
 
 #if TPF_HAVE_NCCL
@@ -823,6 +913,8 @@ int main(int argc, char** argv) {
     app.add_option("--max-bytes", a.maxBytes, "the group's cap (nccl-* scenarios)");
     app.add_option("--device", a.device, "CUDA device (default: rank % visible devices)");
     app.add_option("--calls", a.calls, "chaos: calls when nothing fails");
+    app.add_option("--nodes", a.nodes, "the node of each rank (0,0,1,1: two daemons as two nodes): routes checked at open")
+        ->delimiter(',');
     CLI11_PARSE(app, argc, argv);
     // The probe's test hook is internal to libtpfabric (not in the installed library).
     if (const char* sab = std::getenv("TPF_PROBE_SABOTAGE"); sab && *sab) tpf::testing::setProbeSabotage(std::atoi(sab));
@@ -879,6 +971,18 @@ int main(int argc, char** argv) {
     const std::string want = a.route == "auto" ? "" : a.route == "ipc" ? "ipc" : "shm";
     if (!want.empty() && g.route((a.rank + 1) % a.world) != want)
         return report(false, "route to the next rank is " + g.route((a.rank + 1) % a.world) + ", wanted " + want);
+    if (!a.nodes.empty()) { // two daemons as two nodes: ipc to the own node's GPUs (auto route), tcp to the other's
+        if (a.nodes.size() != a.world) return report(false, "--nodes needs a node per rank");
+        for (std::uint32_t q = 0; q < a.world; ++q) {
+            const std::string wantRoute = q == a.rank                ? "self"
+                                          : a.nodes[q] != a.nodes[a.rank] ? "tcp"
+                                          : a.route == "proxy"        ? "shm"
+                                                                      : "ipc";
+            if (g.route(q) != wantRoute)
+                return report(false, "route to rank " + std::to_string(q) + " (node " + std::to_string(a.nodes[q]) + ") is " +
+                                         g.route(q) + ", wanted " + wantRoute);
+        }
+    }
     if (a.scenario == "mixed") { // ipc to same-"node" peers, the proxy to the others, in one call
         const auto& nodes = tpf::testing::testNodes();
         if (nodes.size() < a.world) return report(false, "mixed needs TPF_TEST_NODES with a node per rank");
@@ -907,5 +1011,6 @@ int main(int argc, char** argv) {
     if (a.scenario == "graphkill") return scenarioGraphHealth(g, st, b, GraphFault::Kill);
     if (a.scenario == "graphleave") return scenarioGraphHealth(g, st, b, GraphFault::Leave);
     if (a.scenario == "graphstall") return scenarioGraphHealth(g, st, b, GraphFault::Stall);
+    if (a.scenario == "graphnodekill") return scenarioGraphNodeKill(g, st, b, a.nodes);
     return report(false, "unknown scenario");
 }

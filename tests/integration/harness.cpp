@@ -176,6 +176,12 @@ void Daemon::restart() {
     start();
 }
 
+void Daemon::restart(std::vector<std::string> extraArgs) {
+    if (!stopped_) stop();
+    extraArgs_ = std::move(extraArgs);
+    start();
+}
+
 std::string Daemon::log() {
     std::ifstream f(dir_ + "/daemon.log");
     std::stringstream s;

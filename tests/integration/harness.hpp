@@ -50,6 +50,8 @@ public:
     void signal(int sig);
     /// A new daemon on the same socket path (after stop() or signal(SIGKILL)).
     void restart();
+    /// The same, the new daemon started with `extraArgs` instead (another config).
+    void restart(std::vector<std::string> extraArgs);
     std::string log();
 
 private:

@@ -12,15 +12,23 @@ against a tpfabricd it starts itself (--daemon), read back from its --json.
              issue 16's targets judged (W = 2 4 KiB
              within 2x the floor; the W = 16 line says it was not measured),
              an open time for each W, and the Markdown on stdout says the same.
+  nodes 2    --nodes 3, --nodes 2 without two sockets: usage errors naming
+             what is needed; two sockets of one daemon: exit 1, the ranks did
+             not take the tcp wire; a short --daemon --nodes 2 run (W = 2 and
+             3, 64 B and 4 KiB): every row's routes (tcp, or shm and tcp at
+             W = 3), a TCP floor for each size, no one-node target judged, and
+             the Markdown's title, tcp floor columns and loopback note.
 Timing is not asserted (2 CPUs here): the numbers only have to exist and
 agree with each other. Needs TPF_BENCH and TPF_DAEMON
 (tests/integration/meson.build). Exit 0 pass, 1 fail."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
 
 BENCH = os.environ["TPF_BENCH"]
 DAEMON = os.environ["TPF_DAEMON"]
@@ -110,11 +118,73 @@ def main():
           "stdout judges W = 2 4 KiB against 2x the floor")
     check("target: W=16 4 KiB gather within 10 µs (p50): not measured in this run" in out,
           "stdout says the W = 16 target was not measured")
+    check(doc["nodes"] == 1 and doc["floor_kind"] == "shm" and all(x["routes"] == "shm" for x in doc["results"]),
+          f"one node: a shared-memory floor and every row's routes shm: {[x['routes'] for x in doc['results']]}")
+
+
+def two_nodes():
+    usage(["run", "--nodes", "3"], "tpf-bench runs one node (1) or two")
+    usage(["run", "--nodes", "2"], "--nodes 2 needs two daemons, one per node: --socket A,B")
+    usage(["run", "--nodes", "2", "--socket", "/tmp/one.sock"], "(--socket named 1)")
+    usage(["run", "--socket", "/tmp/a.sock,/tmp/b.sock"], "give --nodes 2")
+    worlds, sizes, iters = (2, 3), (64, 4096), 20
+    with tempfile.TemporaryDirectory() as tmp:
+        # One daemon named twice is one node: its ranks meet over shm, and the run refuses.
+        sock = os.path.join(tmp, "one.sock")
+        daemon = subprocess.Popen([DAEMON, "--socket", sock, "--foreground", "--log-level", "warn"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(200):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+            r = run(["run", "--nodes", "2", "--socket", f"{sock},{sock}", "--world", "2", "--sizes", "64", "--iters", "5",
+                     "--point-ms", "0", "--floor-iters", "50", "--opens", "1", "--idle-ms", "10", "--settle-ms", "1"],
+                    timeout=120)
+            check(r.returncode == 1 and "over 'shm', not the tcp wire" in r.stderr and r.stdout == "",
+                  f"two sockets of one daemon: exit 1 naming the wire taken, no table (exit {r.returncode}, "
+                  f"stderr tail {r.stderr[-400:]!r})")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+        path = os.path.join(tmp, "nodes.json")
+        r = run(["run", "--daemon", DAEMON, "--nodes", "2", "--world", "2,3", "--sizes", "64,4KiB", "--ops", "gather,sum",
+                 "--iters", str(iters), "--warmup", "3", "--point-ms", "0", "--floor-iters", "100", "--opens", "1",
+                 "--idle-ms", "50", "--settle-ms", "10", "--json", path, "--markdown"], timeout=240)
+        check(r.returncode == 0, f"the two-node run exits 0 (exit {r.returncode}; stderr tail {r.stderr[-600:]!r})")
+        if r.returncode != 0:
+            return
+        with open(path) as f:
+            doc = json.load(f)
+    check(doc["nodes"] == 2 and doc["floor_kind"] == "tcp", f"the JSON says 2 nodes and a tcp floor: "
+                                                           f"{doc.get('nodes')}, {doc.get('floor_kind')}")
+    rows = {(x["op"], x["world"], x["size"]): x for x in doc["results"]}
+    want = {(op, w, s) for op in ("gather", "sum_bf16") for w in worlds for s in sizes}
+    check(set(rows) == want, f"one row per (op, W, size): {sorted(set(rows) ^ want)} differ")
+    for key, x in sorted(rows.items()):
+        routes = "tcp" if key[1] == 2 else "shm, tcp"  # W = 3: ranks 0 and 2 share node 0
+        ok = (x["routes"] == routes and x["samples"] == key[1] * iters and 0 < x["p50_us"] <= x["p99_us"]
+              and x["floor_p50_us"] > 0 and abs(x["ratio_p50"] - x["p50_us"] / x["floor_p50_us"]) < 0.01 * x["ratio_p50"] + 1e-6)
+        check(ok, f"two nodes, row {key}: routes {x['routes']!r} (want {routes!r}), {x['samples']} samples, "
+                  f"p50 {x['p50_us']} p99 {x['p99_us']}, tcp floor {x['floor_p50_us']}, ratio {x['ratio_p50']}")
+    floors = {f["size"]: f for f in doc["floor"]}
+    check(set(floors) == set(sizes) and all(f["samples"] == 100 and 0 < f["p50_us"] <= f["p99_us"] for f in floors.values()),
+          f"a TCP floor for each size, 100 round trips: {doc['floor']}")
+    check(doc["target"] == [] and doc["target_wide"] is None,
+          f"the one-node targets are not judged across nodes: {doc['target']}, {doc['target_wide']}")
+    out = r.stdout
+    check("**Host path across 2 nodes over the tcp wire**" in out and "tcp floor p50 µs" in out
+          and "p50 / tcp floor" in out and "raw two-process TCP ping-pong" in out,
+          "the Markdown's title and columns name the tcp wire and its floor")
+    check(re.search(r"^\| gather +\| 2 \| 4KiB \| tcp +\|", out, re.M) and re.search(r"^\| gather +\| 3 \| 4KiB \| shm, tcp \|", out, re.M),
+          "the Markdown's rows show the routes taken")
+    check("loopback on one host is not a network" in out, "the Markdown says loopback is not a network")
 
 
 if __name__ == "__main__":
     try:
         main()
+        two_nodes()
     except subprocess.TimeoutExpired as e:
         FAILURES.append(f"timed out: {e}")
         print(f"FAIL: timed out: {e}")

@@ -212,18 +212,24 @@ TEST_CASE("a client killed before, during and after a call: the others end PeerL
     CHECK(d.stop() == 0);
 }
 
-TEST_CASE("the local daemon killed: every call ends DaemonLost, open is refused by name, a restarted daemon serves") {
+TEST_CASE("the local daemon killed and not back in time: every call ends DaemonLost, open is refused by name, a restarted "
+          "daemon serves") {
     for (const bool midCall : {true, false}) {
         INFO((midCall ? "daemon killed while every rank is inside a call" : "daemon killed while every rank is between calls"));
         Daemon d;
         const std::string go = d.dir() + "/go", back = d.dir() + "/daemon-back";
+        // Host-direct calls need no daemon: they go on until the open timeout, in which no daemon re-adopted the group.
+        const std::uint32_t openTimeoutMs = 5000;
         std::vector<std::string> common{"--iters", "1000000000", "--sizes", "64,4096", "--mode", "mixed",
                                         "--timeout-ms", kTimeout, "--progress", "32", "--reopen",
                                         "--reopen-go-file", back, "--reopen-iters", "200"};
-        if (!midCall) common.insert(common.end(), {"--pause-at", "100", "--go-file", go});
+        if (!midCall) common.insert(common.end(), {"--pause-at", "100", "--go-file", go, "--open-timeout-ms",
+                                                   std::to_string(openTimeoutMs)});
+        const std::uint64_t boundNs = midCall ? kBoundNs : (openTimeoutMs + 1000) * 1000000ull;
         // Two groups, one per fallback policy: host buffers have no NCCL to fall back to, so both refuse.
-        // Inside a call: the proxy-carried path, which a stopped daemon holds up; between calls: host-direct
-        // (it needs no daemon to run, and still ends DaemonLost; test_host_direct kills it mid-run).
+        // Inside a call: the proxy-carried path, which a stopped daemon holds up (the calls end at their
+        // timeout); between calls: host-direct (it needs no daemon to run, and ends DaemonLost when the
+        // daemon is not back within the open timeout; test_host_direct kills it mid-run).
         const std::string direct = midCall ? "0" : "1";
         auto a = startRanks(d, 3, common, {}, {{"TPF_FALLBACK", "nccl"}, {"TPF_HOST_DIRECT", direct}});
         auto b = startRanks(d, 2, common, {}, {{"TPF_FALLBACK", "error"}, {"TPF_HOST_DIRECT", direct}});
@@ -238,7 +244,7 @@ TEST_CASE("the local daemon killed: every call ends DaemonLost, open is refused 
         const std::uint64_t killedAt = tpf::monotonicNs();
         d.signal(SIGKILL);
         if (!midCall) touch(go);
-        const auto failedAt = seenAt(all, "RESULT", int(kBoundNs / 1000000) + 10000);
+        const auto failedAt = seenAt(all, "RESULT", int(boundNs / 1000000) + 10000);
         const auto reopenedAt = seenAt(all, "REOPEN", kSlowStartMs);
         INFO("daemon log:\n" << d.log());
         for (std::size_t i = 0; i < all.size(); ++i) {
@@ -248,10 +254,10 @@ TEST_CASE("the local daemon killed: every call ends DaemonLost, open is refused 
                  << (policyError ? i - a.ranks.size() : i) << ":\n"
                  << all[i]->output);
             CHECK(failed.find(" error=DaemonLost ") != std::string::npos);
-            if (!midCall) CHECK(failed.find(" calls=100 ") != std::string::npos);
+            if (!midCall) CHECK(field(failed, "calls") >= 100);
             CHECK(field(failed, "elapsed_ms") <= kTimeoutMs + 1000);
             CHECK(failedAt[i] != 0);
-            CHECK(failedAt[i] - killedAt <= kBoundNs);
+            CHECK(failedAt[i] - killedAt <= boundNs);
             // The next open, with no daemon on the socket: refused, the reason named.
             CHECK(reopenedAt[i] != 0);
             CHECK(reopen.find(" error=Unavailable ") != std::string::npos);

@@ -170,13 +170,15 @@ TEST_CASE("host-direct: a rank killed while W = 8 ranks call back to back: the o
     checkEndedBy(run, victim, " error=PeerLost ", killedAt, timeoutMs, true);
 }
 
-TEST_CASE("host-direct: the daemon killed while the ranks keep calling: every rank ends DaemonLost") {
+TEST_CASE("host-direct: the daemon killed and not back within the open timeout: every rank ends DaemonLost") {
     // A one-node host-direct group needs no daemon for its data, but only the
-    // daemon sees ranks die: without it the calls end DaemonLost.
+    // daemon sees ranks die: the calls go on while the ranks wait for a
+    // restarted daemon to re-adopt the group, and end DaemonLost once none
+    // came back within the open timeout (test_restart: one that does).
     Daemon d;
     const std::uint32_t world = 3, timeoutMs = 10000;
     auto run = startRanks(d, world, {"--iters", "1000000000", "--sizes", "4096", "--timeout-ms", std::to_string(timeoutMs),
-                                     "--progress", "64"},
+                                     "--open-timeout-ms", "3000", "--progress", "64"},
                           {}, {{"TPF_HOST_DIRECT", "1"}});
     for (auto& c : run.ranks) REQUIRE(waitForOutput(c, "PROGRESS", 120000));
     const std::uint64_t killedAt = tpf::monotonicNs();

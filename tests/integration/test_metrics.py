@@ -276,11 +276,13 @@ def main():
         e.refused, e.fallbacks = live.refused, live.fallbacks
         samples = wait_until(sock, idle, "group C is gone")
         check_counters(samples, e, "every group closed (lifetime counters)")
-        # Every family (each labelled one has a series by now) has HELP text and a tpfabric_ name.
+        # Every family (each labelled one has a series by now, but tpfabric_adoption_refusals_total: no daemon
+        # restarted here, test_restart) has HELP text and a tpfabric_ name.
         _, families, _ = scrape(sock)
         for fam in families:
             check(fam.name.startswith("tpfabric_") and fam.documentation, f"{fam.name}: tpfabric_ name and HELP")
-        check(len(families) == 20, f"20 metric families (got {len(families)}: {[f.name for f in families]})")
+        check(len(families) == 22, f"22 metric families (got {len(families)}: {[f.name for f in families]})")
+        check(value(samples, "tpfabric_groups_adopted_total") == 0, "no group re-adopted (no daemon restarted)")
         check(value(samples, "tpfabric_proxy_carry_threads") == 2, "the default carry threads (proxy.carry_threads 2)")
         check(value(samples, "tpfabric_regions") == 0 and value(samples, "tpfabric_region_bytes", kind="host") == 0,
               "no regions left")

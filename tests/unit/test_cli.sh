@@ -75,7 +75,7 @@ expect 2 "^tpfabricd: --check-config: an empty path names no file" "$d" --check-
 printf '[daemon]\nsocket_group = "tpf-no-such-group"\n[verbs]\nhcas = ["tpf_no_such_hca"]\n' >"$tmp/degraded.conf"
 expect 0 "note: daemon\.socket_group: no group 'tpf-no-such-group' on this host now" \
     "$d" --check-config "$tmp/degraded.conf" --socket "$tmp/degraded.sock"
-expect 0 "note: verbs\.hcas: a start here would find no usable HCA port \(.*tpf_no_such_hca.*\) and serve same-node groups only" \
+expect 0 "note: verbs\.hcas: a start here would find no usable HCA port \(.*tpf_no_such_hca.*\): serving same-node groups only" \
     "$d" --check-config "$tmp/degraded.conf" --socket "$tmp/degraded.sock"
 # A flag where a path belongs is the next flag taken as the value: named as such.
 expect 2 "^tpfabricd: --check-config: got the flag '--config' where a file path belongs" "$d" --check-config --config "$tmp/x.conf"

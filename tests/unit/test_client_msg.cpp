@@ -339,24 +339,24 @@ TEST_CASE("out-of-range ranks, worlds and fields are refused by name") {
 // revision byte (kClientMagic) in the same commit.
 TEST_CASE("golden byte images of client records") {
     CHECK(hexOf(encode(kHello, 1, sampleHello())) ==
-          "5450430106000100100000000100000001000000000000000000000000000000");
+          "5450430107000100100000000100000001000000000000000000000000000000");
     CHECK(hexOf(encode(kHelloReply, 2, sampleHelloReply())) ==
-          "54504301060002004000000002000000"
+          "54504301070002004000000002000000"
           "101112131415161718191a1b1c1d1e1f302e312e30000000000000000000000000000000000000000000000000000000"
-          "08070605040302010600000000000000"); // protocol 6
+          "08070605040302010700000000000000"); // protocol 6
     CHECK(hexOf(encode(3, sampleNodeCard())) ==
-          "5450430106000400b000000003000000"
+          "5450430107000400b000000003000000"
           "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f5348020000000000"
           "0000080000000000"
           "202122232425262728292a2b2c2d2e2f404142434445464748494a4b4c4d4e4f7278653000000000000000000000000001780004102700000400000001000000"
           "2122232425262728292a2b2c2d2e2f304142434445464748494a4b4c4d4e4f507278653100000000000000000000000001780004102700000400000001000000");
     CHECK(hexOf(encode(4, sampleGroupOpen(2, 0))) ==
-          "54504301060005009000000004000000"
+          "54504301070005009000000004000000"
           "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf0000000002000000000001000000000088130000010000000000000000000000"
           "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f53480000e80300000000010000000000"
           "101112131415161718191a1b1c1d1e1f606162636465666768696a6b6c6d6e6f53480000e90300000000010000000000");
     CHECK(hexOf(encode(kVerdict, 5, sampleVerdict())) ==
-          "5450430106000600c000000005000000"
+          "5450430107000600c000000005000000"
           "00000000010000000300000001000000" // errc 0, rank 1, world 3, stripes 1
           "f0ff0000000000000010010000000000" // agreedCap 65520, slotBytes 69632
           "00700600000000000700000040000000" // regionBytes, groupHandle 7, 64 entries
@@ -365,7 +365,7 @@ TEST_CASE("golden byte images of client records") {
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000"
           "0000000000000000000000000000000000000000000000000000000000000000");
-    CHECK(hexOf(encode(kAbort, 6, Abort{})) == "5450430106000700080000000600000000000000" "00000000");
+    CHECK(hexOf(encode(kAbort, 6, Abort{})) == "5450430107000700080000000600000000000000" "00000000");
 }
 
 
@@ -392,9 +392,9 @@ TEST_CASE("ShareRegion and PeerRegion: round trips, refusals, golden bytes") {
     CHECK(validate(PeerRegion{1, 0, 0}).code() == Errc::OutOfRange);
 
     CHECK(hexOf(encode(kShareRegion, 9, share)) ==
-          "54504301" "0600" "0d00" "10000000" "09000000" "0000200000000000" "0000000000000000");
+          "54504301" "0700" "0d00" "10000000" "09000000" "0000200000000000" "0000000000000000");
     CHECK(hexOf(encode(kPeerRegion, 10, peer)) ==
-          "54504301" "0600" "0e00" "10000000" "0a000000" "03000000" "00000000" "0000200000000000");
+          "54504301" "0700" "0e00" "10000000" "0a000000" "03000000" "00000000" "0000200000000000");
 }
 
 // Host-region brokering (host-direct path): daemon -> client after the Verdict.
@@ -412,7 +412,7 @@ TEST_CASE("PeerHostRegion: round trip, refusals by name, golden bytes") {
     CHECK(validate(PeerHostRegion{1, 0, 4097}).code() == Errc::OutOfRange);
     CHECK(validate(PeerHostRegion{1, 1, 4096}).code() == Errc::BadMessage);
     CHECK(hexOf(encode(kPeerHostRegion, 13, peer)) ==
-          "54504301" "0600" "1100" "10000000" "0d000000" // header: opcode 17, 16 bytes, seq 13
+          "54504301" "0700" "1100" "10000000" "0d000000" // header: opcode 17, 16 bytes, seq 13
           "02000000" "00000000" "0060020000000000");      // rank 2, reserved, bytes 0x26000
     Verdict v = sampleVerdict();
     v.hostPeers = 0x0005;
@@ -439,7 +439,7 @@ TEST_CASE("OpenReport: round trip, refusals by name, golden bytes") {
     CHECK(validate(OpenReport{std::uint16_t(Errc::Unavailable), kOutcomeNccl, 0, 1}).code() == Errc::BadMessage);
 
     CHECK(hexOf(encode(kOpenReport, 11, report)) ==
-          "54504301" "0600" "0f00" "10000000" "0b000000" // header: opcode 15, 16 bytes, seq 11
+          "54504301" "0700" "0f00" "10000000" "0b000000" // header: opcode 15, 16 bytes, seq 11
           "0f00" "0200" "00000000" "0000000000000000");  // errc 15 (Unavailable), outcome 2, reserved
 }
 
@@ -487,8 +487,81 @@ TEST_CASE("DeviceAttach: round trip, refusals by name, golden bytes") {
     CHECK(with([](DeviceAttach& x) { x.reserved = 1; }) == Errc::BadMessage);
 
     CHECK(hexOf(encode(kDeviceAttach, 12, m)) ==
-          "54504301" "0600" "1000" "28000000" "0c000000" // header: opcode 16, 40 bytes, seq 12
+          "54504301" "0700" "1000" "28000000" "0c000000" // header: opcode 16, 40 bytes, seq 12
           "07000000" "01000000" "03000000" "00000000"     // group 7, rank 1, world 3, reserved
           "0000200000000000"                              // deviceBytes 2 MiB
           "03000200000000000000000000000000");            // wires: ipc, self, verbs
+}
+
+// Re-adoption by a restarted daemon: client -> daemon Adopt (+ region and
+// ring fds), daemon -> client Adopted.
+TEST_CASE("Adopt and Adopted: round trip, refusals by name, golden bytes") {
+    Adopt m;
+    fill(m.fixed.groupId, 0xa0);
+    m.fixed.rank = 1;
+    m.fixed.world = 2;
+    m.fixed.groupHandle = 7;
+    m.fixed.ringEntries = 64;
+    m.fixed.agreedCap = 4096;
+    m.fixed.slotBytes = slotBytesFor(4096);
+    m.fixed.regionBytes = 0x6000;
+    m.fixed.stripes = 1;
+    m.fixed.timeoutMs = 30000;
+    m.fixed.flags = kOpenHostDirect;
+    m.fixed.lostUnixNs = 0x0102030405060708ull;
+    m.roster = sampleGroupOpen(2, 1).roster;
+    auto f = frameOf(encode(3, m));
+    CHECK(f.header.opcode == kAdopt);
+    auto back = decodeAdopt(f.payload);
+    REQUIRE(back.ok());
+    CHECK(std::memcmp(&back->fixed, &m.fixed, sizeof m.fixed) == 0);
+    CHECK(back->roster.size() == 2);
+    // A roster short of the world, or one entry too many: refused.
+    CHECK(decodeAdopt(ByteView(f.payload).first(f.payload.size() - 1)).code() == Errc::Truncated);
+    const auto with = [&](auto change) {
+        AdoptFixed x = m.fixed;
+        change(x);
+        return validate(x).code();
+    };
+    CHECK(with([](AdoptFixed&) {}) == Errc::Ok);
+    CHECK(with([](AdoptFixed& x) { x.world = 1; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.rank = 2; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.agreedCap = 0; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.slotBytes += 4096; }) == Errc::BadMessage);
+    CHECK(with([](AdoptFixed& x) { x.stripes = 0; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.regionBytes = 4097; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.ringEntries = 48; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.groupHandle = 0; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.timeoutMs = 0; }) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.flags = kOpenGpuDoorbells; }) == Errc::BadMessage); // Device groups are not re-adopted
+    CHECK(with([](AdoptFixed& x) { x.reserved1 = 1; }) == Errc::BadMessage);
+    CHECK(hexOf(encode(3, m)).substr(0, 32 + 176) ==
+          "54504301" "0700" "1200" "b8000000" "03000000"                         // header: opcode 18, 88 + 2 x 48 bytes, seq 3
+          "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"                                     // group id
+          "01000000" "02000000" "07000000" "40000000"                            // rank 1, world 2, handle 7, 64 entries
+          "0010000000000000" "0020000000000000" "0060000000000000"              // cap, slot, region bytes
+          "01000000" "30750000" "02000000" "00000000"                            // stripes 1, 30000 ms, host-direct
+          "0807060504030201" "0000000000000000");                               // lost at, reserved
+
+    Adopted a{};
+    a.rank = 1;
+    a.groupHandle = 7;
+    a.ranks = 3;
+    a.gapNs = 0x1234;
+    auto fa = frameOf(encode(kAdopted, 4, a));
+    CHECK(fa.header.opcode == kAdopted);
+    auto ab = decodeFixed<Adopted>(fa.payload, "Adopted");
+    REQUIRE(ab.ok());
+    CHECK(ab->gapNs == 0x1234);
+    everyTruncationRefused(a, kAdopted);
+    Adopted bad = a;
+    bad.errc = 0xfff0;
+    CHECK(validate(bad).code() == Errc::OutOfRange);
+    bad = a;
+    std::memset(bad.reason, 'x', sizeof bad.reason);
+    CHECK(validate(bad).code() == Errc::BadMessage);
+    CHECK(hexOf(encode(kAdopted, 4, a)).substr(0, 32 + 64) ==
+          "54504301" "0700" "1300" "a0000000" "04000000" // header: opcode 19, 160 bytes, seq 4
+          "0000" "0000" "01000000" "07000000" "03000000"  // ok, rank 1, handle 7, ranks 0 and 1
+          "3412000000000000" "0000000000000000");         // gap, reserved
 }

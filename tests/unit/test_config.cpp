@@ -77,7 +77,7 @@ struct EnvVar {
 /// a new key cannot be left out of this comparison.
 void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19,
-                                  f20, f21, f22, f23, f24, f25] = a;
+                                  f20, f21, f22, f23, f24, f25, f26, f27] = a;
     CHECK(a.socketPath == b.socketPath);
     CHECK(a.socketGroup == b.socketGroup);
     CHECK(a.logLevel == b.logLevel);
@@ -98,6 +98,8 @@ void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     CHECK(a.peerPort == b.peerPort);
     CHECK(a.peerKeyFile == b.peerKeyFile);
     CHECK(a.peerConnectTimeoutMs == b.peerConnectTimeoutMs);
+    CHECK(a.peerWire == b.peerWire);
+    CHECK(a.tcpInflightBytes == b.tcpInflightBytes);
     CHECK(a.hcas == b.hcas);
     CHECK(a.inflightBytes == b.inflightBytes);
     CHECK(a.qpTimeoutMs == b.qpTimeoutMs);
@@ -127,6 +129,8 @@ TEST_CASE("defaults are the documented values") {
     CHECK(c.peerPort == 18515);
     CHECK(c.peerKeyFile.empty());
     CHECK(c.peerConnectTimeoutMs == 5000);
+    CHECK(c.peerWire == DaemonConfig::PeerWire::Auto);
+    CHECK(c.tcpInflightBytes == 4ull << 20);
     CHECK(c.hcas.empty());
     CHECK(c.inflightBytes == 1024 * 1024);
     CHECK(c.qpTimeoutMs == 2000);
@@ -168,6 +172,8 @@ listen = "10.77.0.1"
 port = 20000
 key_file = "/etc/tpfabric/cluster.key"
 connect_timeout_ms = 700
+wire = "tcp"
+tcp_inflight_bytes = "256KiB"
 
 [verbs]
 hcas = ["rxe0", "rxe2", "10.78.0.1"]
@@ -194,6 +200,8 @@ qp_timeout_ms = 9000
     CHECK(c.peerPort == 20000);
     CHECK(c.peerKeyFile == "/etc/tpfabric/cluster.key");
     CHECK(c.peerConnectTimeoutMs == 700);
+    CHECK(c.peerWire == DaemonConfig::PeerWire::Tcp);
+    CHECK(c.tcpInflightBytes == 256 * 1024);
     CHECK(c.hcas == std::vector<std::string>{"rxe0", "rxe2", "10.78.0.1"});
     CHECK(c.inflightBytes == 65536);
     CHECK(c.qpTimeoutMs == 9000);
@@ -314,6 +322,9 @@ TEST_CASE("every bad value is refused with one line naming the key and what is a
         {"peer", "key_file = false", "peer.key_file", "absolute path"},
         {"peer", "connect_timeout_ms = 99", "peer.connect_timeout_ms", "from 100 to 600000"},
         {"peer", "connect_timeout_ms = 600001", "peer.connect_timeout_ms", "from 100 to 600000"},
+        {"peer", "wire = \"rdma\"", "peer.wire", "\"auto\""},
+        {"peer", "wire = 1", "peer.wire", "\"tcp\""},
+        {"peer", "tcp_inflight_bytes = \"32KiB\"", "peer.tcp_inflight_bytes", "64KiB"},
         {"verbs", "hcas = \"mlx5_0\"", "verbs.hcas", "an array of HCA names"},
         {"verbs", "hcas = [\"mlx5_0\", \"\"]", "verbs.hcas[1]", "non-empty string"},
         {"verbs", "hcas = [\"mlx5_0\", 1]", "verbs.hcas[1]", "non-empty string"},

@@ -5,6 +5,7 @@
 #include "catch.hpp"
 #include "golden.hpp"
 #include "proto/peer_msg.hpp"
+#include "proto/tcp_frame.hpp"
 
 using namespace tpf;
 using namespace tpf::peer_proto;
@@ -299,4 +300,60 @@ TEST_CASE("golden byte images of peer records") {
           "0000000000000000000000000000000000000000000000000000000000000000"
           "00000000000000000807060504030201");
     CHECK(decodeFixed<PeerVerdict>(payloadOf(encode(kPeerBroken, 5, left)), "PeerVerdict")->leftAfter == left.leftAfter);
+}
+
+TEST_CASE("the tcp wire's records: a tcp group lists nothing to register, PeerData, frame headers") {
+    PeerGroup t = sampleGroup();
+    t.regions.clear();
+    t.hcas.clear();
+    t.qps.clear();
+    t.fixed.wire = kWireTcp;
+    const Bytes b = encode(1, t);
+    auto back = decodePeerGroup(ByteView(b).subspan(sizeof(MsgHeader)));
+    REQUIRE(back);
+    CHECK(back->fixed.wire == kWireTcp);
+    SECTION("a tcp record that lists a region is refused") {
+        PeerGroup bad = sampleGroup();
+        bad.fixed.wire = kWireTcp;
+        const Bytes e = encode(1, bad);
+        CHECK(decodePeerGroup(ByteView(e).subspan(sizeof(MsgHeader))).code() == Errc::BadMessage);
+    }
+    SECTION("an unknown wire is refused") {
+        t.fixed.wire = 9;
+        const Bytes e = encode(1, t);
+        auto r = decodePeerGroup(ByteView(e).subspan(sizeof(MsgHeader)));
+        CHECK(r.code() == Errc::OutOfRange);
+        CHECK(r.error().detail.find("wire 9") != std::string::npos);
+    }
+    SECTION("PeerData round-trips; reserved bytes are refused") {
+        PeerData d{};
+        fill(d.groupId, 0xa0);
+        fill(d.nodeId, 0x10);
+        auto r = decodeFixed<PeerData>(ByteView(encode(kPeerData, 2, d)).subspan(sizeof(MsgHeader)), "PeerData");
+        REQUIRE(r);
+        CHECK(std::memcmp(r->groupId, d.groupId, 16) == 0);
+        d.reserved1 = 1;
+        CHECK(decodeFixed<PeerData>(ByteView(encode(kPeerData, 2, d)).subspan(sizeof(MsgHeader)), "PeerData").code() ==
+              Errc::BadMessage);
+    }
+    SECTION("frame headers: inside the slot, from the sender's ranks to ours, phase of the epoch") {
+        const Layout layout = *Layout::of(4, slotBytesFor(65536), 1);
+        TcpFrame f{kTcpFrameMagic, 0, 1, 0, 1, 0, 4096, 0, 3};
+        CHECK(validate(f, layout, 0b0101, 0b1010));
+        TcpFrame x = f;
+        x.phase = 0;
+        CHECK(validate(x, layout, 0b0101, 0b1010).code() == Errc::BadMessage);
+        x = f;
+        x.dst = 2;
+        CHECK(validate(x, layout, 0b0101, 0b1010).code() == Errc::BadMessage);
+        x = f;
+        x.offset = layout.slotBytes - 100;
+        CHECK(validate(x, layout, 0b0101, 0b1010).code() == Errc::OutOfRange);
+        x = f;
+        x.magic = 0;
+        CHECK(validate(x, layout, 0b0101, 0b1010).code() == Errc::BadMagic);
+        x = f;
+        x.epoch = 0;
+        CHECK_FALSE(validate(x, layout, 0b0101, 0b1010));
+    }
 }

@@ -1,34 +1,18 @@
 # tests/vm/guest-lib.sh: bash helpers for VM scenarios, sourced inside the guest
 # as /opt/tpf/guest-lib.sh:  . "$TPF_GUEST_LIB"
-# TAP output, the node/rail topology, GID lookup, counters and waits.
+# The node/rail topology, GID lookup, counters and RDMA waits; TAP output and
+# the plain waits are tap-lib.sh's (tests/common/, beside this file in the guest).
 # Topology (README.md): rail r uses 10.(77+r).0.0/24; node A owns rxe(2r) on
 # veth(2r) = 10.(77+r).0.1, node B owns rxe(2r+1) on veth(2r+1) = 10.(77+r).0.2.
+
+_tpf_lib=$(dirname "${BASH_SOURCE[0]}")   # /opt/tpf in the guest, tests/vm in the tree
+[ -f "$_tpf_lib/tap-lib.sh" ] || _tpf_lib=$_tpf_lib/../common
+# shellcheck source=../common/tap-lib.sh
+. "$_tpf_lib/tap-lib.sh"
 
 # shellcheck disable=SC2034  # NODE_*, PEER_*, RC_*, CM_* are for the scenarios
 IP=/usr/sbin/ip      # iproute2; a bare `ip` may be busybox's applet (gotcha 1)
 RDMA=/usr/bin/rdma
-TAP_N=0
-TAP_FAILED=0
-
-# --- TAP (stdout is the TAP stream; tool output belongs in logs or on stderr) ---
-diag() { local l; for l in "$@"; do printf '# %s\n' "$l"; done; }
-diag_file() { [ -f "$1" ] && tail -n "${2:-20}" "$1" | sed 's/^/#   /'; }
-note() { echo "$*" >&2; }
-tap_ok() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1"; }
-tap_fail() {
-  TAP_N=$((TAP_N + 1)); TAP_FAILED=$((TAP_FAILED + 1))
-  echo "not ok $TAP_N - $1"; shift; diag "$@"
-}
-tap_skip() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1 # SKIP $2"; }
-# tap_check NAME CMD...: one test, ok iff CMD exits 0; its output is shown on failure.
-tap_check() {
-  local name=$1 log; shift
-  log=$(mktemp "${TPF_SCRATCH:-/tmp}/check.XXXXXX")
-  if "$@" >"$log" 2>&1; then tap_ok "$name"; else
-    tap_fail "$name" "command failed (status $?): $*"; diag_file "$log"; fi
-}
-# tap_done: prints the plan and exits 0 only when nothing failed.
-tap_done() { echo "1..$TAP_N"; exit $((TAP_FAILED > 0)); }
 
 # --- topology ---
 _node_bit() { case $1 in A) echo 0 ;; B) echo 1 ;; *) note "guest-lib: node must be A or B, not '$1'"; return 1 ;; esac; }
@@ -93,21 +77,6 @@ topology_ok() {
   done
   return $bad
 }
-
-# --- waits ---
-# wait_until SECONDS CMD...: polls CMD every 0.2 s; status 1 on timeout.
-wait_until() {
-  local end=$(($(date +%s) + $1)); shift
-  until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s)" -ge "$end" ] && return 1
-    sleep 0.2
-  done
-}
-_tcp_listening() {
-  local hex; hex=$(printf ':%04X ' "$1")
-  awk -v p="$hex" '$4 == "0A" && index($2 " ", p) { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6
-}
-wait_tcp_listen() { wait_until "${2:-30}" _tcp_listening "$1"; }   # PORT [SECONDS]
 
 # --- RDMA devices ---
 port_state() { sed 's/^[0-9]*: *//' "/sys/class/infiniband/$1/ports/1/state" 2>/dev/null; }
@@ -224,4 +193,3 @@ cm_exchange() {
   wait "$spid"; CM_SERVER_STATUS=$?
   return $rc
 }
-_gone() { ! kill -0 "$1" 2>/dev/null; }   # PID: true once the process has ended

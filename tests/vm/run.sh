@@ -93,7 +93,7 @@ build_initramfs() {
   done
   cp "$kdir"/modules/*.ko "$kdir/modules/load.list" "$root/usr/lib/modules/tpf/"
   cp "$here/guest-init.sh" "$root/init" && chmod 755 "$root/init"
-  cp "$here/guest-lib.sh" "$here/verbs-lib.sh" "$root/opt/tpf/"
+  cp "$here/guest-lib.sh" "$here/verbs-lib.sh" "$here/../common/tap-lib.sh" "$here/../common/group-lib.sh" "$root/opt/tpf/"
   for f in "${scens[@]}"; do cp "$f" "$root/opt/tpf/scenarios/"; done
   printf '%s\n' /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /opt/tpf/lib >"$root/etc/ld.so.conf"
   echo "root:x:0:0:root:/root:/bin/bash" >"$root/etc/passwd"

@@ -139,7 +139,8 @@ build_overlay() {
     cp -L "$f" "$o/opt/tpf/bin/" && objcopy --strip-debug "$o/opt/tpf/bin/$(basename "$f")" 2>/dev/null
   done
   for f in "${scens[@]}"; do cp "$f" "$o/opt/tpf/scenarios/"; done
-  cp "$here/guest-init.sh" "$here/guest-lib.sh" "$here/verbs-lib.sh" "$o/opt/tpf/"
+  cp "$here/guest-init.sh" "$here/guest-lib.sh" "$here/verbs-lib.sh" "$here/../common/tap-lib.sh" \
+    "$here/../common/group-lib.sh" "$o/opt/tpf/"
   cp "$kdir"/modules/*.ko "$kdir/modules/load.list" "$o/usr/lib/modules/tpf/"
   cat >"$o/etc/systemd/system/tpf-vm.service" <<'EOF'
 [Unit]

@@ -25,6 +25,11 @@
 #   (py-compile-BACKEND-wW-rankR.json). TPF_PY_NO_COMPILE=1 skips it,
 #   TPF_PY_COMPILE_ONLY=1 runs it alone (no other scenario, no bench_comm.py);
 #   a torch without torch.compile or torch.library.custom_op prints SKIP.
+#   3. only with TPF_PY_GPU_ONLY=crossnode (tests/gpu/crossnode.sh, whose two
+#      daemons as two nodes it uses): W = 2, rank r attached to the r-th socket
+#      of TPF_PY_SOCKETS ("A B"), a gloo process group, on whatever GPU and MPS
+#      the caller set: comm_rank.py data, graph, graphabort across the tcp wire;
+#      logs py-crossnode-$TPF_PY_LABEL-*.
 # TPF_PY_GPU_ONLY=pergpu or mps runs only that part (to split a run under a
 # command time limit); TPF_GPU_NO_BENCH=1 skips the benchmark.
 # Returns 0 when all passed, 1 on a failure, 77 with no GPU or no CUDA torch.
@@ -64,15 +69,16 @@ tpf_python_gpu_suite() {
     for _ in $(seq 100); do [ -S "$tmp/$name.sock" ] && return 0; sleep 0.1; done
     echo "tpfabricd did not start:"; cat "$logdir/py-tpfabricd-$name.log"; return 1
   }
-  # _ranks TAG W BACKEND SOCKET PROGRAM ARGS...: W rank processes; fails unless every one exits 0.
+  # _ranks TAG W BACKEND SOCKETS PROGRAM ARGS...: W rank processes, rank r on the
+  # (r mod n)-th of the n space-separated SOCKETS; fails unless every one exits 0.
   _ranks() {
-    local tag=$1 w=$2 backend=$3 sock=$4 prog=$5; shift 5
+    local tag=$1 w=$2 backend=$3 prog=$5 socks; read -ra socks <<<"$4"; shift 5
     local port pids=() r ok=0 log="$logdir/py-$tag.log"
     port=$(freeport)
     : >"$log"
     for ((r = 0; r < w; r++)); do
       RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout "${_rank_limit:-300}" \
-        "${pyenv[@]}" "$py" "$dir/$prog" --socket "$sock" "$@" >>"$log" 2>&1 &
+        "${pyenv[@]}" "$py" "$dir/$prog" --socket "${socks[r % ${#socks[@]}]}" "$@" >>"$log" 2>&1 &
       pids+=($!)
     done
     for r in "${pids[@]}"; do wait "$r" || ok=1; done
@@ -135,6 +141,19 @@ tpf_python_gpu_suite() {
   }
 
   local only=${TPF_PY_GPU_ONLY:-}
+  if [ "$only" = crossnode ]; then # two daemons as two nodes, the caller's (tests/gpu/crossnode.sh)
+    local label=crossnode-${TPF_PY_LABEL:-mps} st tag
+    [ -n "${TPF_PY_SOCKETS:-}" ] || { echo "FAIL python crossnode: TPF_PY_SOCKETS names no sockets"; rm -rf "$tmp"; return 1; }
+    for scen in data graph graphabort; do
+      tag=$label-$scen-w2
+      if _ranks "$tag" 2 gloo "$TPF_PY_SOCKETS" comm_rank.py --backend gloo --scenario $scen; then st=PASS; else st=FAIL; rc=1; fi
+      echo "$st python $label W=2 $scen (rank r on node r, the tcp wire between them)"
+      grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+      [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    done
+    rm -rf "$tmp"
+    return $rc
+  fi
   if [ "$only" = pergpu ] && [ "$ngpu" -lt 2 ]; then echo "SKIP python pergpu: $ngpu GPU"; rm -rf "$tmp"; return 77; fi
   if [ "$ngpu" -ge 2 ] && [ "$only" != mps ]; then
     (

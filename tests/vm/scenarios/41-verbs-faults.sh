@@ -46,7 +46,7 @@ stop_daemons
 
 # -- link cut ------------------------------------------------------------------
 start_daemon a A && start_daemon b B || tap_done
-VERBS_TIMEOUT_MS=10000 DURING="link_down $cut" run_group cut "A B" --iters 100000000 --mode gather
+GROUP_TIMEOUT_MS=10000 DURING="link_down $cut" run_group cut "A B" --iters 100000000 --mode gather
 t=$(($(date +%s) - ${DURING_AT:-0}))
 link_up "$cut"
 wait_port_active "$(rail_dev B 1)" 60
@@ -90,7 +90,7 @@ for refuser in b a; do
   if [ $refuser = b ]; then MAX_BYTES=1048576 start_daemon a A && MAX_BYTES=1048576 MAX_REGION_BYTES=1048576 start_daemon b B || tap_done
   else MAX_BYTES=1048576 MAX_REGION_BYTES=1048576 start_daemon a A && MAX_BYTES=1048576 start_daemon b B || tap_done; fi
   t0=$(date +%s)
-  VERBS_CAP=1048576 run_group "refused$refuser" "A B" --iters 10
+  GROUP_CAP=1048576 run_group "refused$refuser" "A B" --iters 10
   t=$(($(date +%s) - t0))
   r0=$(result_of "refused$refuser" 0) r1=$(result_of "refused$refuser" 1)
   what="daemon $refuser refuses a group (max_region_bytes): both ranks are refused within 20 s"

@@ -35,10 +35,10 @@ for small in b a; do
   else MAX_BYTES=$SMALL start_daemon a A && start_daemon b B || tap_done; fi
   if [ $small = b ]; then layout="A B A B"; else layout="A B B"; fi
   w=$(wc -w <<<"$layout") name=cap$small
-  what="daemon $small's max_bytes $SMALL, the other's $VERBS_CAP, W=$w ($layout)"
+  what="daemon $small's max_bytes $SMALL, the other's $GROUP_CAP, W=$w ($layout)"
 
   # Calls up to the cap; paused at call 201 (after PROGRESS at 200) while both statuses are taken.
-  VERBS_SIZES=0,16,1000,4096,16384,19984,$SMALL DURING="snap_status $name" \
+  GROUP_SIZES=0,16,1000,4096,16384,19984,$SMALL DURING="snap_status $name" \
     run_group "$name" "$layout" --iters 300 --mode mixed --pause-at 201 --go-file "$PWD/$name.go"
   if [ "$GROUP_RCS" = "$(printf '0 %.0s' $(seq "$w"))" ]; then
     tap_ok "$what: gathers and sums up to $SMALL bytes pass on every rank"
@@ -64,7 +64,7 @@ for small in b a; do
   # same. No hold: a rank closes at once after its refusal while a slower one
   # may still be in the 20000-byte call, which the leave must not break
   # (docs/reliability.md: orderly leave after the last epoch).
-  VERBS_SIZES=$SMALL,$((SMALL + 1)) run_group "${name}over" "$layout" --iters 2 --mode gather
+  GROUP_SIZES=$SMALL,$((SMALL + 1)) run_group "${name}over" "$layout" --iters 2 --mode gather
   rs=$(for ((r = 0; r < w; r++)); do grep -ho '^RESULT .*' "${name}over.r$r.log" | sed 's/^RESULT rank=[0-9]* //; s/ elapsed_ms=[0-9.]*//'; done | sort | uniq -c | tr -s ' ')
   if [ "$(wc -l <<<"$rs")" = 1 ] && [[ $rs == " $w error=CapMismatch calls=1 "* ]]; then
     tap_ok "$what: a gather of $((SMALL + 1)) bytes is refused CapMismatch on every rank alike, after one at $SMALL"

@@ -20,7 +20,7 @@ for round in 1 2 3 4 5 6; do
   for it in 100 102 104; do
     for l in "B A A B" "A B" "B A"; do
       n=$((n + 1))
-      if ! VERBS_TIMEOUT_MS=10000 run_group "g$n" "$l" --iters "$it" --mode mixed; then
+      if ! GROUP_TIMEOUT_MS=10000 run_group "g$n" "$l" --iters "$it" --mode mixed; then
         failed=$((failed + 1))
         diag "group $n ($l, $it calls, round $round): exit codes $GROUP_RCS; $(grep -h RESULT "g$n".r*.log | grep error | head -n1)"
       fi

@@ -92,7 +92,7 @@ start_ranks() {
     extra=$(eval echo "\${EXTRA_$r:-}")
     ( (echo "$BASHPID" >"$f.pid"
        exec tpf-testrank --socket "$(sock_of "${n,,}")" --bootstrap "127.0.0.1:$port" --rank "$r" --world "$w" \
-         --max-bytes "$VERBS_CAP" --sizes "$VERBS_SIZES" --timeout-ms "$T_MS" --progress 50 "$@" $extra >"$f.log" 2>&1)
+         --max-bytes "$GROUP_CAP" --sizes "$GROUP_SIZES" --timeout-ms "$T_MS" --progress 50 "$@" $extra >"$f.log" 2>&1)
       echo "$? $(now_cs)" >"$f.exit" ) &
     r=$((r + 1))
   done
