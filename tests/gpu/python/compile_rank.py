@@ -23,8 +23,9 @@ torch.compile, each rank judging itself (exit 0 pass, 1 fail):
                torch.distributed, and are right.
   --bench      (rank 0 prints) µs per step of the compiled TP MLP with the
                fabric (reduce-overhead) beside the same model with
-               torch.distributed's all-reduce (gloo: compiled without CUDA
-               graphs, which gloo cannot be captured in; nccl: reduce-overhead),
+               torch.distributed's all-reduce (gloo: eager, as gloo can be
+               neither captured nor, in torch 2.11, compiled without a crash;
+               nccl: reduce-overhead, on a reset dynamo cache),
                and µs per call inside one CUDA graph of the ops
                (tpfabric::all_reduce_out, tpfabric::all_reduce) beside the
                C ABI call on the same handle, buffers and stream.
@@ -37,6 +38,7 @@ torch.compile or torch.library.custom_op prints SKIP and exits 0.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -338,14 +340,27 @@ def bench(c: Checks, comm: Communicator, compiled: Dict[str, Any], backend: str)
                 mark()
             return model(x)
 
+        print(f"INFO rank {r.rank} bench: the compiled MLP, fabric", flush=True)
         rows["mlp_fabric_reduce_overhead_us"] = per_step_us(fabric_step, 100)
         rows["mlp_fabric_fullgraph_us"] = per_step_us(lambda: compiled["fullgraph"](x), 100)
         eager_model = compiled["eager"]
         rows["mlp_fabric_eager_us"] = per_step_us(lambda: eager_model(x), 50)
         baseline = TPMLP(TorchCollectives(comm), like=eager_model).eval()
-        # gloo cannot be captured in a CUDA graph: compiled without; NCCL: with, as the fabric's.
-        kwargs: Dict[str, Any] = {"mode": "reduce-overhead"} if backend == "nccl" else {}
+        if backend != "nccl":
+            # gloo: measured eagerly. It cannot be captured in a CUDA graph, and
+            # the compiled gloo model crashed torch 2.11 (a segfault inside the
+            # Inductor-generated call, seen on nvidia-h200 under MPS at W = 2).
+            how = "eager (gloo is neither captured nor compiled here)"
+            print(f"INFO rank {r.rank} bench: the MLP over torch.distributed, {how}", flush=True)
+            rows["mlp_torch_distributed_us"] = per_step_us(lambda: baseline(x), 20)
+            rows["mlp_torch_distributed_how"] = how
+            return bench_ops(c, comm, rows, backend, how)
+        # NCCL: compiled and captured, as the fabric's; on a clean dynamo cache, so
+        # that no code compiled for the fabric's model (same class, same forward) is reused.
+        torch._dynamo.reset()
+        kwargs: Dict[str, Any] = {"mode": "reduce-overhead"}
         how = f"torch.compile({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+        print(f"INFO rank {r.rank} bench: the MLP over torch.distributed, {how}", flush=True)
         try:
             tb = torch.compile(baseline, **kwargs)
 
@@ -359,14 +374,19 @@ def bench(c: Checks, comm: Communicator, compiled: Dict[str, Any], backend: str)
             how = f"eager (torch.compile failed: {type(e).__name__}: {str(e)[:120]})"
             rows["mlp_torch_distributed_us"] = per_step_us(lambda: baseline(x), 20)
         rows["mlp_torch_distributed_how"] = how
+    return bench_ops(c, comm, rows, backend, how)
 
-    # The ops inside one CUDA graph beside the C ABI call on the same handle, buffers and stream.
+
+def bench_ops(c: Checks, comm: Communicator, rows: Dict[str, Any], backend: str, how: str) -> Dict[str, Any]:
+    """The ops inside one CUDA graph beside the C ABI call on the same handle, buffers and stream; prints the table."""
+    r = c.r
     from tpfabric import _lib, _torch_ops
 
     h = comm._g._handle()  # the benchmark's own reach past the Communicator: the C ABI beside the op
     lib, number, bf16 = _lib.lib, comm._number, _lib.DTYPE_BF16
     ops: List[Dict[str, Any]] = []
     for size in (4096, 65536, 262144):
+        print(f"INFO rank {r.rank} bench: ops in a CUDA graph, {size} B", flush=True)
         t = torch.zeros(size // 2, dtype=torch.bfloat16, device=r.device)
         o = torch.empty_like(t)
 
@@ -413,6 +433,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--bench", action="store_true")
     a = ap.parse_args()
+    faulthandler.enable()  # a crash below Python (a signal in a native library) still prints where it was
     why = skip_reason()
     if why:
         print(f"SKIP compile: {why}", flush=True)

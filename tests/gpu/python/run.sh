@@ -98,6 +98,7 @@ tpf_python_gpu_suite() {
     grep -h '^BENCH' "$logdir/py-$tag.log" | sed 's/^/    /'
     [ $st = FAIL ] && grep -h '^FAIL' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|^PASS\|^FAIL\|^BENCH\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    [ $st = FAIL ] && grep -h '^INFO' "$logdir/py-$tag.log" | tail -2 | sed 's/^/    ! last step: /' # where a rank that printed no RESULT stopped
     return 0 # the verdict is in rc
   }
   # _suite LABEL W BACKEND: the five scenarios, and compile.
