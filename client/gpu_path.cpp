@@ -4,6 +4,7 @@
 // that are not a multiple of 16 bytes, and all-gather-v, are staged
 // (kernels/staging.hpp): pack, the same kernel over the padded size, unpack.
 #include <algorithm>
+#include <atomic>
 
 #include "client/gpu_check.hpp"
 #include "client/gpu_path.hpp"
@@ -28,6 +29,21 @@ ncclDataType_t ncclTypeOf(DType t) {
 }
 #endif
 
+// One call of a fabric group handed to NCCL (above the cap), counted for the
+// daemon's status once NCCL took it: by the host when made eagerly, by a
+// one-thread kernel captured beside it in a CUDA graph, so every replay
+// counts. A group that fell back entirely has no ring: nothing to count.
+Status countNccl(Group::Impl& g, const Status& call, std::uint64_t bytes, cudaStream_t stream) {
+    if (!call || g.nccl || g.world == 1 || !g.ring.layout().entries) return call;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TPF_GPU_TRY(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusActive) return TPF_GPU(kernels::launchCountNccl(g.gpu->view, bytes, stream));
+    RankStats& r = g.ring.stats();
+    std::atomic_ref(r.ncclCalls).fetch_add(1, std::memory_order_relaxed);
+    std::atomic_ref(r.ncclBytes).fetch_add(bytes, std::memory_order_relaxed);
+    return call;
+}
+
 } // namespace
 
 Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstream_st* stream) {
@@ -40,7 +56,8 @@ Status Group::allGather(const void* send, void* recv, std::size_t bytes, CUstrea
     if (g.nccl || !fits(bytes) || bytes > p.ncclAboveGather) {
 #if TPF_HAVE_NCCL
         if (p.comm)
-            return TPF_GPU(ncclAllGather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(p.comm), stream));
+            return countNccl(g, TPF_GPU(ncclAllGather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(p.comm), stream)),
+                             bytes, stream);
 #endif
         return Error{Errc::CapMismatch, std::to_string(bytes) + " bytes above the agreed cap of " +
                                             std::to_string(g.agreedCap) + " and no NCCL communicator"};
@@ -77,7 +94,9 @@ Status Group::allReduceSum(const void* send, void* recv, std::size_t count, DTyp
     if (g.nccl || !fits(bytes) || bytes > p.ncclAboveSum) {
 #if TPF_HAVE_NCCL
         if (p.comm)
-            return TPF_GPU(ncclAllReduce(send, recv, count, ncclTypeOf(type), ncclSum, static_cast<ncclComm_t>(p.comm), stream));
+            return countNccl(
+                g, TPF_GPU(ncclAllReduce(send, recv, count, ncclTypeOf(type), ncclSum, static_cast<ncclComm_t>(p.comm), stream)),
+                bytes, stream);
 #endif
         return Error{Errc::CapMismatch, std::to_string(bytes) + " bytes above the agreed cap of " +
                                             std::to_string(g.agreedCap) + " and no NCCL communicator"};
@@ -130,7 +149,7 @@ Status Group::allGatherV(const void* send, void* recv, std::span<const std::size
                     s = TPF_GPU(ncclRecv(static_cast<std::uint8_t*>(recv) + offset[q], counts[q], ncclUint8, int(q), comm, stream));
             }
             const Status end = TPF_GPU(ncclGroupEnd());
-            return s ? end : s;
+            return s ? countNccl(g, end, counts[g.rank], stream) : s;
         }
 #endif
         return Error{Errc::CapMismatch, "allGatherV row of " + std::to_string(largest) + " bytes above the agreed cap of " +
@@ -163,7 +182,6 @@ void gpuFlushStats(Group::Impl& g) {
 }
 
 Status gpuCheck(Group::Impl& g) {
-    gpuFlushStats(g); // every count up to here, for the daemon's status and metrics
     if (g.broken()) return g.failure;
     if (!g.gpu || g.nccl || g.world == 1) return okStatus();
     // Only a failed call counts: the daemon also writes the control block when

@@ -211,7 +211,7 @@ inline Result<std::size_t> sumBytes(std::size_t count, DType type, std::uint64_t
 
 /// What a kernel recorded (readFailure), made the group's sticky failure.
 Status gpuCheck(Group::Impl& g);
-/// The device's call counts into the ring's RankStats (check() and close()).
+/// The device's call counts into the ring's RankStats at close() (the kernels publish them as they count).
 void gpuFlushStats(Group::Impl& g);
 /// The group takes NCCL for every call (comm from ncclCommOf).
 Status gpuFallback(Group::Impl& g, void* comm);

@@ -87,7 +87,7 @@ struct Snapshot {
     std::uint64_t startedUnixNs = 0, busyNs = 0, doorbells = 0;
     std::optional<std::uint64_t> carryThreads, carryParts; // absent from a daemon before the carry threads
     std::uint64_t regions = 0, hostBytes = 0, deviceBytes = 0, clients = 0;
-    std::uint64_t groupsOpened = 0, queuePairs = 0, groupsAdopted = 0;
+    std::uint64_t groupsOpened = 0, queuePairs = 0, groupsAdopted = 0, ncclCalls = 0, ncclBytes = 0;
     double adoptionGapSeconds = 0;
     std::map<std::string, std::uint64_t> adoptionRefused;
     std::map<std::string, std::uint64_t> broken, refused, callErrors, groupsByState;
@@ -134,6 +134,11 @@ Result<Snapshot> read(const json& doc) {
         s.adoptionRefused = f.countsByName(m, "adoption_refusals", "metrics.");
     }
     s.callErrors = f.countsByName(m, "call_errors", "metrics.");
+    if (m.contains("nccl_calls")) { // a daemon that counts Device groups' calls handed to NCCL
+        const json& n = f.object(m, "nccl_calls", "metrics.");
+        s.ncclCalls = f.count(n, "calls", "metrics.nccl_calls.");
+        s.ncclBytes = f.count(n, "bytes", "metrics.nccl_calls.");
+    }
     s.groupsByState = f.countsByName(m, "groups", "metrics.");
     s.queuePairs = f.count(m, "queue_pairs", "metrics.");
     const json& fallbacks = f.array(m, "open_fallbacks", "metrics.");
@@ -238,9 +243,10 @@ Result<std::string> renderMetrics(const nlohmann::ordered_json& doc) {
     for (const auto& fb : s.fallbacks)
         fallbacks.Add({{"reason", fb.reason}, {"outcome", fb.outcome}}).Increment(double(fb.count));
 
-    auto& calls = counter("tpfabric_calls_total", "Host-path collective calls of ranks on this node, completed or failed, by op");
-    auto& failed = counter("tpfabric_failed_calls_total", "Host-path collective calls that failed, by op");
-    auto& bytes = counter("tpfabric_bytes_total", "Shard bytes of completed host-path calls (each rank's contribution), by op");
+    auto& calls = counter("tpfabric_calls_total",
+                          "Collective calls of ranks on this node (host path, and Device groups' kernels), completed or failed, by op");
+    auto& failed = counter("tpfabric_failed_calls_total", "Collective calls that failed, by op");
+    auto& bytes = counter("tpfabric_bytes_total", "Shard bytes of completed calls (each rank's contribution), by op");
     auto& latency = BuildHistogram()
                         .Name("tpfabric_call_latency_seconds")
                         .Help("Latency of completed host-path calls, from the first byte staged to the result, by op")
@@ -254,8 +260,12 @@ Result<std::string> renderMetrics(const nlohmann::ordered_json& doc) {
         bytes.Add({{"op", op}}).Increment(double(c.bytes));
         latency.Add({{"op", op}}, le).ObserveMultiple(coarsen(c.buckets, bounds), double(c.latencySumNs) / kNsPerSecond);
     }
-    auto& errors = counter("tpfabric_call_errors_total", "Failed host-path calls by error name (any op)");
+    auto& errors = counter("tpfabric_call_errors_total", "Failed calls by error name (any op)");
     for (const auto& [name, n] : s.callErrors) errors.Add({{"error", name}}).Increment(double(n));
+    counter("tpfabric_nccl_calls_total", "Device groups' calls the library handed to NCCL (above the fabric's cap)")
+        .Add({})
+        .Increment(double(s.ncclCalls));
+    counter("tpfabric_nccl_bytes_total", "Bytes of those calls (each rank's send bytes)").Add({}).Increment(double(s.ncclBytes));
 
     auto& groups = gauge("tpfabric_groups", "Groups in the daemon's table now, by state");
     for (const auto& [state, n] : s.groupsByState) groups.Add({{"state", state}}).Set(double(n));

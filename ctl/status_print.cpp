@@ -298,6 +298,9 @@ void printGroups(const json& doc, std::ostream& out) {
                 << (text(g, "buffers") == "device" ? "device calls are not timed" : "no call completed yet") << ")\n";
         else
             out << ", latency p50 " << micros(lat, "p50") << ", p99 " << micros(lat, "p99") << '\n';
+        if (const json* n = field(g, "nccl_calls"); n && n->is_number_unsigned() && n->get<std::uint64_t>() > 0)
+            out << "    handed to NCCL (above the agreed cap): calls " << text(g, "nccl_calls") << ", bytes "
+                << bytesApprox(g, "nccl_bytes") << '\n';
         out << "    last error " << text(g, "last_error") << '\n';
         if (const json* a = field(g, "adoption"); a && a->is_object()) {
             const json* gap = field(*a, "gap_ms");

@@ -52,6 +52,7 @@ json sampleDoc() {
             {"all_reduce_sum",
              {{"calls", 0}, {"bytes", 0}, {"errors", 0}, {"latency_sum_ns", 0}, {"latency_buckets", none}}}}},
           {"call_errors", {{"PeerLost", 1}}},
+          {"nccl_calls", {{"calls", 7}, {"bytes", 7340032}}},
           {"groups", {{"pending", 0}, {"negotiating", 0}, {"open", 1}, {"broken", 0}}},
           {"queue_pairs", 6},
           {"groups_adopted", 2},
@@ -119,6 +120,8 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
     CHECK(at(R"(tpfabric_failed_calls_total{op="all_gather"})") == 1);
     CHECK(at(R"(tpfabric_bytes_total{op="all_gather"})") == 4096);
     CHECK(at(R"(tpfabric_call_errors_total{error="PeerLost"})") == 1);
+    CHECK(at("tpfabric_nccl_calls_total") == 7);
+    CHECK(at("tpfabric_nccl_bytes_total") == 7340032);
     CHECK(at(R"(tpfabric_groups{state="open"})") == 1);
     CHECK(at(R"(tpfabric_groups{state="pending"})") == 0);
     CHECK(at("tpfabric_regions") == 3);
@@ -139,7 +142,7 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
         else if (line.rfind("# TYPE ", 0) == 0) ++type[line.substr(7, line.find(' ', 7) - 7)];
         else if (!line.empty()) CHECK(line.rfind("tpfabric_", 0) == 0);
     }
-    CHECK(type.size() == 23);
+    CHECK(type.size() == 25);
     for (const auto& [name, n] : type) {
         INFO(name);
         CHECK(n == 1);

@@ -315,6 +315,19 @@ TEST_CASE("Device groups: buffers, the proxy's polling, each rank's peer routes 
     CHECK(has(out, "Regions: 3 (host 1B, device 2.0MiB)\n"));
 }
 
+TEST_CASE("a Device group's calls handed to NCCL get their own line, only when there are some") {
+    const json doc = json::parse(R"({"groups": [{"id": "d", "buffers": "device", "calls": 10, "bytes": 40960, "errors": 0,
+                                                "nccl_calls": 3, "nccl_bytes": 3145728,
+                                                "latency_us": {"p50": null, "p99": null}, "ranks": []},
+                                               {"id": "e", "buffers": "device", "calls": 10, "bytes": 40960, "errors": 0,
+                                                "nccl_calls": 0, "nccl_bytes": 0,
+                                                "latency_us": {"p50": null, "p99": null}, "ranks": []}]})");
+    const std::string out = render(doc);
+    INFO(out);
+    CHECK(has(out, "    handed to NCCL (above the agreed cap): calls 3, bytes 3.0MiB\n"));
+    CHECK(out.find("handed to NCCL") == out.rfind("handed to NCCL")); // group e: none
+}
+
 TEST_CASE("a group whose calls were not timed says so, never 0 µs") {
     const json device = json::parse(R"({"groups": [{"id": "d", "buffers": "device", "calls": 640, "bytes": 2621440, "errors": 0,
                                                    "latency_us": {"p50": null, "p99": null}, "ranks": []},

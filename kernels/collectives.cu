@@ -99,6 +99,21 @@ cudaError_t launchAllReduceSum(const DeviceGroupView& v, const void* send, void*
     return cudaErrorInvalidValue;
 }
 
+namespace {
+
+// One call handed to NCCL, counted on the stream (launchCountNccl).
+__global__ void countNcclKernel(DeviceStats* d, RankStats* ring, std::uint64_t bytes) {
+    using U64 = unsigned long long;
+    const U64 calls = atomicAdd(reinterpret_cast<U64*>(&d->ncclCalls), 1ull) + 1;
+    const U64 total = atomicAdd(reinterpret_cast<U64*>(&d->ncclBytes), U64(bytes)) + bytes;
+    if (ring) {
+        detail::stRelaxedSys(&ring->ncclGraphCalls, calls);
+        detail::stRelaxedSys(&ring->ncclGraphBytes, total);
+    }
+}
+
+} // namespace
+
 cudaError_t preloadKernels() {
     // cudaFuncGetAttributes loads the function (the documented way to defeat lazy loading).
     const void* const kernels[] = {
@@ -106,6 +121,7 @@ cudaError_t preloadKernels() {
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumF32>),
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumF16>),
         reinterpret_cast<const void*>(&detail::collectiveKernel<Op::SumBF16>),
+        reinterpret_cast<const void*>(&countNcclKernel),
 #define TPF_LL_KERNELS(per, peers)                                                                                     \
     reinterpret_cast<const void*>(&detail::llKernel<Op::Gather, per, peers>),                                          \
         reinterpret_cast<const void*>(&detail::llKernel<Op::SumF32, per, peers>),                                     \
@@ -179,6 +195,14 @@ void publishDeviceStats(const DeviceStats& d, RankStats& r) {
     }
     for (std::uint32_t c = 0; c < kStatsErrcSlots; ++c) put(r.errorsByCode[c], d.errorsByCode[c]);
     if (d.lastError) put(r.lastError, d.lastError);
+    put(r.ncclGraphCalls, d.ncclCalls);
+    put(r.ncclGraphBytes, d.ncclBytes);
+}
+
+cudaError_t launchCountNccl(const DeviceGroupView& v, std::uint64_t bytes, cudaStream_t stream) {
+    if (v.stats == nullptr) return cudaSuccess;
+    countNcclKernel<<<1, 1, 0, stream>>>(v.stats, v.ringStats, bytes);
+    return cudaGetLastError();
 }
 
 } // namespace tpf::kernels

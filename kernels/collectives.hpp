@@ -80,25 +80,29 @@ static_assert(std::is_trivially_copyable_v<DeviceState>);
 inline constexpr std::uint64_t kVerdictFailed = 1ull << 63;
 
 /// Counts of this rank's device calls (calls, bytes, errors by name), kept
-/// in device memory by the kernels and published into the ring's RankStats
-/// (host memory the daemon reads for status and metrics) by the host at
-/// check() and close() (publishDeviceStats). A call counts itself and its
-/// bytes with fire-and-forget atomics while it waits for its peers (taken
-/// back if it fails); nothing is counted at a kernel's end, where the call's
-/// completion would wait for it. Latencies are not counted: timing a call
-/// on the device and keeping it costs about a third of a 4 KiB call, more
-/// than they are worth; the host path has them.
+/// in device memory by the kernels, which also publish each new total into
+/// the ring's RankStats (host memory the daemon reads for status and
+/// metrics) as they count: the daemon sees device calls live, with no
+/// check(). A call counts itself and its bytes while it waits for its peers
+/// (taken back if it fails); nothing is counted at a kernel's end, where the
+/// call's completion would wait for it. Calls the library hands to NCCL
+/// inside a CUDA graph are counted by a one-thread kernel captured beside
+/// them (launchCountNccl); eager ones by the host. Latencies are not
+/// counted: timing a call on the device and keeping it costs about a third
+/// of a 4 KiB call, more than they are worth; the host path has them.
 struct DeviceStats {
     OpStats ops[kStatsOps];
     std::uint64_t errorsByCode[kStatsErrcSlots];
     std::uint32_t lastError; ///< Errc of the last failed call
     std::uint32_t reserved;
+    std::uint64_t ncclCalls; ///< calls handed to NCCL that replayed in a graph (launchCountNccl)
+    std::uint64_t ncclBytes;
 };
 static_assert(std::is_trivially_copyable_v<DeviceStats>);
 
-/// The host's publish: every total of `stats` (a copy read back after the
-/// stream synchronised) into the ring's RankStats (host memory). Totals, not
-/// increments: publishing again counts nothing twice.
+/// Every total of `stats` (a copy read back after the stream synchronised)
+/// into the ring's RankStats: at close(), after the last call, the same
+/// totals the kernels published as they counted.
 void publishDeviceStats(const DeviceStats& stats, RankStats& ring);
 
 /// What one call counts as (staged calls pass the caller's op and bytes to
@@ -189,6 +193,12 @@ Errc validateAllGather(const DeviceGroupView& view, const void* send, const void
 /// Checks one all-reduce call: as validateAllGather for count * dtypeSize.
 Errc validateAllReduceSum(const DeviceGroupView& view, const void* send, const void* recv, std::uint64_t count,
                           DType dtype);
+
+/// Counts one call the library handed to NCCL, on `stream`: a one-thread
+/// kernel, captured beside the NCCL call when the stream is capturing, so
+/// that every replay counts (DeviceStats::ncclCalls, published to the ring's
+/// ncclGraphCalls). Nothing when the view counts no calls.
+cudaError_t launchCountNccl(const DeviceGroupView& view, std::uint64_t bytes, cudaStream_t stream);
 
 /// All-gather of `bytes` from `send` into `recv` (world * bytes; row r holds
 /// rank r's shard). Enqueues one kernel on `stream`; nothing else, so it can

@@ -74,7 +74,9 @@ __device__ __forceinline__ void llCall(const DeviceGroupView& v, const std::uint
         }
     }
     __syncthreads(); // sCode / sMissing initialised
-    if (b == 0 && threadIdx.x == 0) countCall(v, tag); // completes while the lines travel (no fence on this path)
+    // Block 0's last thread (no tag line to wait for; in a small call no chunk
+    // either): its atomics' round trip and posted stores pass while the lines travel.
+    if (b == 0 && threadIdx.x == blockDim.x - 1) countCall(v, tag);
     std::uint64_t tPut = 0;
     if constexpr (Probe::kOn) tPut = b == 0 && threadIdx.x == 0 ? globalTimerNs() : 0;
 

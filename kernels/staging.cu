@@ -7,6 +7,7 @@ namespace tpf::kernels {
 
 namespace {
 
+using detail::countFailure;
 using detail::markCallFailed;
 using detail::recordFailure;
 
@@ -44,16 +45,9 @@ __device__ void copyShare(std::uint8_t* dst, const std::uint8_t* src, std::uint6
 }
 
 // The collective kernel counted the call and its bytes; a mismatch found
-// after it makes it a failed one (device totals; check() publishes them).
+// after it makes it a failed one (device totals and the ring's, live).
 __device__ void countMismatch(const DeviceGroupView& v, const UnpackRows& rows) {
-    constexpr std::uint32_t code = std::uint32_t(Errc::GroupMismatch);
-    DeviceStats* d = v.stats;
-    if (d == nullptr || rows.statsOp >= kStatsOps) return;
-    using U64 = unsigned long long;
-    atomicAdd(reinterpret_cast<U64*>(&d->ops[rows.statsOp].errors), 1ull);
-    atomicAdd(reinterpret_cast<U64*>(&d->ops[rows.statsOp].bytes), U64(0) - U64(rows.statsBytes));
-    atomicAdd(reinterpret_cast<U64*>(&d->errorsByCode[code]), 1ull);
-    d->lastError = code;
+    countFailure(v, rows.statsOp, rows.statsBytes, std::uint32_t(Errc::GroupMismatch));
 }
 
 __global__ void __launch_bounds__(kThreads) packKernel(std::uint8_t* dst, RowHeader header, bool withHeader,

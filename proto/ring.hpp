@@ -129,7 +129,9 @@ static_assert(offsetof(OpStats, latency) == 32);
 static_assert(std::is_trivially_copyable_v<OpStats>);
 
 /// Per-rank call statistics at RingLayout::statsOffset(). The rank writes
-/// them after every host-path call (relaxed stores; one writer); the daemon
+/// them after every host-path call (relaxed stores; one writer), a Device
+/// group's kernels as they count each call (kernels/collectives.hpp,
+/// DeviceStats; system-scope stores of totals); the daemon
 /// reads them (relaxed loads, readStats) for status and metrics, and folds a
 /// rank's last values into its lifetime counters when the rank leaves.
 /// Values come from a client: the daemon only adds them up. 1920 bytes.
@@ -138,11 +140,18 @@ struct RankStats {
     std::uint64_t errorsByCode[kStatsErrcSlots];   ///< @1536 failed calls by Errc value (any op)
     std::uint32_t lastError;                       ///< @1792 Errc of the last failure
     std::uint32_t reserved0;
-    std::uint8_t pad[120];                         ///< to a 128-byte multiple
+    std::uint64_t ncclCalls;                       ///< @1800 calls a Device group handed to NCCL (above the
+                                                   ///<       fabric's cap), counted by the host when made eagerly
+    std::uint64_t ncclBytes;                       ///< @1808 their bytes (this rank's send bytes)
+    std::uint64_t ncclGraphCalls;                  ///< @1816 those replayed in CUDA graphs, counted by a kernel
+    std::uint64_t ncclGraphBytes;                  ///< @1824
+    std::uint8_t pad[88];                          ///< to a 128-byte multiple
 };
 static_assert(sizeof(RankStats) == 1920);
 static_assert(offsetof(RankStats, errorsByCode) == 1536);
 static_assert(offsetof(RankStats, lastError) == 1792);
+static_assert(offsetof(RankStats, ncclCalls) == 1800);
+static_assert(offsetof(RankStats, ncclGraphBytes) == 1824);
 static_assert(sizeof(RankStats) % 128 == 0);
 static_assert(std::is_trivially_copyable_v<RankStats>);
 
@@ -167,6 +176,10 @@ inline RankStats readStats(const RankStats& shared) {
     }
     for (std::uint32_t c = 0; c < kStatsErrcSlots; ++c) out.errorsByCode[c] = load(shared.errorsByCode[c]);
     out.lastError = load(shared.lastError);
+    out.ncclCalls = load(shared.ncclCalls);
+    out.ncclBytes = load(shared.ncclBytes);
+    out.ncclGraphCalls = load(shared.ncclGraphCalls);
+    out.ncclGraphBytes = load(shared.ncclGraphBytes);
     return out;
 }
 #endif

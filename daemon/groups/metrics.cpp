@@ -18,6 +18,8 @@ void CallTotals::add(const RankStats& s, const RankStats* before) {
         for (std::uint32_t k = 0; k < kLatencyBuckets; ++k) to.latency[k] += since(from.latency[k], was.latency[k]);
     }
     for (std::uint32_t c = 0; c < kStatsErrcSlots; ++c) errorsByCode[c] += since(s.errorsByCode[c], b.errorsByCode[c]);
+    ncclCalls += since(s.ncclCalls, b.ncclCalls) + since(s.ncclGraphCalls, b.ncclGraphCalls);
+    ncclBytes += since(s.ncclBytes, b.ncclBytes) + since(s.ncclGraphBytes, b.ncclGraphBytes);
 }
 
 void CallTotals::add(const CallTotals& t) {
@@ -29,6 +31,8 @@ void CallTotals::add(const CallTotals& t) {
         for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) ops[o].latency[b] += t.ops[o].latency[b];
     }
     for (std::uint32_t c = 0; c < kStatsErrcSlots; ++c) errorsByCode[c] += t.errorsByCode[c];
+    ncclCalls += t.ncclCalls;
+    ncclBytes += t.ncclBytes;
 }
 
 } // namespace tpf::daemon

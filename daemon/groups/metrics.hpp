@@ -27,6 +27,8 @@ struct CallTotals {
     };
     std::array<Op, kStatsOps> ops{};                               ///< by StatsOp
     std::array<std::uint64_t, kStatsErrcSlots> errorsByCode{};     ///< failed calls by Errc value
+    std::uint64_t ncclCalls = 0; ///< Device groups' calls the library handed to NCCL (eager and graph-replayed)
+    std::uint64_t ncclBytes = 0; ///< their bytes
 
     /// Add one rank's stats (a private copy: readStats), less what of them
     /// `before` had counted already (a re-adopted rank's earlier calls) when given.

@@ -160,6 +160,7 @@ nlohmann::json groupsPart(const GroupTable& table) {
     nlohmann::json groups = nlohmann::json::array();
     for (const auto& [id, g] : table.groups()) {
         std::uint64_t calls = 0, bytes = 0, errors = 0, hist[kLatencyBuckets] = {};
+        std::uint64_t ncclCalls = 0, ncclBytes = 0;
         bool proxyPolls = false;
         nlohmann::json ranks = nlohmann::json::array();
         for (std::uint32_t r = 0; r < g.world; ++r) {
@@ -187,6 +188,8 @@ nlohmann::json groupsPart(const GroupTable& table) {
                         errors += op.errors;
                         for (std::uint32_t b = 0; b < kLatencyBuckets; ++b) hist[b] += op.latency[b];
                     }
+                    ncclCalls += st.ncclCalls + st.ncclGraphCalls;
+                    ncclBytes += st.ncclBytes + st.ncclGraphBytes;
                 }
             }
             if (g.wires[r]) e["route"] = wireName(g.wires[r]);
@@ -207,6 +210,8 @@ nlohmann::json groupsPart(const GroupTable& table) {
                           {"calls", calls},
                           {"bytes", bytes},
                           {"errors", errors},
+                          {"nccl_calls", ncclCalls},
+                          {"nccl_bytes", ncclBytes},
                           // null: no call of the group was timed (none completed yet, or device calls, which are not timed).
                           {"latency_us", total ? nlohmann::json{{"p50", percentileUs(hist, total, 0.50)},
                                                                 {"p99", percentileUs(hist, total, 0.99)}}
@@ -241,6 +246,7 @@ void callsJson(const CallTotals& t, nlohmann::json& out) {
         if (t.errorsByCode[c]) errors[errcText(c)] = t.errorsByCode[c];
     out["calls"] = std::move(calls);
     out["call_errors"] = std::move(errors);
+    out["nccl_calls"] = {{"calls", t.ncclCalls}, {"bytes", t.ncclBytes}};
 }
 
 // Lifetime counters; calls of ranks gone plus those of current members;

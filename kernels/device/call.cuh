@@ -1,7 +1,8 @@
 // tpfabric device primitives — what every collective call's kernel shares:
 // the operation it runs, how a block's share of the vectors is cut, how a
 // failure is recorded for the host (the device half of readFailure), and how
-// a call is counted (the device half of publishDeviceStats). Device code only.
+// a call is counted (in DeviceStats and, live, in the ring's RankStats the
+// daemon reads). Device code only.
 #pragma once
 
 #include <cstdint>
@@ -48,26 +49,55 @@ __device__ __forceinline__ void markCallFailed(ControlBlock* c) { stReleaseSys(&
 
 using U64 = unsigned long long;
 
+/// A count's new total into the ring's RankStats (host memory the daemon
+/// reads for status and metrics): a relaxed system-scope store, posted (the
+/// thread does not wait for it). Totals, not increments: a store that lands
+/// late or twice counts nothing twice. Calls of one group run one at a time
+/// (each waits for the epoch of the one before), so one total follows the other.
+__device__ __forceinline__ void publishTotal(std::uint64_t* ringField, std::uint64_t total) {
+    stRelaxedSys(ringField, total);
+}
+
 /// One thread of a call, while the call waits for its peers anyway: count
-/// the call and its bytes in DeviceStats (taken back if it fails).
-/// Fire-and-forget atomics: the thread does not wait for them, and they
-/// complete during the wait.
+/// the call and its bytes in DeviceStats (taken back if it fails) and
+/// publish the new totals to the ring, so the daemon's status sees device
+/// calls live, without check(). The atomics return their totals (an L2
+/// round trip of this one thread, inside the call's peer wait); the stores
+/// into host memory are posted.
 __device__ inline void countCall(const DeviceGroupView& v, const CallTag& tag) {
     DeviceStats* d = v.stats;
     if (d == nullptr || !tag.record || tag.op >= kStatsOps) return;
-    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].calls), 1ull);
-    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].bytes), U64(tag.bytes));
+    const U64 calls = atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].calls), 1ull) + 1;
+    const U64 bytes = atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].bytes), U64(tag.bytes)) + tag.bytes;
+    if (RankStats* r = v.ringStats) {
+        publishTotal(&r->ops[tag.op].calls, calls);
+        publishTotal(&r->ops[tag.op].bytes, bytes);
+    }
+}
+
+/// A failed call's count (the error, its name, its bytes taken back), in
+/// DeviceStats and published to the ring like countCall's. The slow path.
+__device__ inline void countFailure(const DeviceGroupView& v, std::uint32_t op, std::uint64_t callBytes, std::uint32_t code) {
+    DeviceStats* d = v.stats;
+    if (d == nullptr || op >= kStatsOps) return;
+    const U64 errors = atomicAdd(reinterpret_cast<U64*>(&d->ops[op].errors), 1ull) + 1;
+    const U64 bytes = atomicAdd(reinterpret_cast<U64*>(&d->ops[op].bytes), U64(0) - U64(callBytes)) - callBytes; // completed calls only
+    d->lastError = code;
+    U64 byCode = 0;
+    if (code < kStatsErrcSlots) byCode = atomicAdd(reinterpret_cast<U64*>(&d->errorsByCode[code]), 1ull) + 1;
+    if (RankStats* r = v.ringStats) {
+        publishTotal(&r->ops[op].errors, errors);
+        publishTotal(&r->ops[op].bytes, bytes);
+        if (code < kStatsErrcSlots) publishTotal(&r->errorsByCode[code], byCode);
+        stRelaxedSys(&r->lastError, code);
+    }
 }
 
 /// The last block out, once per call: a failure is counted here (the slow
 /// path anyway); a success needs nothing more.
 __device__ inline void endCall(const DeviceGroupView& v, const CallTag& tag, bool ok, std::uint32_t code) {
-    DeviceStats* d = v.stats;
-    if (ok || d == nullptr || !tag.record || tag.op >= kStatsOps) return;
-    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].errors), 1ull);
-    atomicAdd(reinterpret_cast<U64*>(&d->ops[tag.op].bytes), U64(0) - U64(tag.bytes)); // bytes of completed calls only
-    d->lastError = code;
-    if (code < kStatsErrcSlots) atomicAdd(reinterpret_cast<U64*>(&d->errorsByCode[code]), 1ull);
+    if (ok || !tag.record) return;
+    countFailure(v, tag.op, tag.bytes, code);
 }
 
 /// A kernel's probe: hooks at the points of a call a benchmark times

@@ -339,6 +339,40 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
   else
     judge 77; echo "SKIP gpu-multiprocess idle: no $bin/tpfabricctl (carry build-gpu/ctl/tpfabricctl)"
   fi
+  # Live counts: a graph of 5 calls replayed 200 times with no check(); once
+  # every rank synchronised (READY), tpfabricctl status --json shows the
+  # group's W x 1,000 calls and their bytes within 1 s, on either route.
+  if [ -x "$bin/tpfabricctl" ] && stage extra; then
+    for route in ipc proxy; do
+      w=2
+      llog=$logdir/tpf-gpurank-livecount-$route-w$w.log
+      (ranks tpf-gpurank $w $route livecount 5000 --scenario livecount) &
+      rp=$!
+      for _ in $(seq 300); do [ "$(grep -c READY "$llog" 2>/dev/null)" = $w ] && break; sleep 0.05; done
+      seen=$(python3 - "$bin/tpfabricctl" "$sock" "$w" <<'PY' 2>&1
+import json, subprocess, sys, time
+ctl, sock, w = sys.argv[1], sys.argv[2], int(sys.argv[3])
+want_calls, want_bytes = w * 1000, w * (600 * 4096 + 400 * 1024)
+t0 = time.monotonic()
+while True:
+    d = json.loads(subprocess.run([ctl, "status", "--json", "--socket", sock], capture_output=True, text=True).stdout)
+    g = [g for g in d["groups"] if g["state"] == "open" and g.get("buffers") == "device"]
+    got = (g[0]["calls"], g[0]["bytes"]) if len(g) == 1 else None
+    dt = time.monotonic() - t0
+    if got == (want_calls, want_bytes):
+        print("ok calls=%d bytes=%d seen after %.0f ms" % (got[0], got[1], dt * 1e3)); break
+    if dt > 1.0:
+        print("status shows %s after 1 s, wanted calls=%d bytes=%d" % (got, want_calls, want_bytes)); break
+    time.sleep(0.02)
+PY
+)
+      wait "$rp"; rr=$?
+      case "$rr:$seen" in 0:ok*) judge 0 ;; *) judge 1 ;; esac
+      echo "$st gpu-multiprocess livecount W=$w route=$route (a graph replayed 200 times, no check()): status $seen"
+      grep -h RESULT "$llog" | sort | sed 's/^/    /'
+      [ $st = FAIL ] && grep -hv RESULT "$llog" | head -20 | sed 's/^/    ! /'
+    done
+  fi
   # An idle proxy-route group: the daemon busy-polls its ring (a kernel cannot
   # wake it), a whole core; proxy.gpu_poll_us = 100 bounds that.
   # Both measured, the bounded one must stay under 20 % of a core, and the

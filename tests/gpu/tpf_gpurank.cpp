@@ -17,6 +17,10 @@
 //              within 1 s (the kernel's heartbeat watch)
 //   idle       100 gathers, READY, 4 s without calls (run.sh checks status and the daemon's CPU), 100 more
 //   graph      4 gathers captured once, replayed 64 times with new shards
+//   livecount  a graph of 3 gathers and 2 f32 sums replayed 200 times, the stream synchronised, no
+//              check(): the ring's counts (what the daemon's status reads) reach 1,000 calls and
+//              their bytes within 1 s; prints READY with them, holds the group 3 s (run.sh reads
+//              tpfabricctl status --json meanwhile), then check() and the counts unchanged
 //   b2b        2,000 calls back to back (gather / f32 sum), verified on the device
 //   kill       the last rank exits without closing at call 3: the others get PeerLost naming it
 //   graphkill / graphleave / graphstall
@@ -31,7 +35,8 @@
 //   graphnodekill
 //              two daemons as two nodes (--nodes): the graphkill graph replayed until a replay fails;
 //              READY after replay 5, then run.sh SIGKILLs node 1's daemon: node 0's ranks see PeerLost,
-//              node 1's DaemonLost, in the health word at the failed replay's sync point, outputs unwritten
+//              node 1's DaemonLost, in the health word at the failed replay's sync point; of its three
+//              calls those before the fault exact, the failing one and the rest unwritten
 //   stall      the last rank never posts call 3: the others get Timeout naming it
 //   mismatch   ipc route: the last rank gathers 8 KiB, the others 4 KiB: GroupMismatch on every rank
 //              naming the other side, within 1 s, nothing written; the next call fails with it too
@@ -60,6 +65,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -161,8 +167,8 @@ int scenarioData(Group& g, cudaStream_t st, Buffers2 b) {
                 return report(false, "sum dtype " + std::to_string(int(t)) + " size " + std::to_string(size) + " differs");
             ++sums;
         }
-    // The kernels counted every call; check() published the counts into the
-    // ring the daemon reads (status, metrics).
+    // The kernels counted every call into the ring the daemon reads (status,
+    // metrics) as they ran.
     ST(g.check());
     const RankStats& rs = tpf::testing::ringStats(g);
     const std::uint64_t gatherBytes = 3 * (16 + 1024 + 4096 + 65536 + 16 + 512 * 1024);
@@ -451,6 +457,51 @@ int scenarioGraph(Group& g, cudaStream_t st, Buffers2 b) {
     return report(true, "replays=64 gathers_per_graph=4");
 }
 
+// A captured graph replayed without check(): the kernels' live counts.
+int scenarioLiveCount(Group& g, cudaStream_t st, Buffers2 b) {
+    const std::uint32_t W = g.world();
+    constexpr std::uint64_t kGather = 4096, kSum = 1024, kReplays = 200;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int j = 0; j < 3; ++j) ST(g.allGather(b.send, b.recv + j * kGather * W, kGather, st));
+    for (int j = 0; j < 2; ++j) ST(g.allReduceSum(b.send, b.recv, kSum / 4, DType::F32, st));
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (std::uint64_t rep = 0; rep < kReplays; ++rep) CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    const auto done = std::chrono::steady_clock::now();
+    const RankStats& rs = tpf::testing::ringStats(g);
+    const auto load = [](const std::uint64_t& v) { return std::atomic_ref(const_cast<std::uint64_t&>(v)).load(); };
+    const std::uint64_t wantG = 3 * kReplays, wantS = 2 * kReplays;
+    const std::uint64_t wantBytes = wantG * kGather + wantS * kSum;
+    std::uint64_t calls = 0, bytes = 0;
+    double waited = 0;
+    while (true) {
+        calls = load(rs.ops[kStatsAllGather].calls) + load(rs.ops[kStatsAllReduceSum].calls);
+        bytes = load(rs.ops[kStatsAllGather].bytes) + load(rs.ops[kStatsAllReduceSum].bytes);
+        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - done).count();
+        if ((calls == wantG + wantS && bytes == wantBytes) || waited > 1.0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (calls != wantG + wantS || bytes != wantBytes)
+        return report(false, "ring counts without check(): calls " + std::to_string(calls) + " bytes " + std::to_string(bytes) +
+                                 " after 1 s, wanted " + std::to_string(wantG + wantS) + " and " + std::to_string(wantBytes));
+    std::printf("READY rank=%u calls=%llu bytes=%llu\n", g.rank(), static_cast<unsigned long long>(calls),
+                static_cast<unsigned long long>(bytes)),
+        std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    ST(g.check());
+    const std::uint64_t after = load(rs.ops[kStatsAllGather].calls) + load(rs.ops[kStatsAllReduceSum].calls);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    if (after != calls) return report(false, "check() changed the counts: " + std::to_string(after));
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "calls=%llu bytes=%llu visible_ms=%.2f", static_cast<unsigned long long>(calls),
+                  static_cast<unsigned long long>(bytes), waited * 1e3);
+    return report(true, buf);
+}
+
 int scenarioB2b(Group& g, cudaStream_t st, Buffers2 b) {
     const std::uint32_t W = g.world();
     unsigned long long* cnt = nullptr;
@@ -589,6 +640,20 @@ public:
         bool exact = true;     ///< every output right
         bool untouched = true; ///< every output byte still 0x5a (a failed call writes nothing)
         double ms = 0;         ///< launch to sync
+        bool callExact[3] = {true, true, true};     ///< the gather, the staged gather, the sum: output right
+        bool callUntouched[3] = {true, true, true}; ///< likewise: output still 0x5a
+        /// A fault that lands during the replay: the calls before it complete
+        /// (exact), the failing one and every later one write nothing
+        /// (untouched); never a call half written or wrong.
+        bool cutCleanly() const {
+            bool failed = false;
+            for (int c = 0; c < 3; ++c) {
+                if (!callExact[c] && !callUntouched[c]) return false;
+                if (failed && !callUntouched[c]) return false;
+                failed = failed || !callExact[c];
+            }
+            return failed;
+        }
     };
     HealthGraph(Group& g, cudaStream_t st, Buffers2 b) : g_(g), st_(st), b_(b) {}
     ~HealthGraph() {
@@ -632,20 +697,25 @@ public:
         }
         r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         r.health = g_.health(); // before check(), which would read the device's record itself
-        r.exact = r.untouched = true;
+        for (int c = 0; c < 3; ++c) r.callExact[c] = r.callUntouched[c] = true;
         for (std::uint32_t q = 0; q < W; ++q) {
             fillBytes(want_.data(), kGather, 7000 + rep, q);
-            r.exact = r.exact && std::memcmp(out_.data() + q * kGather, want_.data(), kGather) == 0;
+            r.callExact[0] = r.callExact[0] && std::memcmp(out_.data() + q * kGather, want_.data(), kGather) == 0;
             fillBytes(want_.data(), kOdd, 9000 + rep, q);
-            r.exact = r.exact && std::memcmp(out_.data() + kGather * W + q * kOdd, want_.data(), kOdd) == 0;
+            r.callExact[1] = r.callExact[1] && std::memcmp(out_.data() + kGather * W + q * kOdd, want_.data(), kOdd) == 0;
         }
-        for (std::uint64_t i = 0; i < kSum && r.exact; ++i) {
+        for (std::uint64_t i = 0; i < kSum && r.callExact[2]; ++i) {
             float sum = 0, got;
             for (std::uint32_t q = 0; q < W; ++q) sum += value(q, rep, i); // small integers: exact in any order
             std::memcpy(&got, out_.data() + outSum() + i * 4, 4);
-            r.exact = got == sum;
+            r.callExact[2] = got == sum;
         }
-        for (std::uint64_t i = 0; i < outBytes() && r.untouched; ++i) r.untouched = out_[i] == 0x5a;
+        const std::uint64_t from[4] = {0, kGather * W, outSum(), outBytes()}; // each call's output bytes
+        for (int c = 0; c < 3; ++c)
+            for (std::uint64_t i = from[c]; i < from[c + 1] && r.callUntouched[c]; ++i)
+                r.callUntouched[c] = out_[i] == 0x5a;
+        r.exact = r.callExact[0] && r.callExact[1] && r.callExact[2];
+        r.untouched = r.callUntouched[0] && r.callUntouched[1] && r.callUntouched[2];
         return true;
     }
 
@@ -713,8 +783,9 @@ int scenarioGraphHealth(Group& g, cudaStream_t st, Buffers2 b, GraphFault fault)
 // until a replay fails; READY after replay 5, then run.sh SIGKILLs the
 // daemon of node 1. Node 0's ranks: PeerLost (their daemon lost the link),
 // node 1's: DaemonLost (the kernels' heartbeat watch); the failed replay
-// flagged in the health word at its sync point with its outputs unwritten,
-// within the timeout, and no replay before it wrong while healthy.
+// flagged in the health word at its sync point, its calls cut cleanly (the
+// daemon dies mid-replay: calls before the fault complete, the failing one
+// and the rest write nothing), within the timeout, and no replay before it wrong while healthy.
 int scenarioGraphNodeKill(Group& g, cudaStream_t st, Buffers2 b, const std::vector<std::uint32_t>& nodes) {
     if (nodes.size() != g.world()) return report(false, "graphnodekill needs --nodes with a node per rank");
     const bool lostOwnDaemon = nodes[g.rank()] == 1;
@@ -733,9 +804,14 @@ int scenarioGraphNodeKill(Group& g, cudaStream_t st, Buffers2 b, const std::vect
         }
         const Status checked = g.check();
         const Errc expected = lostOwnDaemon ? Errc::DaemonLost : Errc::PeerLost;
-        const bool ok = r.health.code == expected && checked.code() == r.health.code && r.untouched && rep >= 5 &&
+        // The daemon dies at any point of a replay: calls before it may have
+        // completed; the failing one and the rest must have written nothing.
+        const bool ok = r.health.code == expected && checked.code() == r.health.code && r.cutCleanly() && rep >= 5 &&
                         r.ms < a.timeoutMs && !g.healthy();
-        return report(ok, std::string("expected=") + std::string(errcName(expected)) + " " + replayText(rep, r, checked));
+        return report(ok, std::string("expected=") + std::string(errcName(expected)) + " " + replayText(rep, r, checked) +
+                              " calls_exact=" + std::to_string(r.callExact[0]) + std::to_string(r.callExact[1]) +
+                              std::to_string(r.callExact[2]) + " calls_untouched=" + std::to_string(r.callUntouched[0]) +
+                              std::to_string(r.callUntouched[1]) + std::to_string(r.callUntouched[2]));
     }
     return report(false, "no replay failed: node 1's daemon was never killed");
 }
@@ -836,6 +912,13 @@ int ncclChecks(Group& g, Bootstrap& boot, cudaStream_t st, Buffers2 b, const std
     ST(boot.allGather(&hash, hashes.data(), sizeof hash));
     for (std::uint32_t q = 0; q < W; ++q)
         if (hashes[q] != hash) return report(false, "results differ between rank " + std::to_string(g.rank()) + " and rank " + std::to_string(q));
+    // A fabric group counts the calls it handed to NCCL in its ring (the daemon's nccl_calls).
+    if (g.path() == "fabric") {
+        const RankStats& rs = tpf::testing::ringStats(g);
+        if (rs.ncclCalls + rs.ncclGraphCalls != ncclCalls)
+            return report(false, "ring counts " + std::to_string(rs.ncclCalls + rs.ncclGraphCalls) + " calls handed to NCCL, made " +
+                                     std::to_string(ncclCalls));
+    }
     char buf[200];
     std::snprintf(buf, sizeof buf, "path=%s cap=%llu fabric_calls=%llu nccl_calls=%llu identical_on_all_ranks=yes sums_equal_to_reference=%d/%d",
                   g.path().c_str(), (unsigned long long)g.agreedCap(), (unsigned long long)fabricCalls,
@@ -1004,6 +1087,7 @@ int main(int argc, char** argv) {
     if (a.scenario == "gatherv") return scenarioGatherV(g, st, b);
     if (a.scenario == "mismatch") return scenarioMismatch(g, st, b);
     if (a.scenario == "graph") return scenarioGraph(g, st, b);
+    if (a.scenario == "livecount") return scenarioLiveCount(g, st, b);
     if (a.scenario == "b2b") return scenarioB2b(g, st, b);
     if (a.scenario == "kill") return scenarioFault(g, st, b, true);
     if (a.scenario == "stall") return scenarioFault(g, st, b, false);
