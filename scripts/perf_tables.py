@@ -20,6 +20,8 @@ which input.
           mps-ipc    tpf-gpubench-sizes-ipc-w*.log   (one GPU under MPS, ipc)
           mps-proxy  tpf-gpubench-sizes-proxy-w*.log (one GPU under MPS, proxy route)
           mps-hop    tpf-gpubench-hop-proxy-w2.log   (the proxy hop)
+          mps-tcp    tpf-gpubench-{sizes,hop}-proxy-w2-tcp.log beside -onehost.log and
+                     hop-proxy-w2.log (two daemons over the tcp wire beside one daemon)
           nccl       tpf-gpubench-nccl-ipc-w*.log    (one process per GPU beside NCCL; several runs: medians)
     perf_tables.py readme [--doc PERF_MD] [--readme README_MD]
         README.md's Performance table (between <!-- perf-readme --> markers)
@@ -47,7 +49,7 @@ import subprocess
 import sys
 
 KIB = 1024
-TABLES = ["host", "host-control", "host-tcp", "mps-ipc", "mps-proxy", "mps-hop", "nccl"]
+TABLES = ["host", "host-control", "host-tcp", "mps-ipc", "mps-proxy", "mps-hop", "mps-tcp", "nccl"]
 GPU_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 512 * KIB]
 ROW = re.compile(r"^ROW (\S+) W=(\d+) (\d+) ([\d.]+)\s*$")
 
@@ -254,6 +256,31 @@ def mps_hop(rows: dict) -> str:
     return markdown(["W = 2, 16 B", "µs", "/ ping-pong", "target"], out)
 
 
+def mps_tcp(logdir: str) -> tuple[str, list[str]]:
+    """The proxy route across two daemons over the tcp wire beside one daemon, same run; ("", []) without its logs."""
+    names = {"tcp": "tpf-gpubench-sizes-proxy-w2-tcp.log", "one": "tpf-gpubench-sizes-proxy-w2-onehost.log",
+             "hop-tcp": "tpf-gpubench-hop-proxy-w2-tcp.log", "hop-one": "tpf-gpubench-hop-proxy-w2.log"}
+    paths = {k: os.path.join(logdir, v) for k, v in names.items() if os.path.exists(os.path.join(logdir, v))}
+    if "tcp" not in paths or "one" not in paths:
+        return "", []
+    tcp, one = read_rows([paths["tcp"]]), read_rows([paths["one"]])
+    out = []
+    for s in GPU_SIZES:
+        g, go = tcp.get(("proxy-gather", 2, s)), one.get(("proxy-gather", 2, s))
+        sm, so = tcp.get(("proxy-sum-bf16", 2, s)), one.get(("proxy-sum-bf16", 2, s))
+        if g is None and sm is None:
+            continue
+        out.append([f"gather {size_name(s)}", num(g), num(go), ratio(g, go)])
+        out.append([f"bf16 sum {size_name(s)}", num(sm), num(so), ratio(sm, so)])
+    if "hop-tcp" in paths and "hop-one" in paths:
+        ht, ho = read_rows([paths["hop-tcp"]]), read_rows([paths["hop-one"]])
+        for stat in ("p50", "p99"):
+            a, b = ht.get((f"proxy-hop-{stat}", 2, 16)), ho.get((f"proxy-hop-{stat}", 2, 16))
+            out.append([f"hop (doorbell to the peer's flag), {stat}", num(a), num(b), ratio(a, b)])
+    table = markdown(["W = 2, one rank a daemon", "two daemons, tcp µs", "one daemon µs", "tcp / one daemon"], out)
+    return table, sorted(paths.values())
+
+
 def nccl(rows: dict) -> str:
     out = []
     for s in sorted({k[2] for k in rows if k[0] == "nccl-gather"}):
@@ -275,8 +302,10 @@ def gpu_tables(logdir: str, machine: str, date: str, commit: str, hand: bool) ->
         ("nccl", "tpf-gpubench-nccl-ipc-w*.log", nccl, "nvidia-h200-x2", "two H200s (NVLink), one rank process per GPU"),
     ]
     out = {}
+    # A tag after the world (-tcp, -onehost, -pergpu) names another setup's log; -runN one run of several.
+    plain = re.compile(r"-w\d+(-run\d+)?\.log$")
     for name, pattern, build, kind, setup in specs:
-        paths = sorted(glob.glob(os.path.join(logdir, pattern)))
+        paths = sorted(p for p in glob.glob(os.path.join(logdir, pattern)) if plain.search(p))
         if not paths:
             continue
         rows = read_rows(paths)
@@ -289,6 +318,13 @@ def gpu_tables(logdir: str, machine: str, date: str, commit: str, hand: bool) ->
         if runs > 1:
             src += f", the median of {runs} runs"
         out[name] = build(rows) + "\n\n" + stamp(f"{machine or kind}, {setup}", when, commit, src, hand)
+    table, paths = mps_tcp(logdir)
+    if table:
+        when = date or datetime.datetime.fromtimestamp(max(os.path.getmtime(p) for p in paths),
+                                                       datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        src = "`tpf-gpubench` (" + ", ".join(os.path.basename(p) for p in paths) + ")"
+        out["mps-tcp"] = table + "\n\n" + stamp(f"{machine or 'nvidia-h200'}, one H200, 2 rank processes under MPS, "
+                                                 "two tpfabricd on loopback as two nodes", when, commit, src, hand)
     return out
 
 

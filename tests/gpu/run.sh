@@ -478,7 +478,18 @@ fi
 if [ -x "$bin/tpf-bench" ] && [ -z "${TPF_GPU_NO_BENCH:-}" ] && [ -z "${TPF_GPU_NO_HOST_BENCH:-}" ] && stage host; then
   stop_mps
   sleep "${TPF_GPU_HOST_SETTLE:-5}"
-  echo "== host path (tpf-bench run, $(nproc) host CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), MPS stopped): $(date -u +%FT%TZ)"
+  # Then up to 60 s more until the CPUs are idle (>= 95 % over a second): the
+  # benchmarks before leave processes winding down, and the load average
+  # (a minute's mean) says so only long after.
+  for _ in $(seq 60); do
+    idle=$(python3 -c 'import time
+def t():
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return v[3] + v[4], sum(v)
+i0, a0 = t(); time.sleep(1); i1, a1 = t(); print(int(100 * (i1 - i0) / max(1, a1 - a0)))')
+    [ "$idle" -ge 95 ] && break
+  done
+  echo "== host path (tpf-bench run, $(nproc) host CPUs, ${idle:-?} % idle over the last second, load $(cut -d' ' -f1-3 /proc/loadavg), MPS stopped): $(date -u +%FT%TZ)"
   timeout 300 "$bin/tpf-bench" run --daemon "$bin/tpfabricd" --world ${TPF_GPU_HOST_W:-2,4,8,16} \
     --sizes 4KiB,64KiB --ops gather,sum --markdown --json "$logdir/tpf-bench-host.json" >"$logdir/tpf-bench-host.log" 2>&1 ||
     { echo "bench host path failed"; rc=1; }
