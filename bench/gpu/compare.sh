@@ -18,7 +18,7 @@
 # TPF_COMPARE_LIMIT (default 3) % slower. Exit 0 when no row is, 1 when one
 # is, 2 on a failed run, 77 with no GPU.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 [ $# -ge 2 ] || { echo "usage: bash bench/gpu/compare.sh BEFORE AFTER [OUTDIR]"; exit 2; }
 before=$(cd "$1" && pwd) || exit 2
 after=$(cd "$2" && pwd) || exit 2
