@@ -5,6 +5,7 @@
 //   test_gpu_collectives [--no-bench] [--bench-only] [--wire=ipc|proxy|mixed] [--world=N]
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -116,6 +117,45 @@ Args parse(int argc, char** argv) {
     return a;
 }
 
+// The watchdog: the case running now and since when. A case that runs past
+// TPF_GPU_CASE_SECONDS (default 120) is named and the program exits 3, so a
+// hang says where it is instead of using up run.sh's whole time limit.
+std::atomic<const char*> g_case{"start"};
+std::atomic<gputest::Wire> g_caseWire{gputest::Wire::Ipc};
+std::atomic<std::uint32_t> g_caseWorld{0};
+std::atomic<std::int64_t> g_caseSince{0};
+
+std::int64_t nowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void enter(const char* name, gputest::Wire wire, std::uint32_t W) {
+    g_caseWire = wire;
+    g_caseWorld = W;
+    g_case = name;
+    g_caseSince = nowNs();
+}
+
+void startWatchdog() {
+    const char* env = std::getenv("TPF_GPU_CASE_SECONDS");
+    const std::int64_t limit = (env && *env ? std::atoll(env) : 120) * 1'000'000'000ll;
+    std::thread([limit] {
+        for (;;) {
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+            const std::int64_t ran = nowNs() - g_caseSince.load();
+            if (g_caseSince.load() != 0 && ran > limit) {
+                char where[48] = "";
+                if (g_caseWorld.load())
+                    std::snprintf(where, sizeof where, "%s W=%u ", wireName(g_caseWire.load()), g_caseWorld.load());
+                std::printf("HUNG: %scase %s still running after %lld s (TPF_GPU_CASE_SECONDS); exiting\n", where,
+                            g_case.load(), static_cast<long long>(ran / 1'000'000'000ll));
+                std::fflush(stdout);
+                std::_Exit(3);
+            }
+        }
+    }).detach();
+}
+
 void runSuite(gputest::Wire wire, std::uint32_t W) {
     SimOptions o;
     o.world = W;
@@ -123,17 +163,17 @@ void runSuite(gputest::Wire wire, std::uint32_t W) {
     o.stripes = W % 4 == 0 ? 2 : 1; // per-stripe flags exercised at W = 4, 8
     const auto t0 = std::chrono::steady_clock::now();
     const std::uint32_t failedBefore = g_stats.failed;
-    testGather(o);
-    testSum(o, Elem::F32);
-    testSum(o, Elem::F16);
-    testSum(o, Elem::BF16);
-    testGraph(o);
-    testTimeout(o);
-    if (wire == gputest::Wire::Ipc) testCallMismatches(o); // the proxy route does not carry the call's tag
-    testDaemonStop(o, /*abort=*/true);
-    testDaemonStop(o, /*abort=*/false);
-    testBackToBack(o, 2000);
-    testComposed(o);
+    enter("gather", wire, W), testGather(o);
+    enter("sum f32", wire, W), testSum(o, Elem::F32);
+    enter("sum f16", wire, W), testSum(o, Elem::F16);
+    enter("sum bf16", wire, W), testSum(o, Elem::BF16);
+    enter("graph", wire, W), testGraph(o);
+    enter("timeout", wire, W), testTimeout(o);
+    if (wire == gputest::Wire::Ipc) enter("call mismatches", wire, W), testCallMismatches(o); // the proxy route carries no call tag
+    enter("daemon stop (abort)", wire, W), testDaemonStop(o, /*abort=*/true);
+    enter("daemon stop", wire, W), testDaemonStop(o, /*abort=*/false);
+    enter("back to back", wire, W), testBackToBack(o, 2000);
+    enter("composed", wire, W), testComposed(o);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("== %-5s W=%u: %s (%.1f s)\n", wireName(wire), W, g_stats.failed == failedBefore ? "ok" : "FAILED", s);
     std::fflush(stdout);
@@ -165,6 +205,7 @@ int main(int argc, char** argv) {
         TPF_CUDA_CHECK(kernels::preloadKernels());
         preloadCheckKernels();
         preloadComposedKernels();
+        startWatchdog();
         if (args.tests) {
             testLayoutProbe();
             const gputest::Wire wires[] = {gputest::Wire::Ipc, gputest::Wire::Proxy};
@@ -173,10 +214,10 @@ int main(int argc, char** argv) {
                 for (std::uint32_t W : {2u, 4u, 8u})
                     if (args.world == 0 || args.world == W) runSuite(w, W);
             }
-            if (args.wire.empty() || args.wire == "mixed") testMixed();
-            if (args.wire.empty() || args.wire == "ipc") testLlEpochWrap();
+            if (args.wire.empty() || args.wire == "mixed") enter("mixed", gputest::Wire::Ipc, 0), testMixed();
+            if (args.wire.empty() || args.wire == "ipc") enter("LL epoch wrap", gputest::Wire::Ipc, 0), testLlEpochWrap();
         }
-        if (args.bench) runLatencyBench();
+        if (args.bench) enter("latency bench", gputest::Wire::Ipc, 0), runLatencyBench();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "FAIL: exception: %s\n", e.what());
         ++g_stats.failed;
