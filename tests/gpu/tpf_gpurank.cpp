@@ -642,6 +642,13 @@ public:
         double ms = 0;         ///< launch to sync
         bool callExact[3] = {true, true, true};     ///< the gather, the staged gather, the sum: output right
         bool callUntouched[3] = {true, true, true}; ///< likewise: output still 0x5a
+        /// What is wrong with a replay the health word calls healthy: "" when
+        /// every output is right, else which replay and how.
+        std::string wrongWhileHealthy(int rep) const {
+            if (exact) return "";
+            return "replay " + std::to_string(rep) + ": output " + (untouched ? "unwritten" : "wrong") +
+                   " while the health word says healthy";
+        }
         /// A fault that lands during the replay: the calls before it complete
         /// (exact), the failing one and every later one write nothing
         /// (untouched); never a call half written or wrong.
@@ -765,9 +772,7 @@ int scenarioGraphHealth(Group& g, cudaStream_t st, Buffers2 b, GraphFault fault)
         }
         if (!graph.replay(rep, r, err)) return report(false, err);
         if (r.health.ok()) {
-            if (!r.exact)
-                return report(false, "replay " + std::to_string(rep) + ": output " + (r.untouched ? "unwritten" : "wrong") +
-                                         " while the health word says healthy");
+            if (const std::string e = r.wrongWhileHealthy(rep); !e.empty()) return report(false, e);
             continue;
         }
         const Status checked = g.check();
@@ -785,7 +790,8 @@ int scenarioGraphHealth(Group& g, cudaStream_t st, Buffers2 b, GraphFault fault)
 // node 1's: DaemonLost (the kernels' heartbeat watch); the failed replay
 // flagged in the health word at its sync point, its calls cut cleanly (the
 // daemon dies mid-replay: calls before the fault complete, the failing one
-// and the rest write nothing), within the timeout, and no replay before it wrong while healthy.
+// and the rest write nothing), within the timeout, and no replay before it
+// wrong while healthy.
 int scenarioGraphNodeKill(Group& g, cudaStream_t st, Buffers2 b, const std::vector<std::uint32_t>& nodes) {
     if (nodes.size() != g.world()) return report(false, "graphnodekill needs --nodes with a node per rank");
     const bool lostOwnDaemon = nodes[g.rank()] == 1;
@@ -797,9 +803,7 @@ int scenarioGraphNodeKill(Group& g, cudaStream_t st, Buffers2 b, const std::vect
         if (rep == 5) std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
         if (!graph.replay(rep, r, err)) return report(false, err);
         if (r.health.ok()) {
-            if (!r.exact)
-                return report(false, "replay " + std::to_string(rep) + ": output " + (r.untouched ? "unwritten" : "wrong") +
-                                         " while the health word says healthy");
+            if (const std::string e = r.wrongWhileHealthy(rep); !e.empty()) return report(false, e);
             continue;
         }
         const Status checked = g.check();
