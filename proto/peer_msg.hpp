@@ -10,6 +10,13 @@
 // other record; then PeerGroup records per group both serve; then PeerReady
 // per group (ok or the reason it is unavailable), later PeerBroken.
 //
+// A daemon that restarted and re-adopted a group spanning nodes opens a new
+// link to each other node of it and sends PeerRejoin (its new regions and
+// queue pairs, and what landed in its ranks' regions); the other node, which
+// kept the group while the link was away, answers with its own PeerRejoin,
+// then both send PeerReady, and each sends again what the other's record
+// shows did not land.
+//
 // A group on the tcp wire has a second link per node pair, its data link
 // (proto/tcp_frame.hpp): opened by the same side, with the same hellos and
 // proofs, then one PeerData record naming the group; after it the link
@@ -36,6 +43,8 @@ inline constexpr std::uint32_t kPeerMagic = fourcc('T', 'P', 'P', 1);
 /// Still 3 with PeerGroupFixed.wire (the former reserved0) and kPeerData: a
 /// daemon before the tcp wire sends 0 there (verbs, as before), and refuses
 /// a tcp group's record, which lists no HCA, by its pairing (no HCA pairs).
+/// Still 3 with kPeerRejoin: a daemon before it fails the link on the
+/// unknown opcode, and the group's restart ends as before it (PeerLost).
 inline constexpr std::uint16_t kPeerVersion = 3;
 inline constexpr std::uint16_t kPeerMinVersion = 3;
 inline constexpr std::uint32_t kMaxPeerPayload = 64 * 1024;
@@ -51,6 +60,7 @@ enum Opcode : std::uint16_t {
     kPeerReady = 4,  ///< PeerVerdict: the sender brought up every QP (errc 0) or refuses the group
     kPeerBroken = 5, ///< PeerVerdict: a group the sender served broke (rank died, QP error)
     kPeerData = 6,   ///< PeerData: this link is the named group's tcp data link (its only record)
+    kPeerRejoin = 7, ///< PeerGroup's records + RejoinFixed + LandedRecord[]: a group goes on after a daemon restart
 };
 
 /// First record each way. 64 bytes.
@@ -145,6 +155,37 @@ struct PeerGroup {
     std::vector<RegionRecord> regions;
     std::vector<HcaRecord> hcas;
     std::vector<QpRecord> qps;
+};
+
+/// What follows the PeerGroup records in a PeerRejoin. 8 bytes.
+struct RejoinFixed {
+    std::uint32_t landedCount; ///< LandedRecord that follow, <= kMaxWorld * kMaxWorld
+    std::uint32_t flags;       ///< kRejoinAnswer
+};
+static_assert(sizeof(RejoinFixed) == 8);
+static_assert(std::is_trivially_copyable_v<RejoinFixed>);
+/// RejoinFixed::flags: the node that kept the group answers a restarted one.
+inline constexpr std::uint32_t kRejoinAnswer = 1u;
+
+/// In the region of `rank` (a rank the sender serves), the rows of `from` (a
+/// rank the receiver serves) have landed up to and including epoch `epoch`
+/// on every stripe: the receiver sends `from`'s later epochs again. 16 bytes.
+struct LandedRecord {
+    std::uint16_t rank;
+    std::uint16_t from;
+    std::uint32_t reserved; ///< 0
+    std::uint64_t epoch;
+};
+static_assert(sizeof(LandedRecord) == 16);
+static_assert(offsetof(LandedRecord, epoch) == 8);
+static_assert(std::is_trivially_copyable_v<LandedRecord>);
+
+/// A group as a daemon serves it after a restart (or as the node that kept
+/// it answers): its record, and what landed in its ranks' regions.
+struct PeerRejoin {
+    PeerGroup group;
+    std::uint32_t flags = 0; ///< kRejoinAnswer
+    std::vector<LandedRecord> landed;
 };
 
 /// Ready / broken for one group. 160 bytes.
@@ -248,23 +289,37 @@ inline Bytes encode(std::uint16_t opcode, std::uint32_t seq, const T& rec) {
     return out;
 }
 
-inline Bytes encode(std::uint32_t seq, const PeerGroup& m) {
+// PeerGroup's records, as kPeerGroup and kPeerRejoin carry them.
+inline void putGroup(Writer& w, const PeerGroup& m) {
     PeerGroupFixed f = m.fixed;
     f.regionCount = std::uint32_t(m.regions.size());
     f.hcaCount = std::uint32_t(m.hcas.size());
     f.qpCount = std::uint32_t(m.qps.size());
-    Writer w;
     w.put(f)
         .putAll(std::span<const RegionRecord>(m.regions))
         .putAll(std::span<const HcaRecord>(m.hcas))
         .putAll(std::span<const QpRecord>(m.qps));
+}
+
+inline Bytes encode(std::uint32_t seq, const PeerGroup& m) {
+    Writer w;
+    putGroup(w, m);
     Bytes out = encodeHeader(kPeerSpec, kPeerGroup, seq, std::uint32_t(w.bytes().size()));
     out.insert(out.end(), w.bytes().begin(), w.bytes().end());
     return out;
 }
 
-inline Result<PeerGroup> decodePeerGroup(ByteView payload) {
-    Reader r(payload, "PeerGroup");
+inline Bytes encode(std::uint32_t seq, const PeerRejoin& m) {
+    Writer w;
+    putGroup(w, m.group);
+    w.put(RejoinFixed{std::uint32_t(m.landed.size()), m.flags}).putAll(std::span<const LandedRecord>(m.landed));
+    Bytes out = encodeHeader(kPeerSpec, kPeerRejoin, seq, std::uint32_t(w.bytes().size()));
+    out.insert(out.end(), w.bytes().begin(), w.bytes().end());
+    return out;
+}
+
+// PeerGroup's records from `r`, checked; the caller finishes the reader.
+inline Result<PeerGroup> getGroup(Reader& r) {
     PeerGroup m;
     auto& f = m.fixed;
     if (auto s = r.get(f); !s) return s.error();
@@ -286,9 +341,44 @@ inline Result<PeerGroup> decodePeerGroup(ByteView payload) {
     if (auto s = r.getAll(m.regions, f.regionCount); !s) return s.error();
     if (auto s = r.getAll(m.hcas, f.hcaCount); !s) return s.error();
     if (auto s = r.getAll(m.qps, f.qpCount); !s) return s.error();
-    if (auto s = r.finish(); !s) return s.error();
     if (auto s = validate(m); !s) return s.error();
     return m;
 }
+
+inline Result<PeerGroup> decodePeerGroup(ByteView payload) {
+    Reader r(payload, "PeerGroup");
+    auto m = getGroup(r);
+    if (!m) return m.error();
+    if (auto s = r.finish(); !s) return s.error();
+    return m;
+}
+
+inline Result<PeerRejoin> decodePeerRejoin(ByteView payload) {
+    Reader r(payload, "PeerRejoin");
+    PeerRejoin m;
+    auto g = getGroup(r);
+    if (!g) return g.error();
+    m.group = std::move(*g);
+    RejoinFixed f{};
+    if (auto s = r.get(f); !s) return s.error();
+    if (f.flags & ~kRejoinAnswer) return {Errc::BadMessage, "PeerRejoin: unknown flags " + std::to_string(f.flags)};
+    if (f.landedCount > kMaxWorld * kMaxWorld)
+        return {Errc::OutOfRange, "PeerRejoin: " + std::to_string(f.landedCount) + " landed records, above 256"};
+    m.flags = f.flags;
+    if (auto s = r.getAll(m.landed, f.landedCount); !s) return s.error();
+    if (auto s = r.finish(); !s) return s.error();
+    const auto& gf = m.group.fixed;
+    for (const auto& l : m.landed) {
+        if (l.rank >= gf.world || l.from >= gf.world || l.reserved)
+            return {Errc::OutOfRange, "PeerRejoin: landed record of ranks " + std::to_string(l.rank) + "<-" +
+                                          std::to_string(l.from)};
+        if (!(gf.localRanks >> l.rank & 1u) || (gf.localRanks >> l.from & 1u))
+            return {Errc::BadMessage, "PeerRejoin: landed record of ranks " + std::to_string(l.rank) + "<-" +
+                                          std::to_string(l.from) + " does not cross nodes"};
+    }
+    return m;
+}
+
+
 
 } // namespace tpf::peer_proto

@@ -357,3 +357,45 @@ TEST_CASE("the tcp wire's records: a tcp group lists nothing to register, PeerDa
         CHECK_FALSE(validate(x, layout, 0b0101, 0b1010));
     }
 }
+
+TEST_CASE("PeerRejoin: a group's records and what landed, round-trip and refusals by name") {
+    PeerRejoin m{sampleGroup(), kRejoinAnswer, {}};
+    m.landed.push_back(LandedRecord{0, 2, 0, 41});
+    m.landed.push_back(LandedRecord{1, 2, 0, 40});
+    const Bytes b = encode(7, m);
+    auto f = decodeFrame(b, kPeerSpec);
+    REQUIRE(f.ok());
+    CHECK(f->header.opcode == kPeerRejoin);
+    auto back = decodePeerRejoin(f->payload);
+    REQUIRE(back.ok());
+    CHECK(back->flags == kRejoinAnswer);
+    CHECK(back->group.qps.size() == 4);
+    REQUIRE(back->landed.size() == 2);
+    CHECK(back->landed[1].rank == 1);
+    CHECK(back->landed[1].from == 2);
+    CHECK(back->landed[1].epoch == 40);
+    // PeerGroup's bytes, then RejoinFixed and the records.
+    CHECK(b.size() == encode(7, m.group).size() + sizeof(RejoinFixed) + 2 * sizeof(LandedRecord));
+
+    const ByteView p = payloadOf(b);
+    for (std::size_t cut = 0; cut < p.size(); ++cut) REQUIRE(decodePeerRejoin(p.first(cut)).code() == Errc::Truncated);
+    const auto refused = [&](PeerRejoin bad) {
+        const Bytes x = encode(1, bad);
+        return decodePeerRejoin(payloadOf(x));
+    };
+    PeerRejoin bad = m;
+    bad.flags = 2;
+    CHECK(refused(bad).code() == Errc::BadMessage);
+    bad = m;
+    bad.landed[0].from = 1; // both ranks the sender's: not a row from the receiver's node
+    CHECK(refused(bad).code() == Errc::BadMessage);
+    bad = m;
+    bad.landed[0].rank = 3; // past world
+    CHECK(refused(bad).code() == Errc::OutOfRange);
+    bad = m;
+    bad.landed[0].reserved = 1;
+    CHECK(refused(bad).code() == Errc::OutOfRange);
+    bad = m;
+    bad.landed.assign(257, LandedRecord{0, 2, 0, 1});
+    CHECK(refused(bad).code() == Errc::OutOfRange);
+}
