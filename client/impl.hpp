@@ -61,7 +61,7 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::uint32_t openFlags = 0; ///< GroupOpen.flags this rank opened with
     UniqueFd regionFd;
     UniqueFd ringFd;
-    /// Set while the group can be re-adopted (a one-node Host group): it
+    /// Set while the group can be re-adopted (adoptable()): it
     /// watches the daemon's connection and, when it closes, reconnects and
     /// asks the daemon that comes back to re-adopt the group.
     std::unique_ptr<DaemonWatch, DaemonWatchDeleter> watch;
@@ -123,7 +123,7 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// (the first wins), naming `peer` (kNoPeer: none) in the health word.
     Status fail(Error e, std::uint32_t peer = kNoPeer);
     /// Whether a restarted daemon can re-adopt this group: Host buffers, world
-    /// >= 2, the fabric path, every peer on this node (shm).
+    /// >= 2, the fabric path, every peer reached over shm, verbs or tcp.
     bool adoptable() const;
     /// Within a call, where the host path looks at its daemon: Ok while it
     /// serves, or while it is away and being re-adopted (watch); the group's

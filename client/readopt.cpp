@@ -1,4 +1,5 @@
-// A one-node Host group survives a restart of its daemon. The rank owns
+// A Host group survives a restart of its daemon (on one node, or across
+// nodes, where the other nodes' daemons keep it meanwhile). The rank owns
 // what its calls use (its region and ring, mapped, and their memfds); a
 // thread per group watches the daemon's connection and, when it closes,
 // reconnects with backoff until the group's open timeout and hands the
@@ -255,8 +256,10 @@ DaemonWatch::Outcome DaemonWatch::tryAdopt(std::uint64_t lostUnixNs, std::uint64
 
 bool Group::Impl::adoptable() const {
     if (options.buffers != Buffers::Host || world < 2 || nccl || !region.data()) return false;
+    // On one node, or across nodes (the other nodes' daemons keep the group
+    // while this node's daemon is away).
     for (std::uint32_t q = 0; q < world; ++q)
-        if (q != rank && wires[q] != kWireShm) return false;
+        if (q != rank && wires[q] != kWireShm && wires[q] != kWireVerbs && wires[q] != kWireTcp) return false;
     return true;
 }
 
@@ -272,7 +275,7 @@ Status Group::Impl::daemonCheck() {
     if (watch) return broken() ? Status(failure) : okStatus();
     if (!peerClosed(socket.get())) return okStatus();
     return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call (a restarted daemon re-adopts only "
-                                        "host groups whose ranks are all on one node: reopen this group)"});
+                                        "host groups: reopen this group)"});
 }
 
 Status Group::Impl::timedOut(Error timeout, std::uint32_t peer) {

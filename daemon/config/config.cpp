@@ -194,6 +194,7 @@ const KeySpec kPeerKeys[] = {
     {"port", [](const Value& v, DaemonConfig& c) { c.peerPort = std::uint16_t(integer(v, 1, 65535)); }},
     {"key_file", [](const Value& v, DaemonConfig& c) { c.peerKeyFile = absolutePathOrEmpty(v, "no key", 0); }},
     {"connect_timeout_ms", [](const Value& v, DaemonConfig& c) { c.peerConnectTimeoutMs = integer(v, 100, 600000); }},
+    {"restart_wait_ms", [](const Value& v, DaemonConfig& c) { c.peerRestartWaitMs = integer(v, 0, 600000); }},
     {"wire",
      [](const Value& v, DaemonConfig& c) {
          const std::string allowed = "\"auto\" (verbs where this node has a usable HCA, tcp otherwise), \"verbs\" or \"tcp\"";

@@ -1,14 +1,17 @@
-// Re-adoption: a one-node Host group whose daemon restarted goes on with
-// this one. Each rank kept its region and ring (both sealed memfds, mapped
-// in the rank) and hands them back (Adopt); once every local rank did, the
-// proxy's per-ring state is rebuilt from what those hold (the ring's shared
-// indices and doorbells, the peers' flags) and the proxy carries the group
-// on. All or none: a group some rank of which cannot be re-adopted, or
-// which one rank does not ask for in time, is refused on every rank.
+// Re-adoption: a Host group whose daemon restarted goes on with this one
+// (on one node or across nodes). Each rank kept its region and ring (both
+// sealed memfds, mapped in the rank) and hands them back (Adopt); once
+// every local rank did, the proxy's per-ring state is rebuilt from what
+// those hold (the ring's shared indices and doorbells, the peers' flags) and
+// the proxy carries the group on. A group with ranks on other nodes first brings its links back: the
+// other nodes kept it while this daemon was away (rejoin). All or none: a
+// group some rank of which cannot be re-adopted, or which one rank does not
+// ask for in time, is refused on every rank.
 #include <sys/random.h>
 
 #include <spdlog/spdlog.h>
 
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -37,12 +40,6 @@ std::string ranksText(std::uint32_t mask) {
 template <class T>
 T loadShared(const T& v) {
     return std::atomic_ref(const_cast<T&>(v)).load(std::memory_order_acquire);
-}
-
-Doorbell doorbellAt(const CommandRing& ring, std::uint32_t index) {
-    Doorbell d;
-    std::memcpy(&d, ring.map.data() + ring.layout.submissionOffset(index), sizeof d);
-    return d;
 }
 
 // The parameters of an Adopt that every rank of the group must send alike.
@@ -104,19 +101,32 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
     // alike, before the group collects any.
     if (it == groups_.end()) {
         auto layout = Layout::of(f.world, f.slotBytes, f.stripes);
-        std::uint32_t otherNode = kNoPeer;
-        for (std::uint32_t r = 0; r < f.world && otherNode == kNoPeer; ++r)
-            if (!nodeId_.is(m.roster[r].nodeId)) otherNode = r;
-        if (otherNode != kNoPeer)
-            return refuseRank(Errc::Unsupported,
-                              "rank " + std::to_string(otherNode) +
-                                  " is on another node: re-adoption after a daemon restart is available for groups on one "
-                                  "node only; reopen the group");
+        std::uint32_t localMask = 0;
+        for (std::uint32_t r = 0; r < f.world; ++r)
+            if (nodeId_.is(m.roster[r].nodeId)) localMask |= 1u << r;
+        const bool remote = localMask != (1u << f.world) - 1;
+        // Across nodes: the same wire and, on verbs, as many HCAs as when it opened.
+        std::uint8_t crossWire = kWireShm;
+        if (remote) {
+            if (const auto why = negotiations_.unavailable()) return refuseRank(why->code, why->detail);
+            auto w = negotiations_.wireFor(m.roster);
+            if (!w) return refuseRank(w.code(), w.error().detail);
+            crossWire = *w;
+            if (crossWire == kWireTcp && f.stripes != 1)
+                return refuseRank(Errc::BadMessage, "a group on the tcp wire with " + std::to_string(f.stripes) + " stripes");
+            if (crossWire == kWireVerbs && f.stripes != negotiations_.hcaCount())
+                return refuseRank(Errc::GroupMismatch, "this node's HCAs changed: the group stripes over " +
+                                                           std::to_string(f.stripes) + " and the daemon now has " +
+                                                           std::to_string(negotiations_.hcaCount()) +
+                                                           " (verbs.hcas, tpfabricctl status); reopen the group");
+        } else if (f.stripes != 1) {
+            return refuseRank(Errc::BadMessage, "a group on one node with " + std::to_string(f.stripes) + " stripes");
+        }
         if (f.agreedCap > cfg_.maxBytes)
             return refuseRank(Errc::CapMismatch, "daemon.max_bytes (" + std::to_string(cfg_.maxBytes) +
                                                      ") is now below the group's agreed cap (" + std::to_string(f.agreedCap) +
                                                      "): raise it to at least that, or reopen the group");
-        if (!layout || layout->totalBytes() != f.regionBytes || f.stripes != 1)
+        if (!layout || layout->totalBytes() != f.regionBytes)
             return refuseRank(Errc::BadMessage, "the region's size (" + std::to_string(f.regionBytes) +
                                                     " bytes) does not follow from its layout");
         if (findByHandle(f.groupHandle))
@@ -134,10 +144,10 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
         g.handle = f.groupHandle;
         g.world = f.world;
         g.roster = m.roster;
-        g.localMask = (1u << f.world) - 1;
+        g.localMask = localMask;
         g.agreedCap = f.agreedCap;
         g.layout = *layout;
-        for (std::uint32_t r = 0; r < f.world; ++r) g.wires[r] = kWireShm;
+        for (std::uint32_t r = 0; r < f.world; ++r) g.wires[r] = localMask >> r & 1u ? std::uint8_t(kWireShm) : crossWire;
         g.adoption = Group::Adoption{f.lostUnixNs, 0, 0};
         const auto timeout = std::min<std::uint32_t>(f.timeoutMs, cfg_.openTimeoutMs);
         g.openTimer = std::make_unique<boost::asio::steady_timer>(io_, std::chrono::milliseconds(timeout));
@@ -195,7 +205,21 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
     g.openTimer->cancel();
     for (auto& [rank, member] : g.members)
         if (auto s = rebuildRing(g, rank, member); !s) return void(transition(g, GroupEvent::refuse(s.code(), s.error().detail)));
+    if (g.localMask != (1u << g.world) - 1) return rejoin(g);
     transition(g, GroupEvent::ready()); // finishOpen -> finishAdoption
+}
+
+// The other nodes kept the group while this daemon was away: new
+// registrations and queue pairs (or data links), a PeerRejoin to each with
+// what landed in our ranks' regions from theirs; their answers say what
+// landed there (finishAdoption sends the rest again).
+void GroupTable::rejoin(Group& g) {
+    g.negotiation = negotiations_.create(*this, g.id, g.roster);
+    transition(g, GroupEvent::negotiate());
+    NegotiationPlan plan{g.handle, g.wires[std::countr_one(g.localMask)], g.layout, g.agreedCap, {}, true};
+    for (auto& [rank, m] : g.members)
+        plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region, m.region});
+    g.negotiation->startRejoin(std::move(plan)); // a refusal comes back through negotiationRefused
 }
 
 // The proxy's private state of one ring, from the ring and the regions: its
@@ -218,18 +242,18 @@ Status GroupTable::rebuildRing(Group& g, std::uint32_t rank, Member& m) {
         return bad("holds " + std::to_string(head - tail) + " doorbells, more than its " + std::to_string(entries) + " entries");
     std::uint64_t last = 0;
     if (head != tail) {
-        const Doorbell next = doorbellAt(ring, tail);
+        const Doorbell next = ring.doorbellAt(tail);
         if (next.epoch == 0) return bad("has a waiting doorbell of epoch 0");
         last = next.epoch - 1;
     } else if (tail != 0) {
-        last = doorbellAt(ring, tail - 1).epoch;
+        last = ring.doorbellAt(tail - 1).epoch;
     }
     ring.tail = tail;
     ring.lastEpoch = last;
     ring.delivering.reset();
     // The last doorbell taken is still in the ring unless a full ring wrapped over it.
     if (tail == 0 || last == 0 || head - tail == entries) return okStatus();
-    const Doorbell d = doorbellAt(ring, tail - 1);
+    const Doorbell d = ring.doorbellAt(tail - 1);
     if (d.epoch != last || d.group != g.handle || d.bytes > g.layout.slotBytes)
         return bad("does not hold the doorbell of epoch " + std::to_string(last) + " before its tail");
     const std::uint32_t direct = g.directPeers(rank, m);
@@ -237,6 +261,7 @@ Status GroupTable::rebuildRing(Group& g, std::uint32_t rank, Member& m) {
     for (std::uint32_t i = 0; i + 1 < g.world; ++i) {
         const std::uint32_t q = peerAt(rank, i, g.world);
         if (direct >> q & 1u) continue; // it reads the row from the rank's region itself
+        if (!(g.localMask >> q & 1u)) continue; // another node: its answer to our PeerRejoin says (finishAdoption)
         const HostRegion& peer = *g.members.at(q).region;
         bool arrived = true;
         for (std::uint32_t k = 0; k < g.layout.stripes; ++k) arrived &= loadShared(*peer.flag(phase, rank, k)) >= last;
@@ -252,6 +277,7 @@ Status GroupTable::rebuildRing(Group& g, std::uint32_t rank, Member& m) {
 
 void GroupTable::finishAdoption(Group& g) {
     g.proxyGroup = proxyGroupOf(g);
+    if (g.negotiation) queueResends(g, g.negotiation->theirLanded());
     Group::Adoption& a = *g.adoption;
     a.adoptedUnixNs = unixNs();
     a.gapNs = a.lostUnixNs && a.adoptedUnixNs > a.lostUnixNs ? a.adoptedUnixNs - a.lostUnixNs : 0;

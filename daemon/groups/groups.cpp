@@ -266,10 +266,48 @@ void GroupTable::tryOpen(Group& g) {
     }
     if (!remote) return void(transition(g, GroupEvent::ready()));
     transition(g, GroupEvent::negotiate());
-    NegotiationPlan plan{g.handle, crossWire, g.layout, g.agreedCap, {}};
+    NegotiationPlan plan{g.handle, crossWire, g.layout, g.agreedCap, {}, !g.gpuDoorbells};
     for (auto& [rank, m] : g.members)
         plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region, m.region});
     g.negotiation->start(std::move(plan)); // a refusal comes back through negotiationRefused, maybe at once
+}
+
+void GroupTable::negotiationAway(const GroupId& id, std::uint32_t ranks) {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    g.awayMask |= ranks;
+    if (g.proxyGroup) publishProxyTable();
+}
+
+void GroupTable::negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWires wires,
+                                 const std::vector<peer_proto::LandedRecord>& landed) {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    g.awayMask &= ~ranks;
+    if (wires.verbs) g.verbs = std::move(wires.verbs);
+    if (wires.tcp) g.tcp = std::move(wires.tcp);
+    if (!g.proxyGroup) return;
+    // The proxy sees the new queue pairs in a new ProxyGroup with the old one's state.
+    auto next = proxyGroupOf(g);
+    const ProxyGroup& old = *g.proxyGroup;
+    next->carriedThrough.store(old.carriedThrough.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    next->gone.store(old.gone.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    next->broken.store(old.broken.load(std::memory_order_acquire), std::memory_order_release);
+    g.proxyGroup = std::move(next);
+    queueResends(g, landed);
+    publishProxyTable();
+}
+
+void GroupTable::queueResends(Group& g, const std::vector<peer_proto::LandedRecord>& landed) {
+    for (const auto& l : landed) {
+        auto m = g.members.find(l.from);
+        if (m == g.members.end() || !(g.localMask >> l.from & 1u) || (g.localMask >> l.rank & 1u)) continue;
+        auto& r = g.resends[l.from];
+        if (!r) r = std::make_shared<Resend>();
+        r->peers.push_back(Resend::Peer{l.rank, l.epoch});
+    }
 }
 
 void GroupTable::negotiationReady(const GroupId& id, NodeWires wires) {
@@ -380,7 +418,7 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     g->members.erase(rank);
     spdlog::info("group {}: rank {} {}", shortId(id), rank,
                  orderly     ? "left"
-                 : stopping_ ? "dropped: the daemon is stopping (a one-node host group waits for the next daemon to "
+                 : stopping_ ? "dropped: the daemon is stopping (a host group waits for the next daemon to "
                                "re-adopt it; others see DaemonLost)"
                              : "is gone (connection closed without Close)");
     // Ranks on other nodes may still wait for this node's last shards.
@@ -390,6 +428,14 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
         return void(transition(*g, GroupEvent::refuse(Errc::PeerLost, "rank " + std::to_string(rank) +
                                                                           " left before every rank was re-adopted")));
     }
+    // The last local rank died: the group goes here at once, and the other
+    // nodes hear why before its link closes (a closed link alone is a daemon
+    // that may come back). Not while stopping: the next daemon re-adopts it.
+    const GroupState life = g->life.state();
+    if (!orderly && !stopping_ && g->members.empty() && othersAwait && (life == GroupState::Open || life == GroupState::Carrying))
+        g->negotiation->tellBroken(Errc::PeerLost, rank, "rank " + std::to_string(rank) +
+                                                             " is gone (its connection closed without Close: the process "
+                                                             "exited or was killed)");
     transition(*g, GroupEvent::leave(rank, orderly, g->members.empty(), othersAwait), ring, rang);
 }
 
@@ -476,8 +522,14 @@ void GroupTable::onBadDoorbell(std::uint32_t handle, std::uint32_t rank, const E
 // Closing: its peer link closes soon anyway. A queue pair to a rank that
 // closed in order goes away with it.
 void GroupTable::onPeerFailed(std::uint32_t handle, std::uint32_t remoteRank, const Error& why) {
-    if (Group* g = findByHandle(handle))
-        transition(*g, GroupEvent::linkFault(why.code, remoteRank, why.detail, 1u << remoteRank, true));
+    Group* g = findByHandle(handle);
+    if (!g) return;
+    // Its node's daemon went away: the queue pair's failure is expected, and
+    // the group waits for the daemon; so does a tcp data link's failure.
+    if (g->awayMask >> remoteRank & 1u)
+        return spdlog::debug("group {}: {} (its node's daemon is away)", shortId(g->id), why.describe());
+    if (g->negotiation && g->negotiation->linkFailed(remoteRank, why.describe())) return;
+    transition(*g, GroupEvent::linkFault(why.code, remoteRank, why.detail, 1u << remoteRank, true));
 }
 
 std::uint64_t GroupTable::lastEpochOf(const Group& g, const PendingBreak& b) const {
@@ -516,18 +568,21 @@ void GroupTable::openReport(MemberLink& link, const OpenReport& m) {
 std::uint64_t GroupTable::publishProxyTable() {
     std::vector<ProxyRank> table;
     for (auto& [id, g] : groups_) {
+        std::erase_if(g.resends, [](const auto& kv) { return kv.second->taken.load(std::memory_order_relaxed); });
         if (!g.proxyGroup) continue;
         for (auto& [rank, m] : g.members) {
             if (!m.ring) continue;
             ProxyRank pr{g.proxyGroup, rank, m.ring};
             pr.gpuDoorbells = g.ringsProxy(m);
+            if (auto r = g.resends.find(rank); r != g.resends.end()) pr.resend = r->second;
             const std::uint32_t direct = g.directPeers(rank, m);
             for (std::uint32_t i = 0; i + 1 < g.world; ++i) {
                 const std::uint32_t q = peerAt(rank, i, g.world);
                 // A Device group member's kernels reach some same-node peers by ipc (its DeviceAttach).
                 const bool ipc = m.attach && m.attach->wires[q] == kWireIpc;
                 const std::uint8_t wire = ipc ? std::uint8_t(kWireIpc) : g.proxyGroup->wires[q];
-                pr.addPeer(q, transportTo(*g.proxyGroup, rank, q, wire, direct >> q & 1u));
+                pr.addPeer(q, g.awayMask >> q & 1u ? awayTransport()
+                                                   : transportTo(*g.proxyGroup, rank, q, wire, direct >> q & 1u));
             }
             table.push_back(std::move(pr));
         }

@@ -98,6 +98,9 @@ public:
     void adopt(MemberLink& link, const client_proto::Adopt& m, UniqueFd region, UniqueFd ring);
 
     // NegotiationEvents
+    void negotiationAway(const GroupId& id, std::uint32_t ranks) override;
+    void negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWires wires,
+                         const std::vector<peer_proto::LandedRecord>& landed) override;
     void negotiationReady(const GroupId& id, NodeWires wires) override;
     void negotiationRefused(const GroupId& id, Errc code, const std::string& why) override;
     void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why, bool seenHere,
@@ -148,6 +151,12 @@ public:
             std::uint64_t gapNs = 0;         ///< adoptedUnixNs - lostUnixNs
         };
         std::optional<Adoption> adoption;
+        /// Ranks on other nodes whose daemon went away: the group waits for
+        /// it to come back (Negotiation::goAway) and carries nothing to them.
+        std::uint32_t awayMask = 0;
+        /// Epochs to send again, by local rank, until the proxy took them
+        /// (attached to every table published meanwhile).
+        std::map<std::uint32_t, std::shared_ptr<Resend>> resends;
 
         /// The kernels of member `m` may ring the proxy: a Device group member
         /// that has not reported its wires yet, or has a proxy-route peer.
@@ -231,6 +240,12 @@ private:
     void finishAdoption(Group& g);
     /// What the proxy is handed of an open (or re-adopted) group.
     static std::shared_ptr<ProxyGroup> proxyGroupOf(const Group& g);
+    /// Queue the epochs of the group's local ranks that `landed` (records of
+    /// another node: its rank, our rank, the epoch) shows did not land there.
+    static void queueResends(Group& g, const std::vector<peer_proto::LandedRecord>& landed);
+    /// A re-adopted group spanning nodes: every local rank handed its region
+    /// and ring back; bring the links to the other nodes back (PeerRejoin).
+    void rejoin(Group& g);
     void adoptTimedOut(const GroupId& id);
     /// Refuse one rank's Adopt (not yet in a group), logged and counted.
     void refuseAdopt(MemberLink& link, const GroupId& id, std::uint32_t rank, Errc code, const std::string& why);

@@ -40,7 +40,7 @@ std::string ranksText(std::uint32_t mask) {
 Negotiation::Negotiation(NegotiationTable& desk, NegotiationEvents& events, const GroupId& id,
                          std::vector<RosterEntry> roster)
     : desk_(desk), events_(events), id_(id), world_(std::uint32_t(roster.size())), roster_(std::move(roster)),
-      timer_(desk.io_) {
+      timer_(desk.io_), awayTimer_(desk.io_) {
     for (std::uint32_t r = 0; r < world_; ++r)
         if (desk_.self_.is(roster_[r].nodeId)) localMask_ |= 1u << r;
 }
@@ -64,6 +64,13 @@ void Negotiation::start(NegotiationPlan plan) {
     if (auto s = bringUp(); !s) fail(s.code(), s.error().detail);
 }
 
+void Negotiation::startRejoin(NegotiationPlan plan) {
+    rejoining_ = true;
+    plan_ = std::move(plan);
+    ourLanded_ = landedFrom(((1u << world_) - 1) & ~localMask_);
+    start(std::move(plan_));
+}
+
 Status Negotiation::bringUp() {
     if (const Error* e = desk_.refusedGroup(id_, false)) return *e;
     for (std::uint32_t r = 0; r < world_; ++r) {
@@ -85,18 +92,29 @@ Status Negotiation::bringUp() {
         n->ranks |= 1u << r;
     }
     if (auto s = buildWire(); !s) return s;
-    for (auto& n : nodes_) n.ourRecord = recordFor(n);
+    for (auto& n : nodes_) {
+        n.ourRecord = recordFor(n);
+        if (!rejoining_) continue;
+        PeerRejoin rec{groupRecord(n), 0, {}};
+        for (const auto& l : ourLanded_)
+            if (n.ranks >> l.from & 1u) rec.landed.push_back(l);
+        n.ourRecord = peer_proto::encode(0, rec);
+    }
 
     armTimer(desk_.cfg_.openTimeoutMs);
     if (plan_.wire == kWireTcp)
         spdlog::info("group {}: negotiating with {} other node(s) over the tcp wire", id_.shortHex(), nodes_.size());
+    else if (rejoining_)
+        spdlog::info("group {}: rejoining {} other node(s) over {} HCA(s) after this daemon's restart", id_.shortHex(),
+                     nodes_.size(), desk_.hcas_.size());
     else
         spdlog::info("group {}: negotiating with {} other node(s) over {} HCA(s)", id_.shortHex(), nodes_.size(),
                      desk_.hcas_.size());
     // Links whose record already arrived are taken last: taking one may end the negotiation.
     std::vector<NegotiationTable::Parked> ready;
     for (auto& n : nodes_) {
-        if (n.weConnect) {
+        // Rejoining, this daemon opens every link: the other nodes wait for it.
+        if (n.weConnect || rejoining_) {
             n.session = desk_.peers_.connect(n.addr, n.port, n.node, n.ourRecord);
             continue;
         }
@@ -127,35 +145,43 @@ Status Negotiation::buildWire() {
     vg->world = world_;
     vg->hcas = nh;
     vg->mrs.resize(std::size_t(world_) * nh);
-    vg->links = QpTable<std::unique_ptr<QpLink>>(world_, plan_.layout.stripes);
+    vg->links = QpTable<std::shared_ptr<QpLink>>(world_, plan_.layout.stripes);
     qpsByHca_ = QpTable<std::unique_ptr<QpLink>>(world_, nh);
     wire_ = vg; // status shows its queue pairs while they come up
-    for (const auto& m : plan_.regions) {
-        const std::uint32_t l = m.rank;
+    for (const auto& m : plan_.regions)
         for (std::uint32_t a = 0; a < nh; ++a) {
             auto mr = VerbsMr::reg(hcas[a], m.base, m.bytes, m.memory);
-            if (!mr) return Error{mr.code(), "registering rank " + std::to_string(l) + "'s region on " + hcas[a]->name() +
+            if (!mr) return Error{mr.code(), "registering rank " + std::to_string(m.rank) + "'s region on " + hcas[a]->name() +
                                                  ": " + mr.error().detail + " (LimitMEMLOCK=infinity?)"};
-            vg->mrs[vg->mrIndex(l, a)] = std::move(*mr);
+            vg->mrs[vg->mrIndex(m.rank, a)] = std::move(*mr);
         }
-        for (std::uint32_t r = 0; r < world_; ++r) {
-            if (localMask_ >> r & 1u) continue;
-            for (std::uint32_t a = 0; a < nh; ++a) {
-                auto qp = QpLink::create(hcas[a], kMaxSendWr, desk_.cfg_.inflightBytes);
-                if (!qp) return Error{qp.code(), "creating a QP on " + hcas[a]->name() + ": " + qp.error().detail};
-                (*qp)->groupHandle = plan_.handle;
-                (*qp)->localRank = l;
-                (*qp)->remoteRank = r;
-                (*qp)->localBase = m.base;
-                (*qp)->lkey = vg->mr(l, a)->lkey();
-                qpsByHca_.at(l, r, a) = std::move(*qp);
-            }
-        }
-    }
+    for (const auto& n : nodes_)
+        if (auto s = createQps(n); !s) return s;
     return okStatus();
 }
 
-Bytes Negotiation::recordFor(const NodeLink& n) const {
+Status Negotiation::createQps(const NodeLink& n) {
+    const auto& hcas = desk_.hcas_;
+    for (const auto& m : plan_.regions)
+        for (std::uint32_t r = 0; r < world_; ++r) {
+            if (!(n.ranks >> r & 1u)) continue;
+            for (std::uint32_t a = 0; a < hcas.size(); ++a) {
+                auto qp = QpLink::create(hcas[a], kMaxSendWr, desk_.cfg_.inflightBytes);
+                if (!qp) return Error{qp.code(), "creating a QP on " + hcas[a]->name() + ": " + qp.error().detail};
+                (*qp)->groupHandle = plan_.handle;
+                (*qp)->localRank = m.rank;
+                (*qp)->remoteRank = r;
+                (*qp)->localBase = m.base;
+                (*qp)->lkey = wire_->mr(m.rank, a)->lkey();
+                qpsByHca_.at(m.rank, r, a) = std::move(*qp);
+            }
+        }
+    return okStatus();
+}
+
+Bytes Negotiation::recordFor(const NodeLink& n) const { return peer_proto::encode(0, groupRecord(n)); }
+
+PeerGroup Negotiation::groupRecord(const NodeLink& n) const {
     const auto& hcas = desk_.hcas_;
     const std::uint32_t nh = std::uint32_t(hcas.size());
     PeerGroup rec;
@@ -166,7 +192,7 @@ Bytes Negotiation::recordFor(const NodeLink& n) const {
     for (std::uint32_t r = 0; r < world_; ++r) rec.fixed.caps[r] = roster_[r].maxBytes;
     rec.fixed.daemonMax = desk_.cfg_.maxBytes;
     rec.fixed.wire = plan_.wire;
-    if (plan_.wire == kWireTcp) return peer_proto::encode(0, rec); // no region, HCA or QP: frames name ranks
+    if (plan_.wire == kWireTcp) return rec; // no region, HCA or QP: frames name ranks
     for (std::uint32_t a = 0; a < nh; ++a) {
         const auto& c = hcas[a]->card();
         HcaRecord h{};
@@ -189,7 +215,7 @@ Bytes Negotiation::recordFor(const NodeLink& n) const {
                     rec.qps.push_back(QpRecord{std::uint8_t(a), 0, std::uint16_t(l), std::uint16_t(r), 0, qp->qpn(), qp->psn()});
                 }
         }
-    return peer_proto::encode(0, rec);
+    return rec;
 }
 
 void Negotiation::attach(NodeLink& n, const std::shared_ptr<PeerSession>& s) {
@@ -220,7 +246,7 @@ void Negotiation::takeLink(const std::shared_ptr<PeerSession>& s, const PeerGrou
 // PeerReady (or why not); tcp: bring up the data link first.
 void Negotiation::takeRecord(NodeLink& n, const PeerGroup& rec) {
     auto s = checkRecord(n, rec);
-    if (s && plan_.wire == kWireVerbs) s = connectQps(n, rec);
+    if (s && plan_.wire == kWireVerbs) s = connectQps(n, rec, *wire_);
     if (!s)
         return fail(s.code(), "with node " + n.node.shortHex() + " (" + n.session->endpointText() + "): " +
                                   s.error().detail);
@@ -266,7 +292,7 @@ Status Negotiation::checkRecord(NodeLink& n, const PeerGroup& rec) {
     return okStatus();
 }
 
-Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
+Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec, VerbsGroup& into) {
     const Layout& layout = plan_.layout;
     std::vector<HcaAddress> ours, theirs;
     for (const auto& h : desk_.hcas_) ours.push_back(hcaAddress(h->card()));
@@ -306,7 +332,7 @@ Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec) {
                 if (!link) return Error{Errc::GroupMismatch, "QP of rank " + std::to_string(l) + " to " + std::to_string(r) + " used twice"};
                 link->rail = k;
                 if (auto s = link->connect(rq); !s) return s;
-                wire_->links.at(l, r, k) = std::move(link);
+                into.links.at(l, r, k) = std::move(link);
             }
     }
     spdlog::info("group {}: QPs to node {} up ({} rail(s))", id_.shortHex(), n.node.shortHex(), pairs->size());
@@ -321,9 +347,14 @@ void Negotiation::openDataLink(NodeLink& n) {
     desk_.peers_.connectData(n.addr, n.port, n.node, peer_proto::encode(kPeerData, 0, d),
                              [w = weak_from_this(), node = n.node](Result<UniqueFd> fd) {
                                  auto self = w.lock();
-                                 if (!self || self->phase_ != Phase::Negotiating) return;
+                                 if (!self) return;
                                  NodeLink* to = self->nodeOf(node);
                                  if (!to) return;
+                                 if (self->phase_ == Phase::Ready && to->away && to->session && !to->selfReady) {
+                                     if (!fd) return self->rejoinFailed(*to, "tcp data link: " + fd.error().detail);
+                                     return self->dataLinkUp(*to, std::move(*fd));
+                                 }
+                                 if (self->phase_ != Phase::Negotiating) return;
                                  if (!fd)
                                      return self->fail(fd.code() == Errc::AuthFailed ? Errc::AuthFailed : Errc::PeerLost,
                                                        "tcp data link to node " + node.shortHex() + ": " +
@@ -339,11 +370,14 @@ void Negotiation::takeDataLink(const std::shared_ptr<PeerSession>& s) {
         s->close();
     };
     NodeLink* n = nodeOf(s->remoteNode());
-    if (phase_ != Phase::Negotiating) return refuse("the group is not negotiating here");
+    // A node whose daemon restarted opens its new data link while it rejoins.
+    const bool back = phase_ == Phase::Ready && n && n->away && n->session;
+    if (phase_ != Phase::Negotiating && !back) return refuse("the group is not negotiating here");
     if (plan_.wire != kWireTcp) return refuse("the group is on the verbs wire here");
     if (!n || n->weConnect) return refuse("node " + s->remoteNode().shortHex() + " does not open this group's data link");
     if (!n->recordTaken || n->selfReady) return refuse(n->selfReady ? "a second data link" : "before the node's record");
     auto fd = s->takeSocket();
+    if (!fd && back) return rejoinFailed(*n, "tcp data link: " + fd.error().detail);
     if (!fd) return fail(Errc::PeerLost, "tcp data link from node " + n->node.shortHex() + ": " + fd.error().detail);
     dataLinkUp(*n, std::move(*fd));
 }
@@ -354,11 +388,19 @@ void Negotiation::dataLinkUp(NodeLink& n, UniqueFd fd) {
     auto link = std::make_shared<TcpLink>(std::move(fd), plan_.layout, plan_.handle, n.node, endpointText(n.addr, n.port),
                                           n.ranks, localMask_, regions, desk_.cfg_.tcpInflightBytes);
     // The receiver's thread reports on the control thread, to a negotiation that may be gone by then.
-    link->onReceiveFailed = [&io = desk_.io_, w = weak_from_this(), node = n.node](const Error& why) {
-        boost::asio::post(io, [w, node, why] {
-            if (auto self = w.lock()) self->dataLinkLost(node, why);
+    link->onReceiveFailed = [&io = desk_.io_, w = weak_from_this(), node = n.node, which = link.get()](const Error& why) {
+        boost::asio::post(io, [w, node, which, why] {
+            if (auto self = w.lock()) self->dataLinkLost(node, which, why);
         });
     };
+    if (phase_ == Phase::Ready) { // a node that came back: its new link replaces the old
+        if (auto s = tcp_->replace(link); !s) return rejoinFailed(n, "tcp data link: " + s.error().detail);
+        spdlog::info("group {}: new tcp data link to node {} ({}) up", id_.shortHex(), n.node.shortHex(),
+                     endpointText(n.addr, n.port));
+        n.session->send(verdictMessage(kPeerReady, id_, Errc::Ok, kNoPeer, ""));
+        n.selfReady = true;
+        return maybeBack(n);
+    }
     if (auto s = tcp_->add(link); !s) return fail(s.code(), "tcp data link to node " + n.node.shortHex() + ": " + s.error().detail);
     spdlog::info("group {}: tcp data link to node {} ({}) up, send buffer {} bytes", id_.shortHex(), n.node.shortHex(),
                  endpointText(n.addr, n.port), link->sendBuffer());
@@ -371,15 +413,40 @@ void Negotiation::dataLinkUp(NodeLink& n, UniqueFd fd) {
     selfReady(n);
 }
 
-void Negotiation::dataLinkLost(const NodeId& node, const Error& why) {
+void Negotiation::dataLinkLost(const NodeId& node, const TcpLink* which, const Error& why) {
     auto self = shared_from_this();
+    if (phase_ == Phase::Ready && tcp_ && tcp_->linkTo(node) != which) return; // a link replaced since: nothing to it
     spdlog::warn("group {}: {}", id_.shortHex(), why.describe());
     if (phase_ == Phase::Negotiating) return fail(Errc::PeerLost, why.detail);
     if (phase_ != Phase::Ready) return;
-    const NodeLink* n = nodeOf(node);
-    std::uint32_t first = 0;
-    while (n && first < world_ && !(n->ranks >> first & 1u)) ++first;
-    events_.negotiationBroken(id_, Errc::PeerLost, first, why.detail, true, 0);
+    NodeLink* n = nodeOf(node);
+    if (n && n->away) return rejoinFailed(*n, why.detail);
+    if (n && mayWait(*n)) { // its daemon may come back: the peer link goes with the data link
+        if (n->session) std::exchange(n->session, nullptr)->close();
+        return goAway(*n, why.detail);
+    }
+    events_.negotiationBroken(id_, Errc::PeerLost, n ? firstRank(*n) : 0, why.detail, true, 0);
+}
+
+bool Negotiation::linkFailed(std::uint32_t remoteRank, const std::string& why) {
+    if (phase_ != Phase::Ready || plan_.wire != kWireTcp || remoteRank >= world_) return false;
+    for (auto& n : nodes_) {
+        if (!(n.ranks >> remoteRank & 1u)) continue;
+        if (n.away) return true;
+        if (!mayWait(n)) return false;
+        if (n.session) std::exchange(n.session, nullptr)->close();
+        goAway(n, why);
+        return true;
+    }
+    return false;
+}
+
+void Negotiation::rejoinFailed(NodeLink& n, const std::string& why) {
+    spdlog::warn("group {}: node {} could not rejoin ({}): waiting for it again", id_.shortHex(), n.node.shortHex(), why);
+    if (n.session) std::exchange(n.session, nullptr)->close();
+    n.backLinks = nullptr;
+    n.backLanded.clear();
+    n.selfReady = n.remoteReady = false;
 }
 
 void Negotiation::maybeReady() {
@@ -400,6 +467,14 @@ void Negotiation::verdict(NodeLink& n, std::uint16_t opcode, const PeerVerdict& 
     std::string reason;
     getText(v.reason, reason);
     const std::string from = "node " + n.node.shortHex() + " (" + n.session->endpointText() + ")";
+    if (opcode == kPeerReady && phase_ == Phase::Ready && n.away) {
+        if (v.errc) {
+            const std::string why = from + " could not rejoin: " + (reason.empty() ? std::string(errcName(code)) : reason);
+            return events_.negotiationBroken(id_, code, firstRank(n), why, true, 0);
+        }
+        n.remoteReady = true;
+        return maybeBack(n);
+    }
     if (opcode == kPeerReady) {
         if (phase_ != Phase::Negotiating) return;
         if (v.errc) return fail(code, from + " refused the group: " + reason);
@@ -407,6 +482,7 @@ void Negotiation::verdict(NodeLink& n, std::uint16_t opcode, const PeerVerdict& 
         return maybeReady();
     }
     if (phase_ == Phase::Negotiating) return fail(code, from + ": " + reason);
+    n.toldBroken = true;
     // An orderly leave counts only for a rank that node serves.
     const bool left = code == Errc::PeerLost && v.missingRank < world_ && (n.ranks >> v.missingRank & 1u);
     if (phase_ != Phase::Ready && phase_ != Phase::Stopped) return;
@@ -445,9 +521,180 @@ void Negotiation::linkLost(const PeerSession& s, const Error& why) {
     const std::string what = "peer daemon " + s.endpointText() + ": " + why.describe();
     if (phase_ == Phase::Negotiating) return fail(why.code == Errc::AuthFailed ? Errc::AuthFailed : Errc::PeerLost, what);
     if (phase_ != Phase::Ready) return;
+    if (n && n->away) { // its daemon came back and this link to it failed: it may come again
+        n->session = nullptr;
+        return rejoinFailed(*n, what);
+    }
+    // On the verbs wire a node whose daemon restarts comes back with PeerRejoin.
+    if (n && mayWait(*n)) return goAway(*n, what);
+    events_.negotiationBroken(id_, Errc::PeerLost, n ? firstRank(*n) : 0, what, true, 0);
+}
+
+bool Negotiation::mayWait(const NodeLink& n) const {
+    return plan_.rejoinable && desk_.cfg_.peerRestartWaitMs > 0 && !n.toldBroken && !toldBroken_;
+}
+
+std::uint32_t Negotiation::firstRank(const NodeLink& n) const {
     std::uint32_t first = 0;
-    while (n && first < world_ && !(n->ranks >> first & 1u)) ++first;
-    events_.negotiationBroken(id_, Errc::PeerLost, first, what, true, 0);
+    while (first < world_ && !(n.ranks >> first & 1u)) ++first;
+    return first;
+}
+
+void Negotiation::goAway(NodeLink& n, const std::string& why) {
+    n.away = true;
+    n.awaySinceNs = monotonicNs();
+    n.session = nullptr;
+    n.backLinks = nullptr;
+    n.selfReady = n.remoteReady = false;
+    // Its old queue pairs fail from now on (its daemon's end is gone): expected.
+    for (const auto& m : plan_.regions)
+        if (wire_)
+        for (std::uint32_t r = 0; r < world_; ++r)
+            if (n.ranks >> r & 1u)
+                for (std::uint32_t k = 0; k < plan_.layout.stripes; ++k)
+                    if (QpLink* l = wire_->link(m.rank, r, k)) l->replaced.store(true, std::memory_order_relaxed);
+    spdlog::warn("group {}: the link to node {} (ranks {}) closed ({}): waiting up to {} ms (peer.restart_wait_ms) for "
+                 "its daemon to come back; nothing is carried to those ranks meanwhile",
+                 id_.shortHex(), n.node.shortHex(), ranksText(n.ranks), why, desk_.cfg_.peerRestartWaitMs);
+    events_.negotiationAway(id_, n.ranks);
+    armAwayTimer();
+}
+
+void Negotiation::armAwayTimer() {
+    std::uint64_t due = 0;
+    for (const auto& n : nodes_)
+        if (n.away) {
+            const std::uint64_t at = n.awaySinceNs + std::uint64_t(desk_.cfg_.peerRestartWaitMs) * 1000000ull;
+            due = due ? std::min(due, at) : at;
+        }
+    if (!due) return void(awayTimer_.cancel());
+    const std::uint64_t now = monotonicNs();
+    awayTimer_.expires_after(std::chrono::nanoseconds(due > now ? due - now : 0));
+    awayTimer_.async_wait([w = weak_from_this()](const boost::system::error_code& ec) {
+        auto self = w.lock();
+        if (!ec && self) self->awayTimedOut();
+    });
+}
+
+void Negotiation::awayTimedOut() {
+    auto self = shared_from_this();
+    if (phase_ != Phase::Ready) return;
+    const std::uint64_t now = monotonicNs();
+    for (auto& n : nodes_)
+        if (n.away && now - n.awaySinceNs >= std::uint64_t(desk_.cfg_.peerRestartWaitMs) * 1000000ull) {
+            const std::string why = "node " + n.node.shortHex() + "'s daemon (" + endpointText(n.addr, n.port) +
+                                    ") did not come back within " + std::to_string(desk_.cfg_.peerRestartWaitMs) +
+                                    " ms (peer.restart_wait_ms) after its link closed";
+            spdlog::warn("group {}: {}", id_.shortHex(), why);
+            return events_.negotiationBroken(id_, Errc::PeerLost, firstRank(n), why, true, 0); // may close us
+        }
+    armAwayTimer();
+}
+
+std::vector<LandedRecord> Negotiation::landedFrom(std::uint32_t ranks) const {
+    std::vector<LandedRecord> out;
+    for (const auto& m : plan_.regions) {
+        if (!m.host) continue;
+        for (std::uint32_t q = 0; q < world_; ++q) {
+            if (!(ranks >> q & 1u)) continue;
+            // Every stripe's row up to the epoch landed: the smallest over
+            // stripes of the newer of the two phases' flags.
+            std::uint64_t landed = ~0ull;
+            for (std::uint32_t k = 0; k < plan_.layout.stripes; ++k) {
+                std::uint64_t newest = 0;
+                for (std::uint32_t p = 0; p < 2; ++p)
+                    newest = std::max(newest, std::atomic_ref(*m.host->flag(p, q, k)).load(std::memory_order_acquire));
+                landed = std::min(landed, newest);
+            }
+            out.push_back(LandedRecord{std::uint16_t(m.rank), std::uint16_t(q), 0, landed});
+        }
+    }
+    return out;
+}
+
+void Negotiation::takeRejoin(const std::shared_ptr<PeerSession>& s, const PeerRejoin& rec) {
+    auto self = shared_from_this();
+    const auto refuseLink = [&](Errc code, const std::string& why) {
+        spdlog::warn("peer link {}: group {}: rejoin refused: {}", s->endpointText(), id_.shortHex(), why);
+        s->send(verdictMessage(kPeerReady, id_, code, kNoPeer, why));
+        s->finish();
+    };
+    NodeLink* n = nodeOf(s->remoteNode());
+    if (!n) return refuseLink(Errc::GroupMismatch, "node " + s->remoteNode().shortHex() + " serves no rank of this group");
+    if (rec.flags & kRejoinAnswer) { // the answer of a node that kept the group, on the link we opened
+        if (!rejoining_ || phase_ != Phase::Negotiating || n->session != s || n->recordTaken)
+            return refuseLink(Errc::GroupMismatch, "a rejoin answer this daemon did not ask for");
+        theirLanded_.insert(theirLanded_.end(), rec.landed.begin(), rec.landed.end());
+        return takeRecord(*n, rec.group);
+    }
+    if (phase_ != Phase::Ready)
+        return refuseLink(Errc::GroupMismatch, "the group is not open on this node (it broke or closed while that daemon was away)");
+    if (!n->away) { // its old link has not been seen closing yet: it has
+        if (n->session) std::exchange(n->session, nullptr)->close();
+        goAway(*n, "its daemon restarted");
+    }
+    if (n->session) return refuseLink(Errc::GroupMismatch, "a second rejoin of the same node");
+    if (auto st = takeBack(*n, s, rec); !st) {
+        const std::string why = "node " + n->node.shortHex() + "'s daemon came back and could not rejoin: " + st.error().detail;
+        refuseLink(st.code(), st.error().detail);
+        return events_.negotiationBroken(id_, st.code(), firstRank(*n), why, true, 0); // may close us
+    }
+}
+
+// The restarted node's record: our new QPs to its ranks, connected to its
+// new ones and regions; our answer (what landed here from its ranks), then
+// PeerReady. Its PeerReady puts the new links to use (verdict).
+Status Negotiation::takeBack(NodeLink& n, const std::shared_ptr<PeerSession>& s, const PeerRejoin& rec) {
+    if (auto st = checkRecord(n, rec.group); !st) return st;
+    if (plan_.wire == kWireTcp) { // the answer, then the data link (opened as at the open), then PeerReady
+        n.session = s;
+        n.backLanded = rec.landed;
+        s->send(peer_proto::encode(0, PeerRejoin{groupRecord(n), kRejoinAnswer, landedFrom(n.ranks)}));
+        spdlog::info("group {}: node {}'s daemon came back ({}): bringing up a new tcp data link", id_.shortHex(),
+                     n.node.shortHex(), s->endpointText());
+        openDataLink(n);
+        return okStatus();
+    }
+    qpsByHca_ = QpTable<std::unique_ptr<QpLink>>(world_, std::uint32_t(desk_.hcas_.size()));
+    if (auto st = createQps(n); !st) return st;
+    PeerRejoin answer{groupRecord(n), kRejoinAnswer, landedFrom(n.ranks)};
+    auto links = std::make_shared<VerbsGroup>();
+    links->world = world_;
+    links->hcas = wire_->hcas;
+    links->links = QpTable<std::shared_ptr<QpLink>>(world_, plan_.layout.stripes);
+    if (auto st = connectQps(n, rec.group, *links); !st) return st;
+    qpsByHca_.clear();
+    n.session = s;
+    n.backLinks = std::move(links);
+    n.backLanded = rec.landed;
+    s->send(peer_proto::encode(0, answer));
+    s->send(verdictMessage(kPeerReady, id_, Errc::Ok, kNoPeer, ""));
+    n.selfReady = true;
+    spdlog::info("group {}: node {}'s daemon came back ({}): new queue pairs to ranks {} up", id_.shortHex(),
+                 n.node.shortHex(), s->endpointText(), ranksText(n.ranks));
+    return okStatus();
+}
+
+// Both sides of a node that came back are up (our new links, its
+// PeerReady): its ranks are carried to again.
+void Negotiation::maybeBack(NodeLink& n) {
+    if (!n.away || !n.selfReady || !n.remoteReady || (wire_ && !n.backLinks)) return;
+    if (wire_) { // its new queue pairs replace the old ones to its ranks; the rest are shared
+        auto next = std::make_shared<VerbsGroup>(*wire_);
+        for (std::uint32_t l = 0; l < world_; ++l)
+            for (std::uint32_t r = 0; r < world_; ++r)
+                for (std::uint32_t k = 0; k < plan_.layout.stripes; ++k)
+                    if (n.ranks >> r & 1u) next->links.at(l, r, k) = n.backLinks->links.at(l, r, k);
+        wire_ = next;
+    }
+    n.away = false;
+    n.backLinks = nullptr;
+    n.session->setState(LinkState::Ready);
+    const std::uint64_t awayMs = (monotonicNs() - n.awaySinceNs) / 1000000ull;
+    spdlog::info("group {}: node {} rejoined after {} ms away: its ranks {} are carried to again", id_.shortHex(),
+                 n.node.shortHex(), awayMs, ranksText(n.ranks));
+    armAwayTimer();
+    events_.negotiationBack(id_, n.ranks, NodeWires{wire_, tcp_}, std::exchange(n.backLanded, {}));
 }
 
 // Tell every node why, then the group table (which refuses its ranks and drops us).
@@ -464,6 +711,7 @@ void Negotiation::fail(Errc code, const std::string& why) {
 }
 
 void Negotiation::tellBroken(Errc code, std::uint32_t rank, const std::string& why, std::uint64_t leftAfter) {
+    toldBroken_ = true;
     const Bytes v = verdictMessage(kPeerBroken, id_, code, rank, why, leftAfter);
     for (auto& n : nodes_)
         if (n.session) n.session->send(v);
@@ -478,6 +726,7 @@ void Negotiation::close() {
     phase_ = Phase::Stopped;
     ++timerGen_;
     timer_.cancel();
+    awayTimer_.cancel();
     for (auto& n : nodes_)
         if (n.session) std::exchange(n.session, nullptr)->finish();
 }

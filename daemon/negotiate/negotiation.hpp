@@ -61,6 +61,17 @@ public:
     /// closed in order after that epoch (PeerVerdict::leftAfter).
     virtual void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why,
                                    bool seenHere, std::uint64_t leftAfter) = 0;
+    /// After negotiationReady, verbs wire: the link to the daemon serving
+    /// `ranks` closed and the group waits for that daemon to come back
+    /// (peer.restart_wait_ms): nothing is carried to those ranks meanwhile.
+    /// negotiationBack or negotiationBroken follows.
+    virtual void negotiationAway(const GroupId& id, std::uint32_t ranks) = 0;
+    /// That daemon came back (restarted, it re-adopted the group): the group
+    /// goes on over `wires` (new queue pairs to `ranks`); `landed`: what its
+    /// record says landed in its ranks' regions, from which this node's
+    /// ranks' later epochs are sent again.
+    virtual void negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWires wires,
+                                 const std::vector<peer_proto::LandedRecord>& landed) = 0;
 };
 
 /// A local rank's region as the negotiation registers it.
@@ -79,6 +90,9 @@ struct NegotiationPlan {
     Layout layout{};             ///< stripes = this node's HCAs (verbs), 1 (tcp)
     std::uint64_t agreedCap = 0; ///< from the roster and our daemon.max_bytes; every other daemon's must reach it
     std::vector<LocalRegion> regions;
+    /// A restarted daemon of another node can bring the group back (a Host
+    /// group): once open, a closed link is waited for (peer.restart_wait_ms).
+    bool rejoinable = false;
 };
 
 /// The daemon of another node serving ranks of the group.
@@ -93,7 +107,18 @@ struct NodeLink {
     bool selfReady = false;   ///< our QPs (tcp: the data link) towards it are up and PeerReady sent
     bool remoteReady = false; ///< its PeerReady (ok) arrived
     std::uint64_t daemonMax = 0; ///< its daemon.max_bytes, once its record was taken (0 before)
-    Bytes ourRecord;          ///< PeerGroup we send it
+    Bytes ourRecord;          ///< PeerGroup we send it (PeerRejoin when this daemon re-adopted the group)
+    /// Ready: its link closed and the group waits for its daemon to come back
+    /// (since awaySinceNs, CLOCK_MONOTONIC) with a PeerRejoin.
+    bool away = false;
+    std::uint64_t awaySinceNs = 0;
+    /// It sent PeerBroken (a fault there, or its ranks' orderly leaves): it
+    /// closes the link on purpose, and a closed link is not waited for.
+    bool toldBroken = false;
+    /// Away, its PeerRejoin taken: our new links to its ranks (the rest
+    /// null), in use once its PeerReady comes, and what it said landed there.
+    std::shared_ptr<VerbsGroup> backLinks;
+    std::vector<peer_proto::LandedRecord> backLanded;
 };
 
 class Negotiation : public std::enable_shared_from_this<Negotiation> {
@@ -115,6 +140,15 @@ public:
     /// Every local rank joined: bring up the wire and talk to every other
     /// node. A failure, now or later, comes back as negotiationRefused.
     void start(NegotiationPlan plan);
+    /// This daemon re-adopted the group after a restart: bring up the wire,
+    /// open a link to every other node and send PeerRejoin with what landed
+    /// in our ranks' regions from theirs (their flags); each node that kept
+    /// the group answers with its own. negotiationReady or
+    /// negotiationRefused follows, as after start(); theirLanded() then
+    /// holds what the answers said landed there.
+    void startRejoin(NegotiationPlan plan);
+    /// What the other nodes' PeerRejoin answers said landed in their ranks' regions.
+    const std::vector<peer_proto::LandedRecord>& theirLanded() const { return theirLanded_; }
     /// Give up (a local rank left, the open cannot complete): every node
     /// hears why (PeerReady with the error), then negotiationRefused.
     void fail(Errc code, const std::string& why);
@@ -142,6 +176,9 @@ public:
     // From NegotiationTable, for a link of this group's.
     /// The remote's PeerGroup record on link `s` (Negotiating only).
     void takeLink(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerGroup& rec);
+    /// The remote's PeerRejoin on link `s`: a node whose daemon restarted
+    /// comes back to this Ready group, or (rejoining) a node answers ours.
+    void takeRejoin(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerRejoin& rec);
     /// PeerReady or PeerBroken on the link of node `n` (n.session).
     void verdict(NodeLink& n, std::uint16_t opcode, const peer_proto::PeerVerdict& v);
     /// Link `s` of a node of the group failed (why.code AuthFailed: a
@@ -150,21 +187,47 @@ public:
     /// The accepted link `s` is the tcp data link of its node: take its
     /// socket, or close it when the group expects none from there now.
     void takeDataLink(const std::shared_ptr<PeerSession>& s);
+    /// The proxy could not send to `remoteRank` on the tcp wire: true when
+    /// the group waits for that rank's node's daemon to come back (its data
+    /// link went with the daemon), false when the failure breaks the group.
+    bool linkFailed(std::uint32_t remoteRank, const std::string& why);
 
 private:
     Status bringUp();
     Status buildWire();
+    /// Our PeerGroup record for node `n` (its ranks' QPs from qpsByHca_).
+    peer_proto::PeerGroup groupRecord(const NodeLink& n) const;
     Bytes recordFor(const NodeLink& n) const;
+    /// Create our QPs to the ranks of `n` on every HCA, into qpsByHca_.
+    Status createQps(const NodeLink& n);
+    /// Connect our QPs to the ranks of `n` from its record, into `into`'s links.
+    Status connectQps(NodeLink& n, const peer_proto::PeerGroup& rec, VerbsGroup& into);
+    /// What landed in our ranks' regions from the ranks of `ranks` (bit per rank).
+    std::vector<peer_proto::LandedRecord> landedFrom(std::uint32_t ranks) const;
+    /// Ready: node `n`'s link closed; the group waits for its daemon to come back.
+    void goAway(NodeLink& n, const std::string& why);
+    /// Ready: a node whose daemon restarted sends PeerRejoin on link `s`.
+    Status takeBack(NodeLink& n, const std::shared_ptr<PeerSession>& s, const peer_proto::PeerRejoin& rec);
+    /// Node `n`'s closed link is waited for: a rejoinable group on the verbs
+    /// wire, peer.restart_wait_ms set, and no PeerBroken either way before.
+    bool mayWait(const NodeLink& n) const;
+    /// The first rank of `n`, as a PeerLost names it.
+    std::uint32_t firstRank(const NodeLink& n) const;
+    void armAwayTimer();
+    void awayTimedOut();
     void attach(NodeLink& n, const std::shared_ptr<PeerSession>& s);
     void takeRecord(NodeLink& n, const peer_proto::PeerGroup& rec);
     /// What both wires check in the remote's record: world, ranks, caps, wire.
     Status checkRecord(NodeLink& n, const peer_proto::PeerGroup& rec);
-    Status connectQps(NodeLink& n, const peer_proto::PeerGroup& rec);
     /// Tcp: the side with the smaller node id opens the data link to `n`.
     void openDataLink(NodeLink& n);
     void dataLinkUp(NodeLink& n, UniqueFd fd);
     /// The receiver lost the data link to `node` (posted from its thread).
-    void dataLinkLost(const NodeId& node, const Error& why);
+    void dataLinkLost(const NodeId& node, const TcpLink* which, const Error& why);
+    /// Node `n` came back and its rejoin failed on the way: wait for it again.
+    void rejoinFailed(NodeLink& n, const std::string& why);
+    /// Both sides of a node that came back are up: carry to its ranks again.
+    void maybeBack(NodeLink& n);
     /// Our side towards `n` is up: PeerReady to it.
     void selfReady(NodeLink& n);
     /// Tell the group table the PeerBroken verdicts held in order, up to a
@@ -185,6 +248,10 @@ private:
     std::vector<NodeLink> nodes_;
     std::shared_ptr<VerbsGroup> wire_;
     std::shared_ptr<TcpGroup> tcp_;
+    bool rejoining_ = false;                          ///< startRejoin: this daemon re-adopted the group
+    bool toldBroken_ = false;                         ///< tellBroken: the group broke (or a rank left) here
+    std::vector<peer_proto::LandedRecord> ourLanded_;   ///< rejoining: sent in our PeerRejoin
+    std::vector<peer_proto::LandedRecord> theirLanded_; ///< rejoining: from the answers
     /// A PeerBroken the group table has not been told yet (releaseVerdicts).
     struct HeldVerdict {
         Errc code;
@@ -199,6 +266,7 @@ private:
     QpTable<std::unique_ptr<QpLink>> qpsByHca_; ///< lanes are this node's HCAs, until paired
     boost::asio::steady_timer timer_;
     std::uint64_t timerGen_ = 0;
+    boost::asio::steady_timer awayTimer_; ///< the first away node's peer.restart_wait_ms
 };
 
 } // namespace tpf::daemon

@@ -166,6 +166,23 @@ void NegotiationTable::peerRecord(const std::shared_ptr<PeerSession>& s, PeerGro
     n->takeLink(s, rec);
 }
 
+// A daemon that restarted brings back a group it re-adopted (to the
+// negotiation that kept it open here), or answers ours.
+void NegotiationTable::peerRejoin(const std::shared_ptr<PeerSession>& s, PeerRejoin rec) {
+    const GroupId id = GroupId::of(rec.group.fixed.groupId);
+    const NodeId from = NodeId::of(rec.group.fixed.nodeId);
+    const auto refuseLink = [&](const std::string& why) {
+        spdlog::warn("peer link {}: group {}: rejoin refused: {}", s->endpointText(), id.shortHex(), why);
+        s->send(verdictMessage(kPeerReady, id, Errc::PeerLost, kNoPeer, why));
+        s->finish();
+    };
+    if (from != s->remoteNode()) return refuseLink("record of node " + from.shortHex() + " on the link of another node");
+    refusals_.erase(from);
+    Negotiation* n = find(id);
+    if (!n) return refuseLink("the group is not open on this node (it broke or closed while that daemon was away)");
+    n->takeRejoin(s, rec);
+}
+
 void NegotiationTable::peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const PeerVerdict& v) {
     const GroupId id = GroupId::of(v.groupId);
     Negotiation* n = find(id);

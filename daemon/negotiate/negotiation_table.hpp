@@ -72,6 +72,7 @@ public:
 
     // PeerHandler
     void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) override;
+    void peerRejoin(const std::shared_ptr<PeerSession>& s, peer_proto::PeerRejoin rec) override;
     void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) override;
     void peerLost(const std::shared_ptr<PeerSession>& s, const Error& why) override;
     void peerData(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerData& rec) override;

@@ -34,6 +34,11 @@ Result<PeerInput> decodePeerInput(PeerPhase phase, const MsgHeader& h, ByteView 
         return PeerInput{h.opcode, std::move(*rec)};
     }
     if (h.opcode == kPeerReady || h.opcode == kPeerBroken) return fixed<PeerVerdict>(h.opcode, payload, "PeerVerdict");
+    if (h.opcode == kPeerRejoin) {
+        auto rec = decodePeerRejoin(payload);
+        if (!rec) return rec.error();
+        return PeerInput{h.opcode, std::move(*rec)};
+    }
     if (h.opcode == kPeerData) return fixed<PeerData>(h.opcode, payload, "PeerData");
     return Error{Errc::BadMessage, "unknown peer opcode " + std::to_string(h.opcode)};
 }

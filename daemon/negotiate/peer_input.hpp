@@ -17,12 +17,12 @@ namespace tpf::daemon {
 enum class PeerPhase { Hello, Auth, Records };
 
 /// One record of a peer link, decoded: PeerHello, PeerAuth, PeerGroup, a
-/// PeerVerdict (opcode kPeerReady or kPeerBroken), or PeerData (the link is
-/// a tcp data link from here on).
+/// PeerVerdict (opcode kPeerReady or kPeerBroken), PeerData (the link is a
+/// tcp data link from here on), or PeerRejoin.
 struct PeerInput {
     std::uint16_t opcode = 0;
     std::variant<peer_proto::PeerHello, peer_proto::PeerAuth, peer_proto::PeerGroup, peer_proto::PeerVerdict,
-                 peer_proto::PeerData>
+                 peer_proto::PeerData, peer_proto::PeerRejoin>
         record;
 };
 

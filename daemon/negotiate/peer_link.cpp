@@ -21,7 +21,7 @@ using namespace peer_proto;
 namespace {
 constexpr std::string_view kAuthLabel = "tpfabric peer auth v1";
 
-constexpr const char* kLinkStateNames[] = {"connecting", "handshake", "negotiating", "ready", "closed", "failed", "waiting"};
+constexpr const char* kLinkStateNames[] = {"connecting", "handshake", "negotiating", "ready", "closed", "failed", "waiting", "away"};
 
 tcp::endpoint toEndpoint(const std::uint8_t (&addr)[16], std::uint16_t port) {
     boost::asio::ip::address_v6::bytes_type b;
@@ -144,6 +144,9 @@ void PeerSession::onMessage(const MsgHeader& h, ByteView payload) {
     if (auto* rec = std::get_if<PeerGroup>(&in->record)) {
         state_ = LinkState::Negotiating;
         handler_.peerRecord(self, std::move(*rec));
+    } else if (auto* rejoin = std::get_if<PeerRejoin>(&in->record)) {
+        state_ = LinkState::Negotiating;
+        handler_.peerRejoin(self, std::move(*rejoin));
     } else if (auto* data = std::get_if<PeerData>(&in->record)) {
         // Frames follow on this socket, not records: no more reads here.
         if (!accepted_ || dataDone_)

@@ -43,8 +43,9 @@ enum class LinkState : std::uint8_t {
     Closed,
     Failed,      ///< PeerSession::lastError() says why
     Waiting,     ///< no link yet: the other node connects and has not (a node's state, never a session's)
+    Away,        ///< an open group's link closed: it waits for that node's daemon to come back (a node's state)
 };
-/// "connecting", "handshake", "negotiating", "ready", "closed", "failed", "waiting".
+/// "connecting", "handshake", "negotiating", "ready", "closed", "failed", "waiting", "away".
 const char* linkStateName(LinkState s);
 
 /// What a link reports; implemented by the group table (control thread).
@@ -53,6 +54,8 @@ public:
     virtual ~PeerHandler() = default;
     /// The remote's PeerGroup record arrived (first record after the handshake).
     virtual void peerRecord(const std::shared_ptr<PeerSession>& s, peer_proto::PeerGroup rec) = 0;
+    /// The remote's PeerRejoin arrived: a group goes on after a daemon restart.
+    virtual void peerRejoin(const std::shared_ptr<PeerSession>& s, peer_proto::PeerRejoin rec) = 0;
     /// PeerReady or PeerBroken for the session's group.
     virtual void peerVerdict(const std::shared_ptr<PeerSession>& s, std::uint16_t opcode, const peer_proto::PeerVerdict& v) = 0;
     /// The link failed or closed (once per session; not after close()).

@@ -115,6 +115,41 @@ bool Proxy::resume(ProxyRank& pr) {
     return true;
 }
 
+void Proxy::resend(ProxyRank& pr) {
+    const ProxyGroup& g = *pr.group;
+    CommandRing& ring = *pr.ring;
+    for (const Resend::Peer& to : pr.resend->peers) {
+        std::uint32_t index = 0;
+        while (index < pr.peers.size() && pr.peers[index].rank != to.rank) ++index;
+        if (index == pr.peers.size()) continue;
+        Transport& transport = *pr.peers[index].transport;
+        for (std::uint64_t e = to.landed + 1; e <= ring.lastEpoch; ++e) {
+            // The doorbell in progress reaches this peer when it resumes.
+            if (ring.delivering && ring.delivering->doorbell.epoch == e && ring.delivering->peer <= index) continue;
+            const std::uint64_t back = ring.lastEpoch - e;
+            const Doorbell d = back < ring.layout.entries && back < ring.tail
+                                   ? ring.doorbellAt(ring.tail - 1 - std::uint32_t(back))
+                                   : Doorbell{};
+            if (d.epoch != e || d.group != g.handle || d.bytes > g.layout.slotBytes) {
+                events_.badDoorbell(g.handle, pr.rank,
+                                    Error{Errc::PeerLost, "epoch " + std::to_string(e) + " of rank " + std::to_string(pr.rank) +
+                                                              " must reach rank " + std::to_string(to.rank) +
+                                                              " again, and its doorbell is no longer in the ring"});
+                return;
+            }
+            if (g.drops(e)) return;
+            std::uint32_t stripe = 0;
+            CarryStep step{d, phaseOf(e), pr.gpuDoorbells, stripe, batch_, *this};
+            while (transport.carry(step) == Carried::Later) {
+                if (!running_.load(std::memory_order_relaxed)) return;
+                pollCqs();
+                cpuRelax();
+            }
+            carryBatch(e, pr.gpuDoorbells);
+        }
+    }
+}
+
 // The doorbell's same-node rows: each row of kSplitMin and more split among
 // the carry threads and flagged at once, so that its reader starts on it
 // while the next one is copied; the smaller rows as one batch when they
@@ -181,6 +216,7 @@ bool Proxy::pollCqs() {
     for (auto& h : hcas_) {
         if (!h->outstanding) continue;
         tpf::daemon::pollCompletions(*h, [](void* self, QpLink& link, const std::string& why) {
+            if (link.replaced.load(std::memory_order_relaxed)) return; // its node's daemon went away: expected
             static_cast<Proxy*>(self)->peerFailed(link.groupHandle, link.remoteRank, qpFailure(link, why));
         }, this);
         busy |= h->outstanding != 0;
@@ -334,6 +370,8 @@ void Proxy::run() {
             land(table, next, monotonicNs());
             retire(table, next);
             table = std::move(next);
+            for (auto& pr : table)
+                if (pr.resend && !pr.resend->taken.exchange(true)) resend(pr);
             mustSpin = false;
             for (auto& pr : table) mustSpin |= pr.gpuDoorbells;
             drainDue_ = version;
@@ -358,8 +396,8 @@ void Proxy::run() {
             std::erase_if(retiring_, [&](Retiring& r) {
                 if (!r.group->busy()) return true;
                 if (!r.flushed && now - r.sinceNs > 1000000000ull) {
-                    for (auto& l : r.group->links)
-                        if (l) l->flush();
+                    for (auto& l : r.group->links) // not the links a later group of the same group shares
+                        if (VerbsGroup::own(l)) l->flush();
                     r.flushed = true;
                 }
                 return false;

@@ -69,6 +69,20 @@ struct ProxyPeer {
     bool watchesInbound = false; ///< transport->watchesInbound(), read every poll pass
 };
 
+/// Epochs of one local rank to send again to some of its peers, once: their
+/// node's daemon restarted and its record shows what landed there
+/// (GroupTable::negotiationBack, or this daemon's own restart). The group
+/// table attaches it to the rank's entry of every table it publishes until
+/// the proxy took it.
+struct Resend {
+    struct Peer {
+        std::uint32_t rank;   ///< the peer
+        std::uint64_t landed; ///< its region holds the rank's rows up to this epoch
+    };
+    std::vector<Peer> peers;
+    std::atomic<bool> taken{false}; ///< the proxy sent them (Proxy::resend)
+};
+
 /// One local rank the proxy serves: its group, its ring, and a transport per
 /// peer.
 struct ProxyRank {
@@ -83,6 +97,8 @@ struct ProxyRank {
     std::vector<ProxyPeer> peers;
     bool watchesInbound = false;     ///< some peer's watchesInbound
     std::uint64_t inboundFlagSum = 0; ///< proxy-private: those peers' flags last seen (to wake sleeping waits)
+    /// Epochs to send again before anything else of this rank (null: none).
+    std::shared_ptr<Resend> resend;
 
     /// Append the next peer in peerAt order.
     void addPeer(std::uint32_t peer, std::shared_ptr<Transport> transport) {
@@ -188,6 +204,11 @@ private:
     /// demote) and wake their waits: at the end of a doorbell, and before a
     /// transport's come-back-later.
     void carryBatch(std::uint64_t epoch, bool gpu);
+    /// The rank's epochs after each Resend peer's landed one, up to the last
+    /// it took, carried again to that peer (all but the one in progress, if
+    /// it has yet to reach the peer). A doorbell no longer in the ring breaks
+    /// the group (badDoorbell).
+    void resend(ProxyRank& pr);
     /// Finish the deliveries of rings leaving the table, waiting on the caps
     /// (so that drained() still means every doorbell was carried out).
     void finishLeaving(std::vector<ProxyRank>& old, const std::vector<ProxyRank>& next);

@@ -1,5 +1,7 @@
 #include "daemon/proxy/shared_state.hpp"
 
+#include <cstring>
+
 namespace tpf::daemon {
 
 Result<std::shared_ptr<HostRegion>> HostRegion::create(const Layout& layout, const std::string& name) {
@@ -95,6 +97,12 @@ Result<std::shared_ptr<CommandRing>> CommandRing::adopt(std::uint32_t entries, s
     // The old proxy may have gone to sleep: this one is awake until it says otherwise.
     std::atomic_ref(r->view.header().proxyIdle).store(0, std::memory_order_relaxed);
     return r;
+}
+
+Doorbell CommandRing::doorbellAt(std::uint32_t index) const {
+    Doorbell d;
+    std::memcpy(&d, map.data() + layout.submissionOffset(index), sizeof d);
+    return d;
 }
 
 } // namespace tpf::daemon

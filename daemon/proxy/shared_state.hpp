@@ -65,6 +65,10 @@ struct CommandRing {
     };
     std::optional<Delivery> delivering;
 
+    /// The doorbell at submission index `index` as the ring holds it (an old
+    /// one stays until the ring wraps over it).
+    Doorbell doorbellAt(std::uint32_t index) const;
+
     /// `heartbeatMs`: proxy.heartbeat_ms, told to the rank in the header (RingHeader::heartbeatMs).
     static Result<std::shared_ptr<CommandRing>> create(std::uint32_t entries, std::uint32_t groupHandle,
                                                        const std::string& name, std::uint32_t heartbeatMs = 0);

@@ -157,6 +157,23 @@ public:
     Carried carry(CarryStep&) override { return Carried::Done; }
 };
 
+/// Nothing to carry now: the peer's node's daemon went away (its link
+/// closed) and the group waits for it to come back. What the rank posts
+/// meanwhile is carried once it is back (Resend). The proxy watches the
+/// peer's flags in the rank's region meanwhile, as for VerbsTransport (a
+/// tcp receiver wakes the rank itself: watching costs it nothing more).
+class AwayTransport final : public Transport {
+public:
+    Carried carry(CarryStep&) override { return Carried::Done; }
+    bool watchesInbound() const override { return true; }
+};
+
+/// The one AwayTransport.
+inline std::shared_ptr<Transport> awayTransport() {
+    static const std::shared_ptr<Transport> one = std::make_shared<AwayTransport>();
+    return one;
+}
+
 /// The one DirectTransport.
 inline std::shared_ptr<Transport> directTransport() {
     static const std::shared_ptr<Transport> one = std::make_shared<DirectTransport>();

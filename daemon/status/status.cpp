@@ -112,7 +112,8 @@ nlohmann::json peersPart(const GroupTable& table) {
                 }
             // Every rank of that node closed in order: its daemon closing the link is no failure.
             const bool left = g.proxyGroup && (g.proxyGroup->gone.load(std::memory_order_relaxed) & n.ranks) == n.ranks;
-            const LinkState state = left ? LinkState::Closed
+            const LinkState state = left     ? LinkState::Closed
+                                    : n.away ? LinkState::Away
                                     : n.session ? n.session->state()
                                     : g.life.state() == GroupState::Negotiating ? LinkState::Waiting
                                                                     : LinkState::Closed;
@@ -124,6 +125,7 @@ nlohmann::json peersPart(const GroupTable& table) {
                            {"role", n.weConnect ? "connect" : "accept"},
                            {"ranks", ranksText(n.ranks)},
                            {"state", linkStateName(state)},
+                           {"away_ms", n.away ? (monotonicNs() - n.awaySinceNs) / 1000000ull : std::uint64_t(0)},
                            {"wire", wireName(g.negotiation->wireKind())},
                            {"qps", qps},
                            {"tcp", tcpLinkPart(tcp ? tcp->linkTo(n.node) : nullptr)},

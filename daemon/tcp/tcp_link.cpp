@@ -193,6 +193,17 @@ Status TcpGroup::add(std::shared_ptr<TcpLink> link) {
     return okStatus();
 }
 
+Status TcpGroup::replace(std::shared_ptr<TcpLink> link) {
+    for (auto it = links.begin(); it != links.end(); ++it)
+        if ((*it)->node() == link->node()) {
+            receiver.remove(**it);
+            replaced.push_back(std::move(*it));
+            links.erase(it);
+            break;
+        }
+    return add(std::move(link));
+}
+
 const TcpLink* TcpGroup::linkTo(const NodeId& node) const {
     for (const auto& l : links)
         if (l->node() == node) return l.get();

@@ -151,6 +151,13 @@ struct TcpGroup {
 
     /// Add a node's link and let the receiver serve it (errors: the receiver's).
     Status add(std::shared_ptr<TcpLink> link);
+    /// The node's daemon restarted and came back: `link` takes the place of
+    /// its old link (control thread; transports built from now on use it).
+    /// The old one is no longer served and stays alive with the group
+    /// (transports of earlier proxy tables still point at it).
+    Status replace(std::shared_ptr<TcpLink> link);
+    /// Links that were replaced.
+    std::vector<std::shared_ptr<TcpLink>> replaced;
     const TcpLink* linkTo(const NodeId& node) const;
 };
 

@@ -155,6 +155,9 @@ public:
     std::uint32_t lkey = 0;
     RemoteQp remote;
     bool failed = false;               ///< a completion came back with an error (proxy thread)
+    /// The remote node's daemon went away and the group goes on without this
+    /// QP (Negotiation::goAway; control thread): its failure is expected, not reported.
+    std::atomic<bool> replaced{false};
     std::atomic<std::uint64_t> posts{0};
 
 private:

@@ -92,7 +92,7 @@ typedef struct tpf_open_options {
     int32_t buffers;           /**< enum tpf_buffers; default TPF_BUFFERS_HOST */
     const char* socket_path;   /**< tpfabricd's socket; NULL: $TPF_SOCKET, else /run/tpfabric/tpfabricd.sock */
     uint32_t timeout_ms;       /**< bound on every wait of a call; 0: 5000 */
-    uint32_t open_timeout_ms;  /**< bound on opening, and on a one-node host group's wait for a restarted daemon; 0: 30000 */
+    uint32_t open_timeout_ms;  /**< bound on opening, and on a host group's wait for a restarted daemon; 0: 30000 */
     uint32_t spin_us;          /**< host path: busy-poll this long before sleeping; 0: 20 */
     int32_t fallback;          /**< enum tpf_fallback */
     int32_t gpu_route;         /**< enum tpf_gpu_route (device groups) */

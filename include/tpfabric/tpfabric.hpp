@@ -129,9 +129,10 @@ struct Options {
     /// less with InvalidArgument).
     std::chrono::milliseconds timeout{5000};
     /// Bound on opening (all local ranks joining at their daemon); positive.
-    /// Also how long a host group whose ranks are all on one node waits for
-    /// its daemon to come back and re-adopt it after a restart (from its
-    /// connection closing; docs/integration.md, "A daemon restart").
+    /// Also how long a host group (on one node, or across nodes on the verbs
+    /// wire) waits for its daemon to come back and re-adopt it after a
+    /// restart (from its connection closing; docs/integration.md, "A daemon
+    /// restart").
     std::chrono::milliseconds openTimeout{30000};
     /// Busy-poll this long before sleeping in a wait (host path); 0 or more.
     std::chrono::microseconds spin{20};

@@ -240,12 +240,12 @@ TEST_CASE("adopt: hostile or impossible Adopts are refused by name, every waitin
         r0.ring.header().group = kHandle;
     }
     {
-        INFO("a rank on another node");
+        INFO("a rank on another node, and this daemon has no peer link to bring the group back over");
         Adopt m = adoptOf(node, 0, 2, r0.layout);
         m.roster[1].nodeId[0] ^= 0xff;
         auto c = askAdoption(d, m, {r0.regionFd.get(), r0.ringFd.get()});
-        CHECK(answerOf(c.get(), &why) == "Unsupported");
-        CHECK(why.find("groups on one node only") != std::string::npos);
+        CHECK(answerOf(c.get(), &why) == "Unavailable");
+        CHECK(why.find("no peer link") != std::string::npos);
     }
     {
         INFO("a group that broke before the restart");

@@ -17,7 +17,9 @@
 # status names the wire.
 # Faults: a rank of node b exits mid-run (the others PeerLost); a rank of
 # node b aborts (Aborted everywhere); daemon b SIGKILLed (node a's ranks
-# PeerLost, node b's DaemonLost); daemon b SIGSTOPped (every call ends by
+# PeerLost once peer.restart_wait_ms passed, node b's DaemonLost); daemon a
+# SIGTERMed and started again, then daemon b SIGKILLed and started again,
+# under calls (the group goes on, every call ok); daemon b SIGSTOPped (every call ends by
 # its timeout, Timeout or PeerLost, none hangs; SIGCONT once the ranks
 # ended, then a fresh group runs); a node with peer.wire = "verbs" and no
 # HCA refuses the group by name on both nodes, at once.
@@ -70,12 +72,14 @@ ITERS=${TPF_TCP_ITERS:-1020}   # 60 rounds of the 17 sizes
 t_start=$(date +%s)
 
 # start_daemon NAME: config NAME.toml (its socket, a free peer port on
-# 127.0.0.1), log NAME.log. WIRE sets
+# 127.0.0.1, or PEER_PORT), log NAME.log. WIRE sets
 # peer.wire (unset: the key is left out, its default), TCP_INFLIGHT
-# peer.tcp_inflight_bytes.
+# peer.tcp_inflight_bytes, RESTART_WAIT_MS peer.restart_wait_ms (3000 here:
+# a daemon killed for good ends its groups on the other node within the
+# calls' timeout).
 start_daemon() {
-  local name=$1 port
-  next_port; port=$PORT
+  local name=$1 port=${PEER_PORT:-}
+  [ -n "$port" ] || { next_port; port=$PORT; }
   cat >"$name.toml" <<TOML
 [daemon]
 socket = "$(sock_of "$name")"
@@ -85,6 +89,7 @@ open_timeout_ms = 20000
 listen = "127.0.0.1"
 port = $port
 connect_timeout_ms = 5000
+restart_wait_ms = ${RESTART_WAIT_MS:-3000}
 ${WIRE:+wire = \"$WIRE\"}
 ${TCP_INFLIGHT:+tcp_inflight_bytes = \"$TCP_INFLIGHT\"}
 TOML
@@ -254,6 +259,44 @@ if WIRE=tcp TCP_INFLIGHT=64KiB start_daemon b && run_group afterkill "A B" --ite
   tap_ok "daemon b restarted after the kill: a fresh W=2 group with daemon a runs ok"
 else tap_fail "daemon b restarted after the kill: a fresh W=2 group with daemon a runs ok" "exit codes $GROUP_RCS"
   show_group afterkill; fi
+stop_daemons
+
+# ---- daemons restarted under calls --------------------------------------------
+# A W = 4 group goes on through a restart of daemon a (SIGTERM, then started
+# again on the same socket and peer port) and then a SIGKILL and start of
+# daemon b: every rank's calls all ok (checked byte/bit-exact), no reopen;
+# each restarted daemon logs one re-adoption and shows the group re-adopted,
+# the other logs the node's rejoin.
+calls_of() { local l; l=$(grep '^PROGRESS' "$1.r$2.log" | tail -n1); l=${l##*calls=}; echo "${l:-0}"; }
+_past() { [ "$(calls_of restart 0)" -ge "$1" ] || grep -q '^RESULT' restart.r0.log; }
+_adopted() { grep -q 're-adopted after a daemon restart' "$1.log"; }
+# restart_one NAME SIGNAL: stop daemon NAME, start it again on its port, wait
+# for its re-adoption of the group and for 300 more calls.
+restart_one() {
+  local port before
+  port=$(sed -n 's/^port = //p' "$1.toml")
+  stop_daemon "$1" "$2"
+  RESTART_WAIT_MS=60000 WIRE=tcp PEER_PORT=$port start_daemon "$1" || return 1
+  wait_until 60 _adopted "$1" || note "daemon $1 logged no re-adoption in 60 s"
+  tpfabricctl status --json --socket "$(sock_of "$1")" 2>/dev/null | tr -d ' \n' >"restart.$1.json"
+  before=$(calls_of restart 0)
+  wait_until 60 _past $((before + 300)) || note "no 300 calls after daemon $1's restart in 60 s"
+}
+: >a.log; : >b.log
+RESTART_WAIT_MS=60000 WIRE=tcp start_daemon a && RESTART_WAIT_MS=60000 WIRE=tcp start_daemon b || tap_done
+DURING='restart_one a TERM && restart_one b KILL' run_group restart "A B A B" --iters 3000 --mode mixed
+rs=$(results restart 4)
+if [ -n "$DURING_AT" ] && [ "$rs" = "ok ok ok ok" ]; then
+  tap_ok "daemon a SIGTERMed and restarted, then daemon b SIGKILLed and restarted, under calls: every rank's 3000 calls ok, no reopen"
+else tap_fail "daemons restarted under calls: every rank's 3000 calls ok" "ranks: $rs (exit codes $GROUP_RCS)"; show_group restart; fi
+for d in a b; do
+  if [ "$(grep -c 're-adopted after a daemon restart' $d.log)" = 1 ] && grep -q '"adoption":{' "restart.$d.json"; then
+    tap_ok "daemon $d: one re-adoption line, and its status shows the group re-adopted ($(grep -o '"gap_ms":[0-9.]*' "restart.$d.json"))"
+  else tap_fail "daemon $d: one re-adoption line and the group re-adopted in its status"; diag_file $d.log 15; fi
+done
+if grep -q 'rejoined after' a.log && grep -q 'rejoined after' b.log; then
+  tap_ok "the daemon that kept the group logs the other node's rejoin (b for a, a for b)"
+else tap_fail "the daemon that kept the group logs the other node's rejoin"; diag_file a.log 10; diag_file b.log 10; fi
 stop_daemons
 
 # Daemon b SIGSTOPped under calls (3 s timeout): every rank's call ends, by

@@ -77,7 +77,7 @@ struct EnvVar {
 /// a new key cannot be left out of this comparison.
 void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19,
-                                  f20, f21, f22, f23, f24, f25, f26, f27] = a;
+                                  f20, f21, f22, f23, f24, f25, f26, f27, f28] = a;
     CHECK(a.socketPath == b.socketPath);
     CHECK(a.socketGroup == b.socketGroup);
     CHECK(a.logLevel == b.logLevel);
@@ -98,6 +98,7 @@ void checkSameValues(const DaemonConfig& a, const DaemonConfig& b) {
     CHECK(a.peerPort == b.peerPort);
     CHECK(a.peerKeyFile == b.peerKeyFile);
     CHECK(a.peerConnectTimeoutMs == b.peerConnectTimeoutMs);
+    CHECK(a.peerRestartWaitMs == b.peerRestartWaitMs);
     CHECK(a.peerWire == b.peerWire);
     CHECK(a.tcpInflightBytes == b.tcpInflightBytes);
     CHECK(a.hcas == b.hcas);
@@ -172,6 +173,7 @@ listen = "10.77.0.1"
 port = 20000
 key_file = "/etc/tpfabric/cluster.key"
 connect_timeout_ms = 700
+restart_wait_ms = 0
 wire = "tcp"
 tcp_inflight_bytes = "256KiB"
 
@@ -200,6 +202,7 @@ qp_timeout_ms = 9000
     CHECK(c.peerPort == 20000);
     CHECK(c.peerKeyFile == "/etc/tpfabric/cluster.key");
     CHECK(c.peerConnectTimeoutMs == 700);
+    CHECK(c.peerRestartWaitMs == 0);
     CHECK(c.peerWire == DaemonConfig::PeerWire::Tcp);
     CHECK(c.tcpInflightBytes == 256 * 1024);
     CHECK(c.hcas == std::vector<std::string>{"rxe0", "rxe2", "10.78.0.1"});
@@ -322,6 +325,7 @@ TEST_CASE("every bad value is refused with one line naming the key and what is a
         {"peer", "key_file = false", "peer.key_file", "absolute path"},
         {"peer", "connect_timeout_ms = 99", "peer.connect_timeout_ms", "from 100 to 600000"},
         {"peer", "connect_timeout_ms = 600001", "peer.connect_timeout_ms", "from 100 to 600000"},
+        {"peer", "restart_wait_ms = 600001", "peer.restart_wait_ms", "from 0 to 600000"},
         {"peer", "wire = \"rdma\"", "peer.wire", "\"auto\""},
         {"peer", "wire = 1", "peer.wire", "\"tcp\""},
         {"peer", "tcp_inflight_bytes = \"32KiB\"", "peer.tcp_inflight_bytes", "64KiB"},
@@ -440,7 +444,7 @@ TEST_CASE("the shipped example documents exactly the defaults") {
     const std::string text = buf.str();
     for (const char* key : {"socket", "socket_group", "log_level", "max_bytes", "ring_entries", "open_timeout_ms",
                             "max_clients", "max_clients_per_uid", "message_timeout_ms", "max_groups", "max_region_bytes", "cpu", "spin_us", "heartbeat_ms", "gpu_poll_us", "carry_threads",
-                            "listen", "port", "key_file", "connect_timeout_ms", "hcas", "inflight_bytes",
+                            "listen", "port", "key_file", "connect_timeout_ms", "restart_wait_ms", "hcas", "inflight_bytes",
                             "qp_timeout_ms"}) {
         INFO(key);
         CHECK(text.find("\n" + std::string(key) + " = ") != std::string::npos);

@@ -98,7 +98,7 @@ void run(const Scenario& sc) {
     auto wire = std::make_shared<VerbsGroup>();
     wire->world = kWorld;
     wire->hcas = kRails;
-    wire->links = QpTable<std::unique_ptr<QpLink>>(kWorld, kRails);
+    wire->links = QpTable<std::shared_ptr<QpLink>>(kWorld, kRails);
     for (std::uint32_t l : kLocal)
         for (std::uint32_t i = 0; i < 2; ++i)
             for (std::uint32_t k = 0; k < kRails; ++k) {

@@ -25,7 +25,9 @@ group_poll() {
 
 # start_daemon NAME NODE: config NAME.toml, log NAME.log, socket /run/tpf-NAME.sock.
 # Overrides: HCAS (TOML array), KEY_FILE, LISTEN_IP, MAX_BYTES (daemon.max_bytes),
-# MAX_REGION_BYTES (daemon.max_region_bytes; unset: the default).
+# MAX_REGION_BYTES (daemon.max_region_bytes; unset: the default),
+# RESTART_WAIT_MS (peer.restart_wait_ms; 3000 here, so that a daemon killed
+# for good ends its groups on the other node within the calls' timeouts).
 start_daemon() {
   local name=$1 nd=$2 devs ip
   node "$nd"
@@ -42,6 +44,7 @@ listen = "$ip"
 port = 18515
 key_file = "${KEY_FILE:-}"
 connect_timeout_ms = 10000
+restart_wait_ms = ${RESTART_WAIT_MS:-3000}
 [verbs]
 hcas = ${HCAS:-$devs}
 inflight_bytes = $VERBS_INFLIGHT
