@@ -89,6 +89,8 @@ struct Snapshot {
     std::uint64_t regions = 0, hostBytes = 0, deviceBytes = 0, clients = 0;
     std::uint64_t groupsOpened = 0, queuePairs = 0, groupsAdopted = 0, ncclCalls = 0, ncclBytes = 0;
     double adoptionGapSeconds = 0;
+    std::uint64_t peerRejoins = 0;
+    double peerAwaySeconds = 0;
     std::map<std::string, std::uint64_t> adoptionRefused;
     std::map<std::string, std::uint64_t> broken, refused, callErrors, groupsByState;
     std::vector<Fallback> fallbacks;
@@ -132,6 +134,11 @@ Result<Snapshot> read(const json& doc) {
         const json* gap = m.contains("adoption_gap_seconds") ? &m["adoption_gap_seconds"] : nullptr;
         s.adoptionGapSeconds = gap && gap->is_number() ? gap->get<double>() : 0.0;
         s.adoptionRefused = f.countsByName(m, "adoption_refusals", "metrics.");
+    }
+    if (m.contains("peer_rejoins")) { // a daemon that waits for another node's restarted daemon
+        s.peerRejoins = f.count(m, "peer_rejoins", "metrics.");
+        const json* away = m.contains("peer_away_seconds") ? &m["peer_away_seconds"] : nullptr;
+        s.peerAwaySeconds = away && away->is_number() ? away->get<double>() : 0.0;
     }
     s.callErrors = f.countsByName(m, "call_errors", "metrics.");
     if (m.contains("nccl_calls")) { // a daemon that counts Device groups' calls handed to NCCL
@@ -234,6 +241,15 @@ Result<std::string> renderMetrics(const nlohmann::ordered_json& doc) {
             "The re-adopted groups' gaps added up: from their ranks losing the old daemon to the adoption, seconds")
         .Add({})
         .Increment(s.adoptionGapSeconds);
+    counter("tpfabric_peer_rejoins_total",
+            "Times another node's daemon came back to a group here after its link closed (restarted, it re-adopted "
+            "the group)")
+        .Add({})
+        .Increment(double(s.peerRejoins));
+    counter("tpfabric_peer_away_seconds_total",
+            "How long those daemons' links were closed before they came back, added up, seconds")
+        .Add({})
+        .Increment(s.peerAwaySeconds);
     auto& adoptionRefused = counter("tpfabric_adoption_refusals_total",
                                     "Ranks this daemon refused to re-adopt after a restart (an Adopted naming why), by error name");
     for (const auto& [reason, n] : s.adoptionRefused) adoptionRefused.Add({{"reason", reason}}).Increment(double(n));

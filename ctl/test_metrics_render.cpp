@@ -57,6 +57,8 @@ json sampleDoc() {
           {"queue_pairs", 6},
           {"groups_adopted", 2},
           {"adoption_gap_seconds", 0.75},
+          {"peer_rejoins", 3},
+          {"peer_away_seconds", 1.5},
           {"adoption_refusals", {{"CapMismatch", 2}}}}},
     };
 }
@@ -112,6 +114,8 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
     CHECK(at(R"(tpfabric_open_refusals_total{reason="Unavailable"})") == 3);
     CHECK(at("tpfabric_groups_adopted_total") == 2);
     CHECK(at("tpfabric_adoption_gap_seconds_total") == Approx(0.75));
+    CHECK(at("tpfabric_peer_rejoins_total") == 3);
+    CHECK(at("tpfabric_peer_away_seconds_total") == Approx(1.5));
     CHECK(at(R"(tpfabric_adoption_refusals_total{reason="CapMismatch"})") == 2);
     CHECK(at(R"(tpfabric_open_fallbacks_total{outcome="unavailable",reason="Unavailable"})") == 2);
     CHECK(at(R"(tpfabric_open_fallbacks_total{outcome="nccl",reason="ProbeFailed"})") == 4);
@@ -142,7 +146,7 @@ TEST_CASE("every metric of a status document, with HELP and TYPE") {
         else if (line.rfind("# TYPE ", 0) == 0) ++type[line.substr(7, line.find(' ', 7) - 7)];
         else if (!line.empty()) CHECK(line.rfind("tpfabric_", 0) == 0);
     }
-    CHECK(type.size() == 25);
+    CHECK(type.size() == 27);
     for (const auto& [name, n] : type) {
         INFO(name);
         CHECK(n == 1);

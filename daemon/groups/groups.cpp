@@ -281,11 +281,12 @@ void GroupTable::negotiationAway(const GroupId& id, std::uint32_t ranks) {
 }
 
 void GroupTable::negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWires wires,
-                                 const std::vector<peer_proto::LandedRecord>& landed) {
+                                 const std::vector<peer_proto::LandedRecord>& landed, std::uint64_t awayNs) {
     auto it = groups_.find(id);
     if (it == groups_.end()) return;
     Group& g = it->second;
     g.awayMask &= ~ranks;
+    lifetime_.peerRejoined(awayNs);
     if (wires.verbs) g.verbs = std::move(wires.verbs);
     if (wires.tcp) g.tcp = std::move(wires.tcp);
     if (!g.proxyGroup) return;

@@ -100,7 +100,7 @@ public:
     // NegotiationEvents
     void negotiationAway(const GroupId& id, std::uint32_t ranks) override;
     void negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWires wires,
-                         const std::vector<peer_proto::LandedRecord>& landed) override;
+                         const std::vector<peer_proto::LandedRecord>& landed, std::uint64_t awayNs) override;
     void negotiationReady(const GroupId& id, NodeWires wires) override;
     void negotiationRefused(const GroupId& id, Errc code, const std::string& why) override;
     void negotiationBroken(const GroupId& id, Errc code, std::uint32_t rank, const std::string& why, bool seenHere,

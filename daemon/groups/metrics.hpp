@@ -52,6 +52,12 @@ public:
         ++groupsAdopted_;
         adoptionGapNs_ += gapNs;
     }
+    /// Another node's daemon came back to a group here (restarted, it
+    /// re-adopted the group) after `awayNs` with its link closed.
+    void peerRejoined(std::uint64_t awayNs) {
+        ++peerRejoins_;
+        peerAwayNs_ += awayNs;
+    }
     /// This daemon refused one rank's Adopt (or its whole group's).
     void adoptionRefused(Errc why) { ++adoptionRefused_[why]; }
     /// A member left: its calls so far stay counted after its ring is gone.
@@ -65,6 +71,9 @@ public:
     std::uint64_t groupsAdopted() const { return groupsAdopted_; }
     /// The gaps of every re-adopted group added up, ns.
     std::uint64_t adoptionGapNs() const { return adoptionGapNs_; }
+    std::uint64_t peerRejoins() const { return peerRejoins_; }
+    /// The times other nodes' daemons were away before they rejoined, added up, ns.
+    std::uint64_t peerAwayNs() const { return peerAwayNs_; }
     /// Ranks refused re-adoption, by reason.
     const std::map<Errc, std::uint64_t>& adoptionRefusals() const { return adoptionRefused_; }
     /// By (reason, OpenReport outcome).
@@ -74,6 +83,8 @@ private:
     std::uint64_t groupsOpened_ = 0;
     std::uint64_t groupsAdopted_ = 0;
     std::uint64_t adoptionGapNs_ = 0;
+    std::uint64_t peerRejoins_ = 0;
+    std::uint64_t peerAwayNs_ = 0;
     std::map<Errc, std::uint64_t> adoptionRefused_;
     std::map<Errc, std::uint64_t> broken_;
     std::map<Errc, std::uint64_t> refused_;

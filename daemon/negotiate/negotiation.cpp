@@ -690,11 +690,11 @@ void Negotiation::maybeBack(NodeLink& n) {
     n.away = false;
     n.backLinks = nullptr;
     n.session->setState(LinkState::Ready);
-    const std::uint64_t awayMs = (monotonicNs() - n.awaySinceNs) / 1000000ull;
+    const std::uint64_t awayNs = monotonicNs() - n.awaySinceNs;
     spdlog::info("group {}: node {} rejoined after {} ms away: its ranks {} are carried to again", id_.shortHex(),
-                 n.node.shortHex(), awayMs, ranksText(n.ranks));
+                 n.node.shortHex(), awayNs / 1000000ull, ranksText(n.ranks));
     armAwayTimer();
-    events_.negotiationBack(id_, n.ranks, NodeWires{wire_, tcp_}, std::exchange(n.backLanded, {}));
+    events_.negotiationBack(id_, n.ranks, NodeWires{wire_, tcp_}, std::exchange(n.backLanded, {}), awayNs);
 }
 
 // Tell every node why, then the group table (which refuses its ranks and drops us).

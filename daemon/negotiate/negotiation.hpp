@@ -67,11 +67,12 @@ public:
     /// negotiationBack or negotiationBroken follows.
     virtual void negotiationAway(const GroupId& id, std::uint32_t ranks) = 0;
     /// That daemon came back (restarted, it re-adopted the group): the group
-    /// goes on over `wires` (new queue pairs to `ranks`); `landed`: what its
-    /// record says landed in its ranks' regions, from which this node's
-    /// ranks' later epochs are sent again.
+    /// goes on over `wires` (new queue pairs or data link to `ranks`);
+    /// `landed`: what its record says landed in its ranks' regions, from
+    /// which this node's ranks' later epochs are sent again; `awayNs`: how
+    /// long its link was closed.
     virtual void negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWires wires,
-                                 const std::vector<peer_proto::LandedRecord>& landed) = 0;
+                                 const std::vector<peer_proto::LandedRecord>& landed, std::uint64_t awayNs) = 0;
 };
 
 /// A local rank's region as the negotiation registers it.

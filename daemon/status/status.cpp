@@ -271,7 +271,9 @@ nlohmann::json metricsPart(const GroupTable& table) {
                           {"open_fallbacks", std::move(fallbacks)},
                           {"groups_adopted", life.groupsAdopted()},
                           {"adoption_gap_seconds", double(life.adoptionGapNs()) / 1e9},
-                          {"adoption_refusals", byName(life.adoptionRefusals())}};
+                          {"adoption_refusals", byName(life.adoptionRefusals())},
+                          {"peer_rejoins", life.peerRejoins()},
+                          {"peer_away_seconds", double(life.peerAwayNs()) / 1e9}};
     CallTotals calls = life.calls();
     std::map<std::string, std::uint64_t> byState;
     std::uint64_t qps = 0;

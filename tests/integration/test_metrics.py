@@ -281,8 +281,9 @@ def main():
         _, families, _ = scrape(sock)
         for fam in families:
             check(fam.name.startswith("tpfabric_") and fam.documentation, f"{fam.name}: tpfabric_ name and HELP")
-        check(len(families) == 24, f"24 metric families (got {len(families)}: {[f.name for f in families]})")
+        check(len(families) == 26, f"26 metric families (got {len(families)}: {[f.name for f in families]})")
         check(value(samples, "tpfabric_groups_adopted_total") == 0, "no group re-adopted (no daemon restarted)")
+        check(value(samples, "tpfabric_peer_rejoins_total") == 0, "no other node's daemon rejoined (one daemon)")
         check(value(samples, "tpfabric_proxy_carry_threads") == 2, "the default carry threads (proxy.carry_threads 2)")
         check(value(samples, "tpfabric_regions") == 0 and value(samples, "tpfabric_region_bytes", kind="host") == 0,
               "no regions left")
