@@ -137,6 +137,16 @@ void GroupTable::peerFailed(std::uint32_t handle, std::uint32_t remoteRank, Erro
     boost::asio::post(io_, [this, handle, remoteRank, why = std::move(why)] { onPeerFailed(handle, remoteRank, why); });
 }
 
+void GroupTable::resent(std::uint32_t handle, std::uint32_t rank, std::uint32_t peer, std::uint64_t first,
+                        std::uint64_t last) {
+    boost::asio::post(io_, [this, handle, rank, peer, first, last] {
+        const Group* g = findByHandle(handle);
+        spdlog::info("group {}: rank {}'s epochs {}..{} carried again to rank {} (they had not landed there when its "
+                     "node's daemon went away)",
+                     g ? shortId(g->id) : "handle " + std::to_string(handle), rank, first, last, peer);
+    });
+}
+
 void GroupTable::refuse(MemberLink& link, Errc code, const std::string& why, bool adopting) {
     if (adopting) return refuseAdopted(link, code, why);
     Verdict v{};

@@ -201,6 +201,8 @@ private:
     void drained(std::uint64_t version) override;
     void badDoorbell(std::uint32_t handle, std::uint32_t rank, Error why) override;
     void peerFailed(std::uint32_t handle, std::uint32_t remoteRank, Error why) override;
+    void resent(std::uint32_t handle, std::uint32_t rank, std::uint32_t peer, std::uint64_t first,
+                std::uint64_t last) override;
     /// The proxy carried out everything published before `version`.
     void onDrained(std::uint64_t version);
     /// A member's doorbell was invalid: break its group.

@@ -102,11 +102,12 @@ Status Negotiation::bringUp() {
     }
 
     armTimer(desk_.cfg_.openTimeoutMs);
-    if (plan_.wire == kWireTcp)
+    const std::string over = plan_.wire == kWireTcp ? std::string("the tcp wire") : std::to_string(desk_.hcas_.size()) + " HCA(s)";
+    if (rejoining_)
+        spdlog::info("group {}: rejoining {} other node(s) over {} after this daemon's restart", id_.shortHex(),
+                     nodes_.size(), over);
+    else if (plan_.wire == kWireTcp)
         spdlog::info("group {}: negotiating with {} other node(s) over the tcp wire", id_.shortHex(), nodes_.size());
-    else if (rejoining_)
-        spdlog::info("group {}: rejoining {} other node(s) over {} HCA(s) after this daemon's restart", id_.shortHex(),
-                     nodes_.size(), desk_.hcas_.size());
     else
         spdlog::info("group {}: negotiating with {} other node(s) over {} HCA(s)", id_.shortHex(), nodes_.size(),
                      desk_.hcas_.size());
@@ -340,21 +341,18 @@ Status Negotiation::connectQps(NodeLink& n, const PeerGroup& rec, VerbsGroup& in
 }
 
 void Negotiation::openDataLink(NodeLink& n) {
-    if (!n.weConnect) return; // the other node opens it: takeDataLink
+    // The side with the smaller node id opens it (the other: takeDataLink);
+    // a daemon that rejoins after a restart opens every link itself.
+    if (!n.weConnect && !rejoining_) return;
     PeerData d{};
     id_.copyTo(d.groupId);
     desk_.self_.copyTo(d.nodeId);
     desk_.peers_.connectData(n.addr, n.port, n.node, peer_proto::encode(kPeerData, 0, d),
                              [w = weak_from_this(), node = n.node](Result<UniqueFd> fd) {
                                  auto self = w.lock();
-                                 if (!self) return;
+                                 if (!self || self->phase_ != Phase::Negotiating) return;
                                  NodeLink* to = self->nodeOf(node);
                                  if (!to) return;
-                                 if (self->phase_ == Phase::Ready && to->away && to->session && !to->selfReady) {
-                                     if (!fd) return self->rejoinFailed(*to, "tcp data link: " + fd.error().detail);
-                                     return self->dataLinkUp(*to, std::move(*fd));
-                                 }
-                                 if (self->phase_ != Phase::Negotiating) return;
                                  if (!fd)
                                      return self->fail(fd.code() == Errc::AuthFailed ? Errc::AuthFailed : Errc::PeerLost,
                                                        "tcp data link to node " + node.shortHex() + ": " +
@@ -370,12 +368,15 @@ void Negotiation::takeDataLink(const std::shared_ptr<PeerSession>& s) {
         s->close();
     };
     NodeLink* n = nodeOf(s->remoteNode());
-    // A node whose daemon restarted opens its new data link while it rejoins.
+    // A node whose daemon restarted opens its new data link once it took our answer to its PeerRejoin.
     const bool back = phase_ == Phase::Ready && n && n->away && n->session;
     if (phase_ != Phase::Negotiating && !back) return refuse("the group is not negotiating here");
     if (plan_.wire != kWireTcp) return refuse("the group is on the verbs wire here");
-    if (!n || n->weConnect) return refuse("node " + s->remoteNode().shortHex() + " does not open this group's data link");
-    if (!n->recordTaken || n->selfReady) return refuse(n->selfReady ? "a second data link" : "before the node's record");
+    if (back && n->selfReady) return refuse("a second data link");
+    if (!back && (!n || n->weConnect))
+        return refuse("node " + s->remoteNode().shortHex() + " does not open this group's data link");
+    if (!back && (!n->recordTaken || n->selfReady))
+        return refuse(n->selfReady ? "a second data link" : "before the node's record");
     auto fd = s->takeSocket();
     if (!fd && back) return rejoinFailed(*n, "tcp data link: " + fd.error().detail);
     if (!fd) return fail(Errc::PeerLost, "tcp data link from node " + n->node.shortHex() + ": " + fd.error().detail);
@@ -420,7 +421,8 @@ void Negotiation::dataLinkLost(const NodeId& node, const TcpLink* which, const E
     if (phase_ == Phase::Negotiating) return fail(Errc::PeerLost, why.detail);
     if (phase_ != Phase::Ready) return;
     NodeLink* n = nodeOf(node);
-    if (n && n->away) return rejoinFailed(*n, why.detail);
+    if (n && n->away && !n->selfReady) return; // the old link, whose daemon went: reported late
+    if (n && n->away) return rejoinFailed(*n, why.detail); // the new one, before the node's PeerReady
     if (n && mayWait(*n)) { // its daemon may come back: the peer link goes with the data link
         if (n->session) std::exchange(n->session, nullptr)->close();
         return goAway(*n, why.detail);
@@ -646,13 +648,12 @@ void Negotiation::takeRejoin(const std::shared_ptr<PeerSession>& s, const PeerRe
 // PeerReady. Its PeerReady puts the new links to use (verdict).
 Status Negotiation::takeBack(NodeLink& n, const std::shared_ptr<PeerSession>& s, const PeerRejoin& rec) {
     if (auto st = checkRecord(n, rec.group); !st) return st;
-    if (plan_.wire == kWireTcp) { // the answer, then the data link (opened as at the open), then PeerReady
+    if (plan_.wire == kWireTcp) { // the answer; the node opens a new data link (takeDataLink), then PeerReady
         n.session = s;
         n.backLanded = rec.landed;
         s->send(peer_proto::encode(0, PeerRejoin{groupRecord(n), kRejoinAnswer, landedFrom(n.ranks)}));
-        spdlog::info("group {}: node {}'s daemon came back ({}): bringing up a new tcp data link", id_.shortHex(),
+        spdlog::info("group {}: node {}'s daemon came back ({}): waiting for its new tcp data link", id_.shortHex(),
                      n.node.shortHex(), s->endpointText());
-        openDataLink(n);
         return okStatus();
     }
     qpsByHca_ = QpTable<std::unique_ptr<QpLink>>(world_, std::uint32_t(desk_.hcas_.size()));

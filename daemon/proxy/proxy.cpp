@@ -123,6 +123,7 @@ void Proxy::resend(ProxyRank& pr) {
         while (index < pr.peers.size() && pr.peers[index].rank != to.rank) ++index;
         if (index == pr.peers.size()) continue;
         Transport& transport = *pr.peers[index].transport;
+        std::uint64_t first = 0, last = 0;
         for (std::uint64_t e = to.landed + 1; e <= ring.lastEpoch; ++e) {
             // The doorbell in progress reaches this peer when it resumes.
             if (ring.delivering && ring.delivering->doorbell.epoch == e && ring.delivering->peer <= index) continue;
@@ -146,7 +147,10 @@ void Proxy::resend(ProxyRank& pr) {
                 cpuRelax();
             }
             carryBatch(e, pr.gpuDoorbells);
+            first = first ? first : e;
+            last = e;
         }
+        if (first) events_.resent(g.handle, pr.rank, to.rank, first, last);
     }
 }
 

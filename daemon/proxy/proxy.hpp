@@ -129,6 +129,10 @@ public:
     virtual void badDoorbell(std::uint32_t groupHandle, std::uint32_t rank, Error why) = 0;
     /// A queue pair to a remote rank failed (error completion or post): its group must break.
     virtual void peerFailed(std::uint32_t groupHandle, std::uint32_t remoteRank, Error why) = 0;
+    /// Epochs first..last of local rank `rank` were carried again to `peer`
+    /// (Resend: its node's daemon came back, or this one restarted).
+    virtual void resent(std::uint32_t groupHandle, std::uint32_t rank, std::uint32_t peer, std::uint64_t first,
+                        std::uint64_t last) = 0;
 };
 
 /// The proxy's settings ([proxy] of the config, docs/configuration.md; the

@@ -297,6 +297,7 @@ done
 if grep -q 'rejoined after' a.log && grep -q 'rejoined after' b.log; then
   tap_ok "the daemon that kept the group logs the other node's rejoin (b for a, a for b)"
 else tap_fail "the daemon that kept the group logs the other node's rejoin"; diag_file a.log 10; diag_file b.log 10; fi
+cp a.log restart.a.log; cp b.log restart.b.log # kept with TPF_TCP_KEEP: the next tests start new logs
 # Daemon a kept the group through b's restart: its metrics count the rejoin.
 m=$(tpfabricctl metrics --socket "$(sock_of a)" 2>&1)
 if grep -q '^tpfabric_peer_rejoins_total 1$' <<<"$m" && grep -q '^tpfabric_peer_away_seconds_total [0-9.e+-]*$' <<<"$m"; then

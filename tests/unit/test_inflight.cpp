@@ -37,6 +37,7 @@ struct CountedReports final : ProxyEvents {
     void drained(std::uint64_t) override {}
     void badDoorbell(std::uint32_t, std::uint32_t, Error) override { ++count; }
     void peerFailed(std::uint32_t, std::uint32_t, Error) override { ++count; }
+    void resent(std::uint32_t, std::uint32_t, std::uint32_t, std::uint64_t, std::uint64_t) override {}
 };
 
 constexpr std::uint32_t kWorld = 4, kRails = 2, kHandle = 7;
