@@ -311,14 +311,21 @@ void GroupTable::negotiationBack(const GroupId& id, std::uint32_t ranks, NodeWir
     publishProxyTable();
 }
 
+// A Resend the proxy may hold is never changed: a new one takes its place,
+// with what it still had to send (sending an epoch twice writes the same bytes).
 void GroupTable::queueResends(Group& g, const std::vector<peer_proto::LandedRecord>& landed) {
+    std::map<std::uint32_t, std::shared_ptr<Resend>> fresh;
     for (const auto& l : landed) {
-        auto m = g.members.find(l.from);
-        if (m == g.members.end() || !(g.localMask >> l.from & 1u) || (g.localMask >> l.rank & 1u)) continue;
-        auto& r = g.resends[l.from];
-        if (!r) r = std::make_shared<Resend>();
+        if (!g.members.contains(l.from) || !(g.localMask >> l.from & 1u) || (g.localMask >> l.rank & 1u)) continue;
+        auto& r = fresh[l.from];
+        if (!r) {
+            r = std::make_shared<Resend>();
+            if (auto old = g.resends.find(l.from); old != g.resends.end() && !old->second->taken.load(std::memory_order_acquire))
+                r->peers = old->second->peers;
+        }
         r->peers.push_back(Resend::Peer{l.rank, l.epoch});
     }
+    for (auto& [rank, r] : fresh) g.resends[rank] = std::move(r);
 }
 
 void GroupTable::negotiationReady(const GroupId& id, NodeWires wires) {
