@@ -527,7 +527,7 @@ void Negotiation::linkLost(const PeerSession& s, const Error& why) {
         n->session = nullptr;
         return rejoinFailed(*n, what);
     }
-    // On the verbs wire a node whose daemon restarts comes back with PeerRejoin.
+    // A node whose daemon restarts comes back with PeerRejoin.
     if (n && mayWait(*n)) return goAway(*n, what);
     events_.negotiationBroken(id_, Errc::PeerLost, n ? firstRank(*n) : 0, what, true, 0);
 }
@@ -549,12 +549,12 @@ void Negotiation::goAway(NodeLink& n, const std::string& why) {
     n.backLinks = nullptr;
     n.selfReady = n.remoteReady = false;
     // Its old queue pairs fail from now on (its daemon's end is gone): expected.
-    for (const auto& m : plan_.regions)
-        if (wire_)
-        for (std::uint32_t r = 0; r < world_; ++r)
-            if (n.ranks >> r & 1u)
-                for (std::uint32_t k = 0; k < plan_.layout.stripes; ++k)
-                    if (QpLink* l = wire_->link(m.rank, r, k)) l->replaced.store(true, std::memory_order_relaxed);
+    if (wire_)
+        for (const auto& m : plan_.regions)
+            for (std::uint32_t r = 0; r < world_; ++r)
+                if (n.ranks >> r & 1u)
+                    for (std::uint32_t k = 0; k < plan_.layout.stripes; ++k)
+                        if (QpLink* l = wire_->link(m.rank, r, k)) l->replaced.store(true, std::memory_order_relaxed);
     spdlog::warn("group {}: the link to node {} (ranks {}) closed ({}): waiting up to {} ms (peer.restart_wait_ms) for "
                  "its daemon to come back; nothing is carried to those ranks meanwhile",
                  id_.shortHex(), n.node.shortHex(), ranksText(n.ranks), why, desk_.cfg_.peerRestartWaitMs);
@@ -588,6 +588,8 @@ void Negotiation::awayTimedOut() {
                                     ") did not come back within " + std::to_string(desk_.cfg_.peerRestartWaitMs) +
                                     " ms (peer.restart_wait_ms) after its link closed";
             spdlog::warn("group {}: {}", id_.shortHex(), why);
+            n.away = false;
+            n.toldBroken = true; // it comes back too late: refused (takeRejoin)
             return events_.negotiationBroken(id_, Errc::PeerLost, firstRank(n), why, true, 0); // may close us
         }
     armAwayTimer();
@@ -630,7 +632,10 @@ void Negotiation::takeRejoin(const std::shared_ptr<PeerSession>& s, const PeerRe
         return takeRecord(*n, rec.group);
     }
     if (phase_ != Phase::Ready)
-        return refuseLink(Errc::GroupMismatch, "the group is not open on this node (it broke or closed while that daemon was away)");
+        return refuseLink(Errc::GroupMismatch, "the group is not open here (it broke or closed while your daemon was away)");
+    // Broken here meanwhile (or that node's wait ran out), or a group this node does not wait for.
+    if (toldBroken_ || n->toldBroken || (!n->away && !mayWait(*n)))
+        return refuseLink(Errc::PeerLost, "the group broke here while your daemon was away (or peer.restart_wait_ms is 0 here)");
     if (!n->away) { // its old link has not been seen closing yet: it has
         if (n->session) std::exchange(n->session, nullptr)->close();
         goAway(*n, "its daemon restarted");

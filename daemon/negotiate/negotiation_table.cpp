@@ -179,7 +179,7 @@ void NegotiationTable::peerRejoin(const std::shared_ptr<PeerSession>& s, PeerRej
     if (from != s->remoteNode()) return refuseLink("record of node " + from.shortHex() + " on the link of another node");
     refusals_.erase(from);
     Negotiation* n = find(id);
-    if (!n) return refuseLink("the group is not open on this node (it broke or closed while that daemon was away)");
+    if (!n) return refuseLink("the group is gone here (it broke or closed while your daemon was away)");
     n->takeRejoin(s, rec);
 }
 

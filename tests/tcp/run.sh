@@ -19,7 +19,9 @@
 # node b aborts (Aborted everywhere); daemon b SIGKILLed (node a's ranks
 # PeerLost once peer.restart_wait_ms passed, node b's DaemonLost); daemon a
 # SIGTERMed and started again, then daemon b SIGKILLed and started again,
-# under calls (the group goes on, every call ok); daemon b SIGSTOPped (every call ends by
+# under calls (the group goes on, every call ok); daemon b back only after
+# daemon a's peer.restart_wait_ms (a's ranks PeerLost, b's DaemonLost naming
+# a's refusal of the rejoin); daemon b SIGSTOPped (every call ends by
 # its timeout, Timeout or PeerLost, none hangs; SIGCONT once the ranks
 # ended, then a fresh group runs); a node with peer.wire = "verbs" and no
 # HCA refuses the group by name on both nodes, at once.
@@ -303,6 +305,19 @@ m=$(tpfabricctl metrics --socket "$(sock_of a)" 2>&1)
 if grep -q '^tpfabric_peer_rejoins_total 1$' <<<"$m" && grep -q '^tpfabric_peer_away_seconds_total [0-9.e+-]*$' <<<"$m"; then
   tap_ok "daemon a's metrics count daemon b's rejoin: $(grep '^tpfabric_peer_away_seconds_total' <<<"$m")"
 else tap_fail "daemon a's metrics count daemon b's rejoin" "$(grep 'tpfabric_peer' <<<"$m" | tr '\n' ' ')"; fi
+stop_daemons
+
+# Daemon b back too late: daemon a waits 2 s (peer.restart_wait_ms), ends
+# the group (its ranks PeerLost) and refuses b's rejoin 3 s after the kill;
+# b's ranks, re-adopted by the new daemon b, end DaemonLost naming why.
+: >a.log; : >b.log
+RESTART_WAIT_MS=2000 WIRE=tcp start_daemon a && WIRE=tcp start_daemon b || tap_done
+bport=$(sed -n 's/^port = //p' b.toml)
+DURING='stop_daemon b KILL; sleep 3; WIRE=tcp PEER_PORT=$bport start_daemon b' run_group late "A B A B" --iters 100000000 --mode mixed
+if ranks_are late PeerLost 0 2 && ranks_are late DaemonLost 1 3 && grep -q 'while your daemon was away' late.r1.log; then
+  tap_ok "daemon b back after daemon a's peer.restart_wait_ms: a's ranks PeerLost, b's DaemonLost naming a's refusal"
+else tap_fail "daemon b back too late: a's ranks PeerLost, b's DaemonLost naming a's refusal" "ranks: $(results late 4)"
+  show_group late; fi
 stop_daemons
 
 # Daemon b SIGSTOPped under calls (3 s timeout): every rank's call ends, by
