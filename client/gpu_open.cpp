@@ -289,6 +289,7 @@ void reportAttach(Group::Impl& g, const GpuPath& p) {
     m.rank = g.rank;
     m.world = g.world;
     m.deviceBytes = p.own.handle ? p.own.bytes : 0; // held even where a vote left ipc off
+    g.deviceBytes = m.deviceBytes;                   // told again to a restarted daemon (Adopt)
     std::memcpy(m.wires, g.wires.data(), kMaxWorld);
     m.wires[g.rank] = kWireSelf;
     (void)sendMessage(g.socket.get(), encode(kDeviceAttach, g.seq++, m), {}, 1000);

@@ -209,14 +209,18 @@ Status gpuCheck(Group::Impl& g) {
                                       : std::string("a rank aborted the group");
         break;
     case Errc::DaemonLost:
-        why = "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait (the daemon died or hung); "
-              "restart it and reopen: a restarted daemon does not re-adopt Device groups (ipc-only groups do not need it)";
+        why = g.adoptable() ? "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait: the daemon hung, or "
+                              "it died and no daemon re-adopted the group in time (systemctl status tpfabricd; reopen the group)"
+                            : "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait (the daemon died or "
+                              "hung); restart it and reopen: a restarted daemon re-adopts Device groups on one node only";
         break;
     default:
         why = f.missingPeer == kNoPeer ? std::string("reported by the daemon")
                                        : "rank " + std::to_string(f.missingPeer) +
                                              (f.error == Errc::PeerLost ? " is gone" : " failed the group");
     }
+    // A call that timed out while the daemon was away: DaemonLost, naming the gap.
+    if (f.error == Errc::Timeout) return g.timedOut(Error{f.error, why}, f.missingPeer < g.world ? f.missingPeer : kNoPeer);
     return g.fail(Error{f.error, why}, f.missingPeer < g.world ? f.missingPeer : kNoPeer);
 }
 

@@ -33,6 +33,8 @@ Health Group::Impl::health() const noexcept {
     if (load(c.abort) != 0 || (gpu && load(c.callFailed) != 0)) {
         h.code = sharedCode();
         h.rank = sharedPeer();
+        // A kernel's timeout while the daemon is away: what check() reports (gpuCheck).
+        if (h.code == Errc::Timeout && daemonAway()) h.code = Errc::DaemonLost, h.rank = Health::kNoRank;
     }
     return h;
 }

@@ -59,6 +59,7 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     std::array<std::uint8_t, 16> groupId{};
     std::vector<client_proto::RosterEntry> roster;
     std::uint32_t openFlags = 0; ///< GroupOpen.flags this rank opened with
+    std::uint64_t deviceBytes = 0; ///< a Device group's DeviceAttach.deviceBytes (its wires are `wires`)
     UniqueFd regionFd;
     UniqueFd ringFd;
     /// Set while the group can be re-adopted (adoptable()): it
@@ -122,14 +123,18 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// Makes `e` the group's sticky failure unless one is recorded already
     /// (the first wins), naming `peer` (kNoPeer: none) in the health word.
     Status fail(Error e, std::uint32_t peer = kNoPeer);
-    /// Whether a restarted daemon can re-adopt this group: Host buffers, world
-    /// >= 2, the fabric path, every peer reached over shm, verbs or tcp.
+    /// Whether a restarted daemon can re-adopt this group: world >= 2, the
+    /// fabric path, and Host buffers with every peer reached over shm, verbs
+    /// or tcp, or Device buffers with every peer on this node (ipc or shm).
     bool adoptable() const;
     /// Within a call, where the host path looks at its daemon: Ok while it
     /// serves, or while it is away and being re-adopted (watch); the group's
     /// failure once re-adoption failed, or at once DaemonLost where the
     /// group cannot be re-adopted and the daemon's connection closed.
     Status daemonCheck();
+    /// The daemon's connection closed and the group waits for a restarted
+    /// daemon to re-adopt it (one load).
+    bool daemonAway() const noexcept;
     /// A call's timeout passed while the daemon was away: DaemonLost naming
     /// the gap, else `timeout` (the call's own Timeout).
     Status timedOut(Error timeout, std::uint32_t peer);

@@ -1,6 +1,8 @@
 // A Host group survives a restart of its daemon (on one node, or across
-// nodes, where the other nodes' daemons keep it meanwhile). The rank owns
-// what its calls use (its region and ring, mapped, and their memfds); a
+// nodes, where the other nodes' daemons keep it meanwhile), and so does a
+// Device group on one node. The rank owns what its calls use (its region
+// and ring, mapped, and their memfds; a Device group's rank also its device
+// region, ipc mappings and the graphs captured on them); a
 // thread per group watches the daemon's connection and, when it closes,
 // reconnects with backoff until the group's open timeout and hands the
 // region and ring back (Adopt) to the daemon that comes back, which
@@ -8,6 +10,11 @@
 // their shards as always (the new proxy carries the doorbells left in the
 // ring); one whose timeout passes first fails DaemonLost, and so does the
 // group when the daemon refuses it or is not back within the open timeout.
+// A Device group's kernels end a proxy-route wait DaemonLost once the
+// proxy's heartbeat in the ring stops for 500 ms: while the daemon is away
+// and the group may still be re-adopted, this thread beats in its place, so
+// a kernel waits for the new proxy within its call's timeout; once the
+// group fails, the beat stops and the kernels end DaemonLost.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -18,7 +25,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <cstdio>
 #include <ctime>
+#include <system_error>
 #include <thread>
 
 #include "client/format.hpp"
@@ -49,6 +58,40 @@ int msUntil(std::uint64_t deadlineNs) {
     const std::uint64_t now = monotonicNs();
     return now >= deadlineNs ? 0 : int(std::min<std::uint64_t>((deadlineNs - now + kMs - 1) / kMs, 1u << 30));
 }
+
+// The proxy's heartbeat (RingHeader::heartbeatNs) written in its place
+// every millisecond while this lives: a Device group's rank whose daemon is
+// away, so that its kernels wait for the next one.
+class StandInBeat {
+public:
+    explicit StandInBeat(Group::Impl& g) {
+        if (!g.gpu || !g.ring.layout().entries) return;
+        std::uint64_t* beat = &g.ring.header().heartbeatNs;
+        try {
+            thread_ = std::thread([this, beat] {
+                while (!stop_.load(std::memory_order_acquire)) {
+                    std::atomic_ref(*beat).store(monotonicNs(), std::memory_order_relaxed);
+                    const timespec ms{0, 1000000};
+                    ::nanosleep(&ms, nullptr);
+                }
+            });
+        } catch (const std::system_error&) {
+            // Without it the kernels end DaemonLost after 500 ms, as where the group cannot be re-adopted.
+            std::fprintf(stderr, "tpfabric: no thread to stand in for the daemon's heartbeat: device calls during the restart "
+                                 "fail DaemonLost\n");
+        }
+    }
+    ~StandInBeat() {
+        stop_.store(true, std::memory_order_release);
+        if (thread_.joinable()) thread_.join();
+    }
+    StandInBeat(const StandInBeat&) = delete;
+    StandInBeat& operator=(const StandInBeat&) = delete;
+
+private:
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
 
 } // namespace
 
@@ -131,6 +174,7 @@ void DaemonWatch::run() {
         std::fprintf(stderr, "tpfabric: rank %u: tpfabricd closed its connection; waiting up to %lld ms for it to come back and "
                              "re-adopt the group\n",
                      g_.rank, static_cast<long long>(g_.options.openTimeout.count()));
+        const StandInBeat beat(g_); // until the group is re-adopted or fails
         for (std::uint64_t backoff = kFirstBackoffNs;; backoff = std::min(2 * backoff, kMaxBackoffNs)) {
             // A call failed meanwhile, or the old daemon had recorded a failure of
             // the group (a rank gone, an abort): nothing to re-adopt; the calls
@@ -199,7 +243,12 @@ DaemonWatch::Outcome DaemonWatch::tryAdopt(std::uint64_t lostUnixNs, std::uint64
     m.fixed.stripes = g_.layout.stripes;
     // The daemon answers every rank by the end of this rank's open timeout: refused, naming the rank that did not ask.
     m.fixed.timeoutMs = std::uint32_t(std::clamp(msUntil(deadlineNs), 1, 600000));
-    m.fixed.flags = g_.openFlags & kOpenHostDirect;
+    m.fixed.flags = g_.openFlags & (kOpenHostDirect | kOpenGpuDoorbells);
+    if (g_.gpu) { // what the DeviceAttach said: the proxy carries the ring to the other peers
+        for (std::uint32_t q = 0; q < g_.world; ++q)
+            if (q != g_.rank && g_.wires[q] == kWireIpc) m.fixed.ipcPeers |= 1u << q;
+        m.fixed.deviceBytes = g_.deviceBytes;
+    }
     m.fixed.lostUnixNs = lostUnixNs;
     m.roster = g_.roster;
     const int fds[kAdoptFds] = {g_.regionFd.get(), g_.ringFd.get()};
@@ -255,9 +304,17 @@ DaemonWatch::Outcome DaemonWatch::tryAdopt(std::uint64_t lostUnixNs, std::uint64
 }
 
 bool Group::Impl::adoptable() const {
-    if (options.buffers != Buffers::Host || world < 2 || nccl || !region.data()) return false;
-    // On one node, or across nodes (the other nodes' daemons keep the group
-    // while this node's daemon is away).
+    if (world < 2 || nccl || !region.data()) return false;
+    // A Device group on one node: every peer by ipc or the proxy's shm.
+    if (options.buffers == Buffers::Device) {
+        if (!gpu) return false;
+        for (std::uint32_t q = 0; q < world; ++q)
+            if (q != rank && wires[q] != kWireShm && wires[q] != kWireIpc) return false;
+        return true;
+    }
+    // A Host group on one node, or across nodes (the other nodes' daemons
+    // keep the group while this node's daemon is away).
+    if (options.buffers != Buffers::Host) return false;
     for (std::uint32_t q = 0; q < world; ++q)
         if (q != rank && wires[q] != kWireShm && wires[q] != kWireVerbs && wires[q] != kWireTcp) return false;
     return true;
@@ -274,9 +331,11 @@ Status startDaemonWatch(Group::Impl& g) {
 Status Group::Impl::daemonCheck() {
     if (watch) return broken() ? Status(failure) : okStatus();
     if (!peerClosed(socket.get())) return okStatus();
-    return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call (a restarted daemon re-adopts only "
-                                        "host groups: reopen this group)"});
+    return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call (a restarted daemon re-adopts host "
+                                        "groups and Device groups on one node only: reopen this group)"});
 }
+
+bool Group::Impl::daemonAway() const noexcept { return watch && watch->lostSinceNs() != 0; }
 
 Status Group::Impl::timedOut(Error timeout, std::uint32_t peer) {
     const std::uint64_t since = watch ? watch->lostSinceNs() : 0;

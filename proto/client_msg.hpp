@@ -319,9 +319,12 @@ static_assert(std::is_trivially_copyable_v<DeviceAttach>);
 /// Some peer of the report is on a proxy route: the sender's kernels ring the proxy.
 inline bool ringsProxy(const DeviceAttach& m) { return anyProxyCarries(m.wires, m.world < kMaxWorld ? m.world : kMaxWorld); }
 
-/// A rank of an open one-node Host group asks a restarted daemon to
-/// re-adopt it: the daemon it opened with closed its connection, and this
-/// rank kept what it owns (its region and ring, mapped). Sent after Hello on
+/// A rank of an open group asks a restarted daemon to re-adopt it (a Host
+/// group, or a Device group with every rank on this node): the daemon it
+/// opened with closed its connection, and this rank kept what it owns (its
+/// region and ring, mapped; a Device group's rank also its device region and
+/// ipc mappings, and it says in ipcPeers and deviceBytes what its
+/// DeviceAttach said, so the proxy carries its ring as before). Sent after Hello on
 /// a fresh connection, with two fds beside it: the rank's own region memfd
 /// (sealed, regionBytes) and its command ring memfd (sealed,
 /// RingLayout{ringEntries}.totalBytes()). The daemon waits up to timeoutMs
@@ -340,10 +343,10 @@ struct AdoptFixed {
     std::uint64_t regionBytes; ///< Verdict.regionBytes
     std::uint32_t stripes;     ///< Verdict.stripes
     std::uint32_t timeoutMs;   ///< how long the daemon waits for the other local ranks (1..600000)
-    std::uint32_t flags;       ///< OpenFlags the rank opened with (kOpenHostDirect or 0)
-    std::uint32_t reserved0;   ///< 0
+    std::uint32_t flags;       ///< OpenFlags the rank opened with (kOpenHostDirect, kOpenGpuDoorbells or 0)
+    std::uint32_t ipcPeers;    ///< kOpenGpuDoorbells: bit per rank its kernels reach by ipc (DeviceAttach.wires), else 0
     std::uint64_t lostUnixNs;  ///< wall clock when the rank saw its daemon's connection close
-    std::uint64_t reserved1;   ///< 0
+    std::uint64_t deviceBytes; ///< kOpenGpuDoorbells: DeviceAttach.deviceBytes, else 0
 };
 static_assert(sizeof(AdoptFixed) == 88);
 static_assert(offsetof(AdoptFixed, agreedCap) == 32);
@@ -551,9 +554,16 @@ inline Status validate(const AdoptFixed& m) {
     if (m.groupHandle == 0) return {Errc::OutOfRange, "Adopt: group handle 0"};
     if (m.timeoutMs == 0 || m.timeoutMs > 600000)
         return {Errc::OutOfRange, "Adopt: timeout " + std::to_string(m.timeoutMs) + " ms outside 1..600000"};
-    if (m.flags & ~std::uint32_t(kOpenHostDirect))
-        return {Errc::BadMessage, "Adopt: flags " + std::to_string(m.flags) + " (only host-direct is re-adopted)"};
-    if (m.reserved0 || m.reserved1) return {Errc::BadMessage, "Adopt: reserved fields not 0"};
+    if (m.flags & ~std::uint32_t(kOpenHostDirect | kOpenGpuDoorbells) || m.flags == (kOpenHostDirect | kOpenGpuDoorbells))
+        return {Errc::BadMessage, "Adopt: flags " + std::to_string(m.flags) + " (host-direct, device or none)"};
+    const bool device = m.flags & kOpenGpuDoorbells;
+    if (!device && (m.ipcPeers || m.deviceBytes))
+        return {Errc::BadMessage, "Adopt: ipc peers or a device region for a group of host buffers"};
+    if (m.ipcPeers >> m.world || m.ipcPeers >> m.rank & 1u)
+        return {Errc::BadMessage, "Adopt: ipc peers " + std::to_string(m.ipcPeers) + " outside the world or naming the rank itself"};
+    if (m.deviceBytes > kMaxSharedRegionBytes)
+        return {Errc::OutOfRange, "Adopt: device region of " + std::to_string(m.deviceBytes) + " bytes above 2 GiB"};
+    if (m.ipcPeers && !m.deviceBytes) return {Errc::BadMessage, "Adopt: ipc peers without a device region"};
     return okStatus();
 }
 

@@ -1,6 +1,8 @@
 // Re-adoption: a Host group whose daemon restarted goes on with this one
-// (on one node or across nodes). Each rank kept its region and ring (both
-// sealed memfds, mapped in the rank) and hands them back (Adopt); once
+// (on one node or across nodes), and so does a Device group on one node.
+// Each rank kept its region and ring (both sealed memfds, mapped in the
+// rank; a Device group's rank also its device region, ipc mappings and
+// captured graphs) and hands them back (Adopt); once
 // every local rank did, the proxy's per-ring state is rebuilt from what
 // those hold (the ring's shared indices and doorbells, the peers' flags) and
 // the proxy carries the group on. A group with ranks on other nodes first brings its links back: the
@@ -44,7 +46,7 @@ T loadShared(const T& v) {
 
 // The parameters of an Adopt that every rank of the group must send alike.
 bool sameGroup(const AdoptFixed& a, const GroupTable::Group& g, const std::vector<RosterEntry>& roster) {
-    return a.world == g.world && a.groupHandle == g.handle && a.agreedCap == g.agreedCap &&
+    return a.world == g.world && ((a.flags & kOpenGpuDoorbells) != 0) == g.gpuDoorbells && a.groupHandle == g.handle && a.agreedCap == g.agreedCap &&
            a.slotBytes == g.layout.slotBytes && a.stripes == g.layout.stripes && a.regionBytes == g.layout.totalBytes() &&
            roster.size() == g.roster.size() &&
            std::memcmp(roster.data(), g.roster.data(), roster.size() * sizeof(RosterEntry)) == 0;
@@ -105,6 +107,11 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
         for (std::uint32_t r = 0; r < f.world; ++r)
             if (nodeId_.is(m.roster[r].nodeId)) localMask |= 1u << r;
         const bool remote = localMask != (1u << f.world) - 1;
+        const bool device = f.flags & kOpenGpuDoorbells;
+        // A Device group's ranks on other nodes ring their own daemons' proxies, which
+        // do not keep the group for this one (their links' rejoin is for host groups).
+        if (device && remote)
+            return refuseRank(Errc::Unsupported, "a Device group with ranks on other nodes is not re-adopted: reopen the group");
         // Across nodes: the same wire and, on verbs, as many HCAs as when it opened.
         std::uint8_t crossWire = kWireShm;
         if (remote) {
@@ -148,6 +155,7 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
         g.agreedCap = f.agreedCap;
         g.layout = *layout;
         for (std::uint32_t r = 0; r < f.world; ++r) g.wires[r] = localMask >> r & 1u ? std::uint8_t(kWireShm) : crossWire;
+        g.gpuDoorbells = device;
         g.adoption = Group::Adoption{f.lostUnixNs, 0, 0};
         const auto timeout = std::min<std::uint32_t>(f.timeoutMs, cfg_.openTimeoutMs);
         g.openTimer = std::make_unique<boost::asio::steady_timer>(io_, std::chrono::milliseconds(timeout));
@@ -177,6 +185,18 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
     me.uid = link.uid();
     me.hostDirect = (f.flags & kOpenHostDirect) != 0;
     if (me.hostDirect) g.directMask |= 1u << f.rank;
+    // A Device group's rank: what its DeviceAttach told the old daemon, which
+    // peers its kernels reach by ipc (the proxy carries its ring to the others).
+    if (g.gpuDoorbells) {
+        DeviceAttach a{};
+        a.group = g.handle;
+        a.rank = f.rank;
+        a.world = g.world;
+        a.deviceBytes = f.deviceBytes;
+        for (std::uint32_t q = 0; q < g.world; ++q)
+            a.wires[q] = q == f.rank ? std::uint8_t(kWireSelf) : f.ipcPeers >> q & 1u ? std::uint8_t(kWireIpc) : g.wires[q];
+        me.attach = a;
+    }
     g.adoption->lostUnixNs = std::min(g.adoption->lostUnixNs, f.lostUnixNs);
     std::optional<Error> groupRefusal;
     {
@@ -261,6 +281,7 @@ Status GroupTable::rebuildRing(Group& g, std::uint32_t rank, Member& m) {
     for (std::uint32_t i = 0; i + 1 < g.world; ++i) {
         const std::uint32_t q = peerAt(rank, i, g.world);
         if (direct >> q & 1u) continue; // it reads the row from the rank's region itself
+        if (m.attach && m.attach->wires[q] == kWireIpc) continue; // the rank's kernel delivered it itself
         if (!(g.localMask >> q & 1u)) continue; // another node: its answer to our PeerRejoin says (finishAdoption)
         const HostRegion& peer = *g.members.at(q).region;
         bool arrived = true;
@@ -285,8 +306,10 @@ void GroupTable::finishAdoption(Group& g) {
     publishProxyTable();
     std::string pids;
     for (auto& [rank, m] : g.members) pids += (pids.empty() ? "" : ",") + std::to_string(m.pid);
-    spdlog::info("group {}: re-adopted after a daemon restart: ranks {} (pids {}), gap {} ms, world {}, agreed cap {} bytes",
-                 g.id.shortHex(), ranksText(g.localMask), pids, a.gapNs / 1000000, g.world, g.agreedCap);
+    spdlog::info("group {}: re-adopted after a daemon restart: ranks {} (pids {}), gap {} ms, world {}, agreed cap {} bytes, "
+                 "{} buffers",
+                 g.id.shortHex(), ranksText(g.localMask), pids, a.gapNs / 1000000, g.world, g.agreedCap,
+                 g.gpuDoorbells ? "device" : "host");
     for (auto& [rank, m] : g.members) {
         Adopted out{};
         out.rank = rank;

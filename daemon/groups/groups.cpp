@@ -436,8 +436,8 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     g->members.erase(rank);
     spdlog::info("group {}: rank {} {}", shortId(id), rank,
                  orderly     ? "left"
-                 : stopping_ ? "dropped: the daemon is stopping (a host group waits for the next daemon to "
-                               "re-adopt it; others see DaemonLost)"
+                 : stopping_ ? "dropped: the daemon is stopping (the group waits for the next daemon to re-adopt "
+                               "it where it can be: host groups, and Device groups on one node)"
                              : "is gone (connection closed without Close)");
     // Ranks on other nodes may still wait for this node's last shards.
     const bool othersAwait = g->negotiation && g->proxyGroup;

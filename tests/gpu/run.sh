@@ -34,7 +34,7 @@
 # TPF_GPU_ONLY=STAGE[,STAGE...] runs only those stages (to split a run under
 # a command time limit; unset: all): single (the single-process test and
 # nccl1), pergpu (the one-process-per-GPU part, several GPUs), mps (the MPS
-# suite's route x W x scenario loop), extra (mixed routes, idle, daemonkill,
+# suite's route x W x scenario loop), extra (mixed routes, idle, daemonkill, restart,
 # probefail), chaos, tcp (the cross-node stage), bench (tpf-gpubench), python,
 # host (tpf-bench on the host CPUs).
 # Several GPUs (nvidia-smi -L lists N >= 2): first, with no MPS, one rank
@@ -399,23 +399,51 @@ PY
     done
     rm -rf "$pdir"
   fi
-  # The daemon killed under a proxy-route Device group: DaemonLost within 1 s.
+  # The daemon killed under a proxy-route Device group and not started again:
+  # the call waits for it until its timeout (3 s), then DaemonLost.
   dkdir=$(mktemp -d)
   if ! stage extra; then
     :
   elif start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then
     dk=$started
-    (sock=$dkdir/d.sock; ranks tpf-gpurank 2 proxy daemonkill 10000 --scenario daemonkill --timeout-ms 10000) &
+    (sock=$dkdir/d.sock; ranks tpf-gpurank 2 proxy daemonkill 3000 --scenario daemonkill --timeout-ms 3000) &
     rp=$!
     for _ in $(seq 300); do [ "$(grep -c READY "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
     sleep 0.3
     kill -9 "$dk"; wait "$dk" 2>/dev/null
     wait "$rp"; judge $?
-    echo "$st gpu-multiprocess daemonkill W=2 route=proxy (SIGKILL tpfabricd under calls: DaemonLost within 1 s)"
+    echo "$st gpu-multiprocess daemonkill W=2 route=proxy (SIGKILL tpfabricd under calls, none started: DaemonLost within the 3 s timeout + 1 s)"
     grep -h RESULT "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" | sort | sed 's/^/    /'
   else
     judge 1; echo "FAIL gpu-multiprocess daemonkill: the daemon did not start"
   fi
+  # The daemon killed and started again under a Device group replaying a
+  # captured graph (issue 45): W = 2 on the proxy route, W = 4 mixed (ipc
+  # inside a "node", the proxy across). Every replay exact and healthy, the
+  # group re-adopted by the new daemon (one journal line), no reopen.
+  for spec in 2:proxy: 4:auto:0,0,1,1; do
+    IFS=: read -r w route nodes <<<"$spec"
+    stage extra || break
+    if ! start_daemon "$dkdir/r.sock" "$logdir/tpfabricd-restart-$route-w$w.log"; then
+      judge 1; echo "FAIL gpu-multiprocess restart W=$w: the daemon did not start"; continue
+    fi
+    dk=$started
+    rlog=$logdir/tpf-gpurank-restart-$route-w$w.log
+    (export TPF_TEST_NODES=$nodes; sock=$dkdir/r.sock; ranks tpf-gpurank $w $route restart 10000 --scenario restart --timeout-ms 10000) &
+    rp=$!
+    for _ in $(seq 300); do [ "$(grep -c READY "$rlog" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
+    sleep 0.2
+    kill -9 "$dk"; wait "$dk" 2>/dev/null
+    start_daemon "$dkdir/r.sock" "$logdir/tpfabricd-restart-$route-w$w-after.log"; dk=$started
+    wait "$rp"; rr=$?
+    adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$logdir/tpfabricd-restart-$route-w$w-after.log")
+    kill "$dk" 2>/dev/null; wait "$dk" 2>/dev/null
+    [ $rr = 0 ] && [ "$adopted" = 1 ] && judge 0 || judge 1
+    echo "$st gpu-multiprocess restart W=$w route=$route${nodes:+ nodes=$nodes} (SIGKILL tpfabricd and start it again under graph replays: re-adopted $adopted time(s), every replay exact and healthy)"
+    grep -h RESULT "$rlog" | sort | sed 's/^/    /'
+    grep -h 're-adopted\|refused\|tpfabricd closed' "$logdir/tpfabricd-restart-$route-w$w-after.log" "$rlog" | head -8 | sed 's/^/    > /'
+    [ $st = FAIL ] && grep -hv RESULT "$rlog" | head -20 | sed 's/^/    ! /'
+  done
   rm -rf "$dkdir"
   # The chaos run (tests/gpu/chaos.sh): random kills, stalls, aborts and daemon kills under W = 2..4 groups.
   if [ -z "${TPF_GPU_NO_CHAOS:-}" ] && stage chaos; then

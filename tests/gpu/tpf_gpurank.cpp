@@ -13,8 +13,13 @@
 //              mismatched counts: GroupMismatch on every rank, nothing written
 //   mixed      TPF_TEST_NODES=0,0,1,1 (a node per rank): ipc to same-node peers, the proxy to the
 //              others, in one call; the data, odd and gatherv checks on that group
-//   daemonkill proxy route, calls until one fails; run.sh SIGKILLs the daemon after READY: DaemonLost
-//              within 1 s (the kernel's heartbeat watch)
+//   daemonkill proxy route, calls until one fails; run.sh SIGKILLs the daemon after READY and starts
+//              none: the call waits for a restarted daemon until its timeout, then DaemonLost
+//              within the timeout + 1 s
+//   restart    the graphkill graph replayed 1,000 times, one every 2 ms; READY after replay 5, then
+//              run.sh SIGKILLs tpfabricd and starts it again on the same socket: the group is
+//              re-adopted (no reopen, no recapture); after each replay's host sync point the health
+//              word says healthy and every output is exact, the replays during the gap included
 //   idle       100 gathers, READY, 4 s without calls (run.sh checks status and the daemon's CPU), 100 more
 //   graph      4 gathers captured once, replayed 64 times with new shards
 //   livecount  a graph of 3 gathers and 2 f32 sums replayed 200 times, the stream synchronised, no
@@ -392,7 +397,7 @@ int scenarioDaemonKill(Group& g, cudaStream_t st, Buffers2 b) {
         char buf[256];
         std::snprintf(buf, sizeof buf, "call=%llu error=%s after_ms=%.1f detail=%s", (unsigned long long)call,
                       std::string(errcName(s.code())).c_str(), ms, s.error().detail.c_str());
-        return report(s.code() == Errc::DaemonLost && ms < 1000 && call >= 5, buf);
+        return report(s.code() == Errc::DaemonLost && ms < a.timeoutMs + 1000 && call >= 5, buf);
     }
     return report(false, "the daemon was never killed");
 }
@@ -820,6 +825,33 @@ int scenarioGraphNodeKill(Group& g, cudaStream_t st, Buffers2 b, const std::vect
     return report(false, "no replay failed: node 1's daemon was never killed");
 }
 
+// restart: HealthGraph replayed kReplays times, one every 2 ms, so that the
+// daemon's SIGKILL and restart by run.sh (after READY) land among them. The
+// group goes on with the restarted daemon: every replay healthy at its sync
+// point and exact, the slowest one (the gap) within the timeout.
+int scenarioRestart(Group& g, cudaStream_t st, Buffers2 b) {
+    constexpr int kReplays = 1000;
+    HealthGraph graph(g, st, b);
+    if (const std::string e = graph.capture(); !e.empty()) return report(false, e);
+    HealthGraph::Replay r;
+    std::string err;
+    double slowest = 0;
+    int slowestAt = -1;
+    for (int rep = 0; rep < kReplays; ++rep) {
+        if (rep == 5) std::printf("READY rank=%u\n", a.rank), std::fflush(stdout);
+        if (!graph.replay(rep, r, err)) return report(false, err);
+        if (!r.health.ok()) return report(false, "a replay failed across the restart: " + replayText(rep, r, g.check()));
+        if (const std::string e = r.wrongWhileHealthy(rep); !e.empty()) return report(false, e);
+        if (r.ms > slowest) slowest = r.ms, slowestAt = rep;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const Status checked = g.check();
+    char buf[192];
+    std::snprintf(buf, sizeof buf, "replays=%d exact and healthy; slowest replay %d took %.1f ms; check=%s", kReplays, slowestAt,
+                  slowest, std::string(errcName(checked.code())).c_str());
+    return report(checked.ok() && g.healthy() && slowest < a.timeoutMs, buf);
+}
+
 #if TPF_HAVE_NCCL
 int scenarioNccl1(cudaStream_t st, Buffers2 b) {
     ncclUniqueId id;
@@ -1086,6 +1118,7 @@ int main(int argc, char** argv) {
     }
     if (a.scenario == "data") return scenarioData(g, st, b);
     if (a.scenario == "daemonkill") return scenarioDaemonKill(g, st, b);
+    if (a.scenario == "restart") return scenarioRestart(g, st, b);
     if (a.scenario == "idle") return scenarioIdle(g, st, b);
     if (a.scenario == "odd") return scenarioOdd(g, st, b);
     if (a.scenario == "gatherv") return scenarioGatherV(g, st, b);

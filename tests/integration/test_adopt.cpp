@@ -207,6 +207,78 @@ TEST_CASE("adopt: the new proxy carries out what the rings and flags show undone
     CHECK(groups[0]["adoption"]["gap_ms"].is_number());
 }
 
+// A Device group on one node: each rank says which peers its kernels reach
+// by ipc (they delivered those shards themselves) and its device region; the
+// new proxy carries the ring to the others only, as the old one did.
+TEST_CASE("adopt: a Device group's ranks say their ipc peers; the new proxy carries out only to the proxy-route peers") {
+    Daemon d;
+    const auto node = nodeIdOf(d);
+    HeldRank r0 = holdRank(3, "tpf-test-d0"), r1 = holdRank(3, "tpf-test-d1"), r2 = holdRank(3, "tpf-test-d2");
+    constexpr std::uint64_t kDeviceBytes = 2u << 20;
+    // Ranks 0 and 1 reach each other by ipc, rank 2 by the proxy route.
+    const auto deviceAdopt = [&](std::uint32_t rank, std::uint32_t ipcPeers, std::uint64_t deviceBytes) {
+        Adopt m = adoptOf(node, rank, 3, r0.layout);
+        m.fixed.flags = kOpenGpuDoorbells;
+        m.fixed.ipcPeers = ipcPeers;
+        m.fixed.deviceBytes = deviceBytes;
+        return m;
+    };
+    std::string why;
+    {
+        INFO("one rank of host buffers among Device ones: refused");
+        auto waiting = askAdoption(d, deviceAdopt(1, 1u, kDeviceBytes), {r1.regionFd.get(), r1.ringFd.get()});
+        auto c = askAdoption(d, adoptOf(node, 0, 3, r0.layout), {r0.regionFd.get(), r0.ringFd.get()});
+        CHECK(answerOf(c.get(), &why) == "GroupMismatch");
+        CHECK(why.find("disagrees with the group's other ranks") != std::string::npos);
+    } // rank 1 goes: the adoption it waited in is dropped
+    REQUIRE(eventually([&] { return nlohmann::json::parse(statusJson(d.socket()))["groups"].empty(); }));
+    {
+        INFO("a Device group with a rank on another node");
+        Adopt m = deviceAdopt(0, 0, 0);
+        m.roster[2].nodeId[0] ^= 0xff;
+        auto c = askAdoption(d, m, {r0.regionFd.get(), r0.ringFd.get()});
+        CHECK(answerOf(c.get(), &why) == "Unsupported");
+        CHECK(why.find("Device group with ranks on other nodes") != std::string::npos);
+    }
+    // Rank 0's epoch 1 was taken by the old proxy and carried to nobody: its
+    // kernel had delivered it to rank 1 by ipc (rank 1's host copy stays
+    // marked), rank 2 never got it.
+    std::memset(r0.slot(1, 0), 0x55, 64);
+    std::memset(r1.slot(1, 0), 0xee, 64);
+    r0.ringWith({1}, 1, 1);
+    auto c0 = askAdoption(d, deviceAdopt(0, 2u, kDeviceBytes), {r0.regionFd.get(), r0.ringFd.get()});
+    auto c1 = askAdoption(d, deviceAdopt(1, 1u, kDeviceBytes), {r1.regionFd.get(), r1.ringFd.get()});
+    auto c2 = askAdoption(d, deviceAdopt(2, 0, 0), {r2.regionFd.get(), r2.ringFd.get()});
+    INFO("daemon log:\n" << d.log());
+    CHECK(answerOf(c0.get()) == "Ok");
+    CHECK(answerOf(c1.get()) == "Ok");
+    CHECK(answerOf(c2.get()) == "Ok");
+    CHECK(eventually([&] { return r2.flag(1, 0) == 1; }));
+    std::uint8_t want[64];
+    std::memset(want, 0x55, 64);
+    CHECK(std::memcmp(r2.slot(1, 0), want, 64) == 0);
+    std::memset(want, 0xee, 64);
+    CHECK(std::memcmp(r1.slot(1, 0), want, 64) == 0);
+    CHECK(r1.flag(1, 0) == 0);
+    CHECK(d.log().find("had not reached rank 2") != std::string::npos);
+    CHECK(d.log().find("had not reached rank 1") == std::string::npos);
+    // Rank 1's next doorbell (epoch 1) goes to rank 2 only.
+    std::memset(r1.slot(1, 1), 0x66, 64);
+    r1.ringWith({1}, 1, 0);
+    CHECK(eventually([&] { return r2.flag(1, 1) == 1; }));
+    CHECK(r0.flag(1, 1) == 0);
+    const auto doc = nlohmann::json::parse(statusJson(d.socket()));
+    REQUIRE(doc["groups"].size() == 1);
+    const auto& g = doc["groups"][0];
+    CHECK(g["buffers"] == "device");
+    CHECK(g["adoption"]["gap_ms"].is_number());
+    CHECK(g["ranks"][0]["routes"] == nlohmann::json::array({"self", "ipc", "proxy"}));
+    CHECK(g["ranks"][0]["device_bytes"] == kDeviceBytes);
+    CHECK(g["ranks"][2]["routes"] == nlohmann::json::array({"proxy", "proxy", "self"}));
+    CHECK(d.log().find("device buffers") != std::string::npos);
+    CHECK(d.stop() == 0);
+}
+
 TEST_CASE("adopt: hostile or impossible Adopts are refused by name, every waiting rank too, and the daemon serves on") {
     Daemon d;
     const auto node = nodeIdOf(d);

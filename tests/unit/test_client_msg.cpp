@@ -533,15 +533,27 @@ TEST_CASE("Adopt and Adopted: round trip, refusals by name, golden bytes") {
     CHECK(with([](AdoptFixed& x) { x.ringEntries = 48; }) == Errc::OutOfRange);
     CHECK(with([](AdoptFixed& x) { x.groupHandle = 0; }) == Errc::OutOfRange);
     CHECK(with([](AdoptFixed& x) { x.timeoutMs = 0; }) == Errc::OutOfRange);
-    CHECK(with([](AdoptFixed& x) { x.flags = kOpenGpuDoorbells; }) == Errc::BadMessage); // Device groups are not re-adopted
-    CHECK(with([](AdoptFixed& x) { x.reserved1 = 1; }) == Errc::BadMessage);
+    // A Device group's rank says what its DeviceAttach said: ipc peers and its device region.
+    const auto device = [](std::uint32_t ipc, std::uint64_t bytes) {
+        return [=](AdoptFixed& x) { x.flags = kOpenGpuDoorbells, x.ipcPeers = ipc, x.deviceBytes = bytes; };
+    };
+    CHECK(with(device(0, 0)) == Errc::Ok);          // the proxy route only
+    CHECK(with(device(1, 1 << 21)) == Errc::Ok);    // rank 0 by ipc
+    CHECK(with(device(2, 1 << 21)) == Errc::BadMessage); // itself
+    CHECK(with(device(4, 1 << 21)) == Errc::BadMessage); // outside the world
+    CHECK(with(device(1, 0)) == Errc::BadMessage);  // ipc without a device region
+    CHECK(with(device(0, 3ull << 30)) == Errc::OutOfRange);
+    CHECK(with([](AdoptFixed& x) { x.flags = kOpenGpuDoorbells | kOpenHostDirect; }) == Errc::BadMessage);
+    CHECK(with([](AdoptFixed& x) { x.flags = 4; }) == Errc::BadMessage);
+    CHECK(with([](AdoptFixed& x) { x.ipcPeers = 1; }) == Errc::BadMessage);    // a Host group has none
+    CHECK(with([](AdoptFixed& x) { x.deviceBytes = 1; }) == Errc::BadMessage); // nor a device region
     CHECK(hexOf(encode(3, m)).substr(0, 32 + 176) ==
           "54504301" "0700" "1200" "b8000000" "03000000"                         // header: opcode 18, 88 + 2 x 48 bytes, seq 3
           "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"                                     // group id
           "01000000" "02000000" "07000000" "40000000"                            // rank 1, world 2, handle 7, 64 entries
           "0010000000000000" "0020000000000000" "0060000000000000"              // cap, slot, region bytes
-          "01000000" "30750000" "02000000" "00000000"                            // stripes 1, 30000 ms, host-direct
-          "0807060504030201" "0000000000000000");                               // lost at, reserved
+          "01000000" "30750000" "02000000" "00000000"                            // stripes 1, 30000 ms, host-direct, ipc peers
+          "0807060504030201" "0000000000000000");                               // lost at, device bytes
 
     Adopted a{};
     a.rank = 1;

@@ -1,6 +1,7 @@
 """One rank of the tpfabric.torch GPU tests (tests/gpu/python/run.sh starts W of them).
 
-    comm_rank.py --backend nccl|gloo --socket PATH --scenario data|graph|graphabort|fallback|disable [--disable-rank R]
+    comm_rank.py --backend nccl|gloo --socket PATH --scenario data|graph|graphabort|graphrestart|fallback|disable
+                 [--disable-rank R]
 
 torch.distributed from the environment (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT); rank r on GPU r % device_count. nccl: one process per GPU.
@@ -21,6 +22,10 @@ Scenarios (each rank judges itself; exit 0 pass, 1 fail, 77 no CUDA):
             the graph still pair): at each replay's sync point no output is
             wrong while healthy() says True, and at the end health() names
             Aborted and the aborter on every rank.
+  graphrestart  the graph replayed 300 times, one every 2 ms, READY after
+            replay 5; run.sh then SIGKILLs tpfabricd and starts it again on
+            the same socket: the group is re-adopted, and every replay is
+            right and healthy() True at its sync point, with the same graph.
   fallback  --socket names a stopped daemon: every call through
             torch.distributed, results right (nccl: also inside a graph).
   disable   TPF_DISABLE=1 on --disable-rank only: every rank falls back.
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from typing import List, Optional, Tuple
 
@@ -145,7 +151,8 @@ GRAPH_OPS: List[Tuple[str, torch.dtype, int]] = [
 ]
 
 
-def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64, abort_at: Optional[int] = None) -> None:
+def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64, abort_at: Optional[int] = None,
+                   ready_at: Optional[int] = None) -> None:
     ops = list(GRAPH_OPS)
     esz = {d: torch.tensor([], dtype=d).element_size() for d in (torch.uint8, *DTYPES)}
 
@@ -190,6 +197,10 @@ def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64, abort_at: Op
             rows_of.append(rows)
         if rep == abort_at and r.rank == r.world - 1:
             comm.abort()
+        if rep == ready_at:  # run.sh kills and restarts the daemon from here on
+            print(f"READY rank {r.rank}", flush=True)
+        if ready_at is not None:
+            time.sleep(0.002)
         graph.replay()
         torch.cuda.synchronize()  # the engine's own sync point
         healthy = comm.healthy()  # no sync of its own, no CUDA call
@@ -210,7 +221,8 @@ def scenario_graph(r: Ranks, comm: Communicator, replays: int = 64, abort_at: Op
             break
     if abort_at is None:
         comm.check()
-        print(f"RESULT rank {r.rank} graph: {len(ops)} ops ({sum(fabric)} by the fabric) x {replays} replays", flush=True)
+        name = "graph" if ready_at is None else "graphrestart"
+        print(f"RESULT rank {r.rank} {name}: {len(ops)} ops ({sum(fabric)} by the fabric) x {replays} replays", flush=True)
         return
     health = comm.health()
     r.expect(health.name == "Aborted" and health.rank == r.world - 1, f"health after the abort: {health}")
@@ -262,7 +274,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     ap.add_argument("--socket", required=True)
-    ap.add_argument("--scenario", choices=["data", "graph", "graphabort", "fallback", "disable"], required=True)
+    ap.add_argument("--scenario", choices=["data", "graph", "graphabort", "graphrestart", "fallback", "disable"], required=True)
     ap.add_argument("--disable-rank", type=int, default=-1)
     a = ap.parse_args()
     r = Ranks(a.backend)
@@ -280,6 +292,9 @@ def main() -> int:
         elif a.scenario == "graphabort":
             r.expect(comm.path == "fabric", f"path {comm.path}: {comm.reason}")
             scenario_graph(r, comm, abort_at=20)
+        elif a.scenario == "graphrestart":
+            r.expect(comm.path == "fabric", f"path {comm.path}: {comm.reason}")
+            scenario_graph(r, comm, replays=300, ready_at=5)
         elif a.scenario == "fallback":
             scenario_fallback(r, comm, "")
         else:

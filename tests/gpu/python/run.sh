@@ -7,13 +7,15 @@
 # lib/libtpfabric.so.0, as docs/development.md "The GPU machine" carries
 # them); LOGDIR: logs ($TPF_GPU_LOG, else $OUT, else build-gpu-device).
 #   1. several GPUs (nvidia-smi -L lists N >= 2), no MPS: one rank per GPU,
-#      an NCCL process group, W = N: comm_rank.py data, graph, graphabort, fallback (a
-#      stopped daemon), disable (TPF_DISABLE=1 on the last rank; the daemon
-#      must see no connection); then bench_comm.py (TPF_GPU_NO_BENCH=1 skips).
+#      an NCCL process group, W = N: comm_rank.py data, graph, graphabort,
+#      graphrestart (tpfabricd SIGKILLed and started again under the graph's
+#      replays: re-adopted, every replay right), fallback (a stopped daemon),
+#      disable (TPF_DISABLE=1 on the last rank; the daemon must see no
+#      connection); then bench_comm.py (TPF_GPU_NO_BENCH=1 skips).
 #   2. always: every rank on GPU 0 under MPS (run.sh's MPS daemon when
 #      CUDA_MPS_PIPE_DIRECTORY is set, else a private one), a gloo process
 #      group (NCCL refuses two ranks of one communicator on one GPU), W = 2
-#      and 4: the same five scenarios; then bench_comm.py --backend gloo at
+#      and 4: the same six scenarios; then bench_comm.py --backend gloo at
 #      W = 2 (the Communicator alone; TPF_GPU_NO_BENCH=1 skips it).
 #   Both parts also run compile_rank.py against the live daemon, after data
 #   and graph: torch._dynamo.explain of each collective (0 graph breaks), a
@@ -24,6 +26,7 @@
 #   ops beside the C ABI inside a CUDA graph); JSON per rank under LOGDIR
 #   (py-compile-BACKEND-wW-rankR.json). TPF_PY_NO_COMPILE=1 skips it,
 #   TPF_PY_COMPILE_ONLY=1 runs it alone (no other scenario, no bench_comm.py);
+#   TPF_PY_SCENARIOS="graph graphrestart" runs only the comm_rank.py scenarios it lists;
 #   a torch without torch.compile or torch.library.custom_op prints SKIP.
 #   3. only with TPF_PY_GPU_ONLY=crossnode (tests/gpu/crossnode.sh, whose two
 #      daemons as two nodes it uses): W = 2, rank r attached to the r-th socket
@@ -101,7 +104,9 @@ tpf_python_gpu_suite() {
     [ $st = FAIL ] && grep -h '^INFO' "$logdir/py-$tag.log" | tail -2 | sed 's/^/    ! last step: /' # where a rank that printed no RESULT stopped
     return 0 # the verdict is in rc
   }
-  # _suite LABEL W BACKEND: the five scenarios, and compile.
+  # _wanted SCENARIO: TPF_PY_SCENARIOS (space-separated) lists it, or is unset.
+  _wanted() { [ -z "${TPF_PY_SCENARIOS:-}" ] || [[ " $TPF_PY_SCENARIOS " == *" $1 "* ]]; }
+  # _suite LABEL W BACKEND: the six scenarios (those TPF_PY_SCENARIOS lists), and compile.
   _suite() {
     local label=$1 w=$2 backend=$3 st tag before
     _daemon "$label-w$w" || { rc=1; return; }
@@ -112,14 +117,34 @@ tpf_python_gpu_suite() {
       return
     fi
     for scen in data graph graphabort; do
+      _wanted $scen || continue
       tag=$label-$scen-w$w
       if _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario $scen; then st=PASS; else st=FAIL; rc=1; fi
       echo "$st python $label W=$w $scen"
       grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
       [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     done
+    # graphrestart: tpfabricd SIGKILLed and started again under the graph's replays; the group is re-adopted.
+    if _wanted graphrestart; then
+    tag=$label-graphrestart-w$w
+    _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario graphrestart &
+    local rp=$! adopted
+    for _ in $(seq 600); do [ "$(grep -c '^READY' "$logdir/py-$tag.log" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
+    sleep 0.2
+    kill -9 "$live"; wait "$live" 2>/dev/null
+    mv "$logdir/py-tpfabricd-$label-w$w.log" "$logdir/py-tpfabricd-$label-w$w-killed.log"
+    _daemon "$label-w$w" || { rc=1; return; }
+    live=$_dpid
+    if wait "$rp"; then st=PASS; else st=FAIL; rc=1; fi
+    adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$logdir/py-tpfabricd-$label-w$w.log")
+    [ "$adopted" = 1 ] || { st=FAIL; rc=1; }
+    echo "$st python $label W=$w graphrestart (tpfabricd SIGKILLed and started again under the replays: re-adopted $adopted time(s))"
+    grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    fi
     _compile "$label" "$w" "$backend" "$tmp/$label-w$w.sock"
     kill "$live"; wait "$live" 2>/dev/null
+    _wanted fallback || return
     # fallback: a daemon that died (its socket file stays; connect is refused)
     _daemon "$label-stopped-w$w" && kill -9 "$_dpid" && wait "$_dpid" 2>/dev/null
     tag=$label-fallback-w$w
@@ -127,6 +152,7 @@ tpf_python_gpu_suite() {
     echo "$st python $label W=$w fallback (daemon stopped)"
     grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
     [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    _wanted disable || return
     # TPF_DISABLE=1 on the last rank: every rank falls back and no rank connects to the daemon
     _daemon "$label-disabled-w$w" --log-level debug || { rc=1; return; }
     tag=$label-disable-w$w
