@@ -560,7 +560,8 @@ inline Status validate(const AdoptFixed& m) {
     if (!device && (m.ipcPeers || m.deviceBytes))
         return {Errc::BadMessage, "Adopt: ipc peers or a device region for a group of host buffers"};
     if (m.ipcPeers >> m.world || m.ipcPeers >> m.rank & 1u)
-        return {Errc::BadMessage, "Adopt: ipc peers " + std::to_string(m.ipcPeers) + " outside the world or naming the rank itself"};
+        return {Errc::BadMessage,
+                "Adopt: ipc peers " + std::to_string(m.ipcPeers) + " outside the world or naming the rank itself"};
     if (m.deviceBytes > kMaxSharedRegionBytes)
         return {Errc::OutOfRange, "Adopt: device region of " + std::to_string(m.deviceBytes) + " bytes above 2 GiB"};
     if (m.ipcPeers && !m.deviceBytes) return {Errc::BadMessage, "Adopt: ipc peers without a device region"};

@@ -46,9 +46,9 @@ T loadShared(const T& v) {
 
 // The parameters of an Adopt that every rank of the group must send alike.
 bool sameGroup(const AdoptFixed& a, const GroupTable::Group& g, const std::vector<RosterEntry>& roster) {
-    return a.world == g.world && ((a.flags & kOpenGpuDoorbells) != 0) == g.gpuDoorbells && a.groupHandle == g.handle && a.agreedCap == g.agreedCap &&
-           a.slotBytes == g.layout.slotBytes && a.stripes == g.layout.stripes && a.regionBytes == g.layout.totalBytes() &&
-           roster.size() == g.roster.size() &&
+    return a.world == g.world && ((a.flags & kOpenGpuDoorbells) != 0) == g.gpuDoorbells && a.groupHandle == g.handle &&
+           a.agreedCap == g.agreedCap && a.slotBytes == g.layout.slotBytes && a.stripes == g.layout.stripes &&
+           a.regionBytes == g.layout.totalBytes() && roster.size() == g.roster.size() &&
            std::memcmp(roster.data(), g.roster.data(), roster.size() * sizeof(RosterEntry)) == 0;
 }
 
