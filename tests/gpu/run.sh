@@ -406,6 +406,7 @@ PY
     :
   elif start_daemon "$dkdir/d.sock" "$logdir/tpfabricd-daemonkill.log"; then
     dk=$started
+    : >"$logdir/tpf-gpurank-daemonkill-proxy-w2.log" # emptied before the wait below reads it
     (sock=$dkdir/d.sock; ranks tpf-gpurank 2 proxy daemonkill 3000 --scenario daemonkill --timeout-ms 3000) &
     rp=$!
     for _ in $(seq 300); do [ "$(grep -c READY "$logdir/tpf-gpurank-daemonkill-proxy-w2.log" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
@@ -429,11 +430,13 @@ PY
     fi
     dk=$started
     rlog=$logdir/tpf-gpurank-restart-$route-w$w.log
+    : >"$rlog" # emptied before the wait below reads it (an earlier run's READY lines)
     (export TPF_TEST_NODES=$nodes; sock=$dkdir/r.sock; ranks tpf-gpurank $w $route restart 10000 --scenario restart --timeout-ms 10000) &
     rp=$!
     for _ in $(seq 300); do [ "$(grep -c READY "$rlog" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
     sleep 0.2
     kill -9 "$dk"; wait "$dk" 2>/dev/null
+    sleep 2 # as systemd's RestartSec=2s: longer than the kernels' 500 ms heartbeat tolerance
     start_daemon "$dkdir/r.sock" "$logdir/tpfabricd-restart-$route-w$w-after.log"; dk=$started
     wait "$rp"; rr=$?
     adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$logdir/tpfabricd-restart-$route-w$w-after.log")

@@ -127,11 +127,13 @@ tpf_python_gpu_suite() {
     # graphrestart: tpfabricd SIGKILLed and started again under the graph's replays; the group is re-adopted.
     if _wanted graphrestart; then
     tag=$label-graphrestart-w$w
+    : >"$logdir/py-$tag.log" # emptied before the wait below reads it (an earlier run's READY lines)
     _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario graphrestart &
     local rp=$! adopted
     for _ in $(seq 600); do [ "$(grep -c '^READY' "$logdir/py-$tag.log" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
     sleep 0.2
     kill -9 "$live"; wait "$live" 2>/dev/null
+    sleep 2 # as systemd's RestartSec=2s: longer than the kernels' 500 ms heartbeat tolerance
     mv "$logdir/py-tpfabricd-$label-w$w.log" "$logdir/py-tpfabricd-$label-w$w-killed.log"
     _daemon "$label-w$w" || { rc=1; return; }
     live=$_dpid
