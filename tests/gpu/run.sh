@@ -314,6 +314,7 @@ if [ -z "${TPF_GPU_BENCH_ONLY:-}" ]; then
     :
   elif [ -x "$bin/tpfabricctl" ]; then
     ilog=$logdir/tpf-gpurank-idle-ipc-w2.log
+    : >"$ilog" # emptied before the wait below reads it (an earlier run's READY lines)
     (ranks tpf-gpurank 2 ipc idle 5000 --scenario idle) &
     rp=$!
     for _ in $(seq 300); do [ "$(grep -c READY "$ilog" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
@@ -346,6 +347,7 @@ print("ok device_bytes=%d proxy_polls=%s" % (d["regions"]["device_bytes"], g[0][
     for route in ipc proxy; do
       w=2
       llog=$logdir/tpf-gpurank-livecount-$route-w$w.log
+      : >"$llog" # emptied before the wait below reads it
       (ranks tpf-gpurank $w $route livecount 5000 --scenario livecount) &
       rp=$!
       for _ in $(seq 300); do [ "$(grep -c READY "$llog" 2>/dev/null)" = $w ] && break; sleep 0.05; done
@@ -385,6 +387,7 @@ PY
       start_daemon "$pdir/$cfg.sock" "$logdir/tpfabricd-idle-proxy-$cfg.log" "${args[@]}" || { judge 1; continue; }
       pd=$started
       ilog=$logdir/tpf-gpurank-idle-proxy-w2-$cfg.log
+      : >"$ilog" # emptied before the wait below reads it
       (sock=$pdir/$cfg.sock; tag=-$cfg; ranks tpf-gpurank 2 proxy idle 5000 --scenario idle) &
       rp=$!
       for _ in $(seq 300); do [ "$(grep -c READY "$ilog" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
