@@ -126,34 +126,35 @@ tpf_python_gpu_suite() {
     done
     # graphrestart: tpfabricd SIGKILLed and started again under the graph's replays; the group is re-adopted.
     if _wanted graphrestart; then
-    tag=$label-graphrestart-w$w
-    : >"$logdir/py-$tag.log" # emptied before the wait below reads it (an earlier run's READY lines)
-    _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario graphrestart &
-    local rp=$! adopted
-    for _ in $(seq 600); do [ "$(grep -c '^READY' "$logdir/py-$tag.log" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
-    sleep 0.2
-    kill -9 "$live"; wait "$live" 2>/dev/null
-    sleep 2 # as systemd's RestartSec=2s: longer than the kernels' 500 ms heartbeat tolerance
-    mv "$logdir/py-tpfabricd-$label-w$w.log" "$logdir/py-tpfabricd-$label-w$w-killed.log"
-    _daemon "$label-w$w" || { rc=1; return; }
-    live=$_dpid
-    if wait "$rp"; then st=PASS; else st=FAIL; rc=1; fi
-    adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$logdir/py-tpfabricd-$label-w$w.log")
-    [ "$adopted" = 1 ] || { st=FAIL; rc=1; }
-    echo "$st python $label W=$w graphrestart (tpfabricd SIGKILLed and started again under the replays: re-adopted $adopted time(s))"
-    grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
-    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+      tag=$label-graphrestart-w$w
+      : >"$logdir/py-$tag.log" # emptied before the wait below reads it (an earlier run's READY lines)
+      _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario graphrestart &
+      local rp=$! adopted
+      for _ in $(seq 600); do [ "$(grep -c '^READY' "$logdir/py-$tag.log" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
+      sleep 0.2
+      kill -9 "$live"; wait "$live" 2>/dev/null
+      sleep 2 # as systemd's RestartSec=2s: longer than the kernels' 500 ms heartbeat tolerance
+      mv "$logdir/py-tpfabricd-$label-w$w.log" "$logdir/py-tpfabricd-$label-w$w-killed.log"
+      _daemon "$label-w$w" || { rc=1; return; }
+      live=$_dpid
+      if wait "$rp"; then st=PASS; else st=FAIL; rc=1; fi
+      adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$logdir/py-tpfabricd-$label-w$w.log")
+      [ "$adopted" = 1 ] || { st=FAIL; rc=1; }
+      echo "$st python $label W=$w graphrestart (tpfabricd SIGKILLed and started again under the replays: re-adopted $adopted time(s))"
+      grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+      [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     fi
     _compile "$label" "$w" "$backend" "$tmp/$label-w$w.sock"
     kill "$live"; wait "$live" 2>/dev/null
-    _wanted fallback || return
     # fallback: a daemon that died (its socket file stays; connect is refused)
-    _daemon "$label-stopped-w$w" && kill -9 "$_dpid" && wait "$_dpid" 2>/dev/null
-    tag=$label-fallback-w$w
-    if _ranks "$tag" "$w" "$backend" "$tmp/$label-stopped-w$w.sock" comm_rank.py --backend "$backend" --scenario fallback; then st=PASS; else st=FAIL; rc=1; fi
-    echo "$st python $label W=$w fallback (daemon stopped)"
-    grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
-    [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    if _wanted fallback; then
+      _daemon "$label-stopped-w$w" && kill -9 "$_dpid" && wait "$_dpid" 2>/dev/null
+      tag=$label-fallback-w$w
+      if _ranks "$tag" "$w" "$backend" "$tmp/$label-stopped-w$w.sock" comm_rank.py --backend "$backend" --scenario fallback; then st=PASS; else st=FAIL; rc=1; fi
+      echo "$st python $label W=$w fallback (daemon stopped)"
+      grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
+      [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
+    fi
     _wanted disable || return
     # TPF_DISABLE=1 on the last rank: every rank falls back and no rank connects to the daemon
     _daemon "$label-disabled-w$w" --log-level debug || { rc=1; return; }
