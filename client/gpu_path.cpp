@@ -212,7 +212,7 @@ Status gpuCheck(Group::Impl& g) {
         why = g.adoptable() ? "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait: the daemon hung, or "
                               "it died and no daemon re-adopted the group in time (systemctl status tpfabricd; reopen the group)"
                             : "tpfabricd's proxy stopped beating for 500 ms during a proxy-route wait (the daemon died or "
-                              "hung); restart it and reopen: a restarted daemon re-adopts Device groups on one node only";
+                              "hung), and this group does not wait for a restarted daemon: restart it and reopen the group";
         break;
     default:
         why = f.missingPeer == kNoPeer ? std::string("reported by the daemon")
@@ -221,7 +221,11 @@ Status gpuCheck(Group::Impl& g) {
     }
     // A call that timed out while the daemon was away: DaemonLost, naming the gap.
     if (f.error == Errc::Timeout) return g.timedOut(Error{f.error, why}, f.missingPeer < g.world ? f.missingPeer : kNoPeer);
-    return g.fail(Error{f.error, why}, f.missingPeer < g.world ? f.missingPeer : kNoPeer);
+    // A failure the daemon recorded (the control block's word): its reason beside ours.
+    Error e{f.error, why};
+    if (g.region.data() && std::atomic_ref(g.control().error).load(std::memory_order_acquire) == std::uint32_t(f.error))
+        e = g.withDaemonWhy(e);
+    return g.fail(std::move(e), f.missingPeer < g.world ? f.missingPeer : kNoPeer);
 }
 
 #if !TPF_HAVE_NCCL

@@ -134,7 +134,7 @@ Status Group::Impl::waitPeers(std::uint64_t e, std::uint32_t phase) {
         if (!brokenSeenNs) brokenSeenNs = now;
         return now - brokenSeenNs >= kBrokenGraceNs;
     };
-    auto reportFailure = [&]() -> Status { return fail(sharedFailure(), sharedPeer()); };
+    auto reportFailure = [&]() -> Status { return fail(withDaemonWhy(sharedFailure()), sharedPeer()); };
 
     for (std::uint64_t now = start; now < spinUntil; now = monotonicNs()) {
         for (int i = 0; i < 64; ++i) {

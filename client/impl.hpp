@@ -80,6 +80,11 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// Written once, release, by fail() (and by close()); loaded by health().
     std::uint64_t healthWord = 0;
     std::mutex failMutex; ///< serialises fail()'s writers
+    /// The daemon's GroupFailed (its reason for breaking the group), as the
+    /// watch thread read it from the connection; daemonSaid once it did.
+    std::mutex daemonWhyMutex;
+    Error daemonWhy;
+    std::atomic<bool> daemonSaid{false};
     bool closed = false;
     pid_t openedBy = ::getpid();                  ///< the process that opened the group
     std::uint32_t openedAt = forkGeneration();    ///< forkGeneration() then: another one here is a fork()ed child
@@ -123,9 +128,16 @@ struct [[gnu::visibility("hidden")]] Group::Impl {
     /// Makes `e` the group's sticky failure unless one is recorded already
     /// (the first wins), naming `peer` (kNoPeer: none) in the health word.
     Status fail(Error e, std::uint32_t peer = kNoPeer);
+    /// The daemon said why it broke the group (GroupFailed; watch thread).
+    void noteDaemonWhy(Error why);
+    /// `e`, a failure read from the control block, with the daemon's reason
+    /// for it where the daemon gave one of the same code: sent before the
+    /// control block's word, so it is at most a socket read away (waited for
+    /// up to 20 ms while the watch thread reads the connection).
+    Error withDaemonWhy(Error e);
     /// Whether a restarted daemon can re-adopt this group: world >= 2, the
-    /// fabric path, and Host buffers with every peer reached over shm, verbs
-    /// or tcp, or Device buffers with every peer on this node (ipc or shm).
+    /// fabric path, Host buffers with every peer reached over shm, verbs or
+    /// tcp, or Device buffers with every peer reached so or by ipc.
     bool adoptable() const;
     /// Within a call, where the host path looks at its daemon: Ok while it
     /// serves, or while it is away and being re-adopted (watch); the group's

@@ -1,6 +1,6 @@
-// A Host group survives a restart of its daemon (on one node, or across
-// nodes, where the other nodes' daemons keep it meanwhile), and so does a
-// Device group on one node. The rank owns what its calls use (its region
+// A group survives a restart of its daemon, a Host or a Device group, on
+// one node or across nodes (where the other nodes' daemons keep it
+// meanwhile). The rank owns what its calls use (its region
 // and ring, mapped, and their memfds; a Device group's rank also its device
 // region, ipc mappings and the graphs captured on them); a
 // thread per group watches the daemon's connection and, when it closes,
@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +58,12 @@ std::uint64_t unixNs() {
 int msUntil(std::uint64_t deadlineNs) {
     const std::uint64_t now = monotonicNs();
     return now >= deadlineNs ? 0 : int(std::min<std::uint64_t>((deadlineNs - now + kMs - 1) / kMs, 1u << 30));
+}
+
+// Bytes to read on `fd` (also after its peer closed it, before they are read).
+bool bytesWaiting(int fd) {
+    char c;
+    return ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
 // The proxy's heartbeat (RingHeader::heartbeatNs) written in its place
@@ -153,21 +160,27 @@ void DaemonWatchDeleter::operator()(DaemonWatch* w) const { delete w; }
 
 void DaemonWatch::run() {
     for (;;) {
-        pollfd p[2] = {{g_.socket.get(), POLLRDHUP, 0}, {stop_.get(), POLLIN, 0}};
+        pollfd p[2] = {{g_.socket.get(), POLLIN | POLLRDHUP, 0}, {stop_.get(), POLLIN, 0}};
         if (::poll(p, 2, -1) < 0) {
             if (errno == EINTR) continue;
             return;
         }
         if (p[1].revents) return;
-        const bool hungUp = p[0].revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL);
-        if (!hungUp) {
-            // The daemon sends an open group nothing; whatever came is read and dropped.
-            if ((p[0].revents & POLLIN) && !peerClosed(g_.socket.get())) {
-                (void)receiveMessage(g_.socket.get(), kReplySpec, 100);
-                continue;
-            }
-            if (!(p[0].revents & POLLIN)) continue;
+        // The daemon sends an open group one thing, unasked: why it broke the
+        // group (GroupFailed), read also when the connection closed after it.
+        // Anything else is read and dropped.
+        if ((p[0].revents & POLLIN) && bytesWaiting(g_.socket.get())) {
+            auto m = receiveMessage(g_.socket.get(), kReplySpec, 100);
+            if (m && m->header.opcode == kGroupFailed)
+                if (auto f = decodeFixed<GroupFailed>(m->payload, "GroupFailed"); f && f->groupHandle == g_.handle) {
+                    Errc code = Errc::Ok;
+                    std::string why;
+                    if (errcFromWire(f->errc, code) && getText(f->reason, why)) g_.noteDaemonWhy(Error{code, why});
+                }
+            continue;
         }
+        const bool hungUp = p[0].revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL);
+        if (!hungUp && !(p[0].revents & POLLIN)) continue;
         const std::uint64_t lostUnix = unixNs(), lostAt = monotonicNs();
         lostSinceNs_.store(lostAt, std::memory_order_release);
         const std::uint64_t deadline = lostAt + std::uint64_t(g_.options.openTimeout.count()) * kMs;
@@ -303,20 +316,39 @@ DaemonWatch::Outcome DaemonWatch::tryAdopt(std::uint64_t lostUnixNs, std::uint64
     return Outcome::Adopted;
 }
 
+void Group::Impl::noteDaemonWhy(Error why) {
+    {
+        const std::lock_guard lock(daemonWhyMutex);
+        daemonWhy = std::move(why);
+    }
+    daemonSaid.store(true, std::memory_order_release);
+}
+
+Error Group::Impl::withDaemonWhy(Error e) {
+    constexpr int kWaitMs = 20;
+    for (int i = 0; watch && i < kWaitMs && !daemonSaid.load(std::memory_order_acquire); ++i) {
+        const timespec ms{0, 1000000};
+        ::nanosleep(&ms, nullptr);
+    }
+    if (!daemonSaid.load(std::memory_order_acquire)) return e;
+    const std::lock_guard lock(daemonWhyMutex);
+    const std::string& why = daemonWhy.detail;
+    if (daemonWhy.code != e.code || why.empty() || e.detail.find(why) != std::string::npos) return e;
+    if (why.starts_with(e.detail)) e.detail = why; // "rank 3 is gone" -> "rank 3 is gone (its connection closed ...)"
+    else e.detail += " (tpfabricd: " + why + ")";
+    return e;
+}
+
 bool Group::Impl::adoptable() const {
     if (world < 2 || nccl || !region.data()) return false;
-    // A Device group on one node: every peer by ipc or the proxy's shm.
-    if (options.buffers == Buffers::Device) {
-        if (!gpu) return false;
-        for (std::uint32_t q = 0; q < world; ++q)
-            if (q != rank && wires[q] != kWireShm && wires[q] != kWireIpc) return false;
-        return true;
+    // Every peer by the proxy (on this node, or across nodes, where the
+    // other nodes' daemons keep the group while this node's daemon is away),
+    // host-direct, or (a Device group) by ipc.
+    if (options.buffers == Buffers::Device ? !gpu : options.buffers != Buffers::Host) return false;
+    for (std::uint32_t q = 0; q < world; ++q) {
+        const bool ipc = wires[q] == kWireIpc && options.buffers == Buffers::Device;
+        if (q != rank && !ipc && wires[q] != kWireShm && wires[q] != kWireVerbs && wires[q] != kWireTcp) return false;
     }
-    // A Host group on one node, or across nodes (the other nodes' daemons
-    // keep the group while this node's daemon is away).
-    if (options.buffers != Buffers::Host) return false;
-    for (std::uint32_t q = 0; q < world; ++q)
-        if (q != rank && wires[q] != kWireShm && wires[q] != kWireVerbs && wires[q] != kWireTcp) return false;
     return true;
 }
 
@@ -331,8 +363,8 @@ Status startDaemonWatch(Group::Impl& g) {
 Status Group::Impl::daemonCheck() {
     if (watch) return broken() ? Status(failure) : okStatus();
     if (!peerClosed(socket.get())) return okStatus();
-    return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call (a restarted daemon re-adopts host "
-                                        "groups and Device groups on one node only: reopen this group)"});
+    return fail(Error{Errc::DaemonLost, "tpfabricd closed our connection during a call, and this group does not wait for a "
+                                        "restarted daemon (docs/integration.md, \"A daemon restart\"): reopen it"});
 }
 
 bool Group::Impl::daemonAway() const noexcept { return watch && watch->lostSinceNs() != 0; }

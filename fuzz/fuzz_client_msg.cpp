@@ -194,6 +194,7 @@ void replyRecord(ByteView frame, const MsgHeader& h, ByteView payload) {
     case kPeerRegion: fixedRecord<PeerRegion>(frame, h, payload, "PeerRegion"); break;
     case kPeerHostRegion: fixedRecord<PeerHostRegion>(frame, h, payload, "PeerHostRegion"); break;
     case kAdopted: fixedRecord<Adopted>(frame, h, payload, "Adopted"); break;
+    case kGroupFailed: fixedRecord<GroupFailed>(frame, h, payload, "GroupFailed"); break;
     default: break; // a client ignores nothing silently: it fails the call (client/)
     }
 }

@@ -120,6 +120,12 @@ void clientSeeds() {
     adopted.ranks = 3;
     adopted.gapNs = 250000000;
     put("rep-adopted", cat({encode(kAdopted, 0, adopted)}, 1));
+    GroupFailed failed{};
+    failed.errc = std::uint16_t(Errc::PeerLost);
+    failed.rank = 2;
+    failed.groupHandle = 7;
+    setText(failed.reason, "node 0a1b2c3d's daemon (10.0.0.2:18515) did not come back within 30000 ms");
+    put("rep-groupfailed", cat({encode(kGroupFailed, 0, failed)}, 1));
     put("rep-status", cat({encodeStatusReply(4, R"({"groups":[],"regions":0})")}, 1));
     put("rep-error", cat({encode(kErrorReply, 0, er), encodeEmpty(kClosed, 9)}, 1));
     // Bootstrap (prefix 2).

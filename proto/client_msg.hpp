@@ -49,6 +49,9 @@ inline constexpr std::uint32_t kClientMagic = fourcc('T', 'P', 'C', 1);
 /// group: each rank hands its region and ring back). A daemon of 6 would
 /// refuse Adopt as an unknown opcode; replies carry the sender's version, so
 /// both ends must speak 7.
+/// Still 7 with kGroupFailed: a rank of 7 before it reads an open group's
+/// connection only to drop what comes (or not at all), so the message is
+/// lost on it and its failures read as before.
 inline constexpr std::uint16_t kClientVersion = 7;
 inline constexpr std::uint16_t kClientMinVersion = 7;
 inline constexpr std::uint32_t kMaxRequestPayload = 64 * 1024;     ///< client -> daemon
@@ -79,6 +82,7 @@ enum Opcode : std::uint16_t {
     kPeerHostRegion = 17, ///< daemon -> client: PeerHostRegion + 1 fd (a same-node member's host region memfd)
     kAdopt = 18,          ///< client -> daemon: AdoptFixed + RosterEntry[world] + 2 fds (own region memfd, own ring memfd)
     kAdopted = 19,        ///< daemon -> client: Adopted (+1 fd when ok: the new proxy eventfd)
+    kGroupFailed = 20,    ///< daemon -> client: GroupFailed, unasked; no reply
 };
 
 /// Who connects. Hello.role.
@@ -379,6 +383,23 @@ static_assert(offsetof(Adopted, gapNs) == 16);
 static_assert(offsetof(Adopted, reason) == 32);
 static_assert(std::is_trivially_copyable_v<Adopted>);
 
+/// Why the daemon broke an open group, sent to each local rank just before
+/// the control block says so (its error and missingPeer, the same code and
+/// rank here): a rank whose call fails on the control block's word names the
+/// daemon's reason beside it (a peer node's daemon that did not come back,
+/// what it refused meanwhile, a queue pair's error). 512 bytes.
+struct GroupFailed {
+    std::uint16_t errc;        ///< the Errc in the control block, never 0
+    std::uint16_t reserved0;   ///< 0
+    std::uint32_t rank;        ///< the rank it names (missingPeer), kNoPeer if none
+    std::uint32_t groupHandle; ///< the group's handle
+    std::uint32_t reserved1;   ///< 0
+    char reason[496];          ///< NUL-terminated
+};
+static_assert(sizeof(GroupFailed) == 512);
+static_assert(offsetof(GroupFailed, reason) == 16);
+static_assert(std::is_trivially_copyable_v<GroupFailed>);
+
 /// Abort the caller's group: every member's waits end with Aborted. 8 bytes.
 struct Abort {
     std::uint32_t reserved0;
@@ -574,6 +595,16 @@ inline Status validate(const Adopted& m) {
     std::string s;
     if (!getText(m.reason, s)) return {Errc::BadMessage, "Adopted: reason not terminated"};
     if (m.rank >= kMaxWorld) return {Errc::OutOfRange, "Adopted: rank " + std::to_string(m.rank)};
+    return okStatus();
+}
+
+inline Status validate(const GroupFailed& m) {
+    Errc e;
+    if (!errcFromWire(m.errc, e) || e == Errc::Ok)
+        return {Errc::OutOfRange, "GroupFailed: error code " + std::to_string(m.errc)};
+    std::string s;
+    if (!getText(m.reason, s)) return {Errc::BadMessage, "GroupFailed: reason not terminated"};
+    if (m.rank >= kMaxWorld && m.rank != kNoPeer) return {Errc::OutOfRange, "GroupFailed: rank " + std::to_string(m.rank)};
     return okStatus();
 }
 

@@ -48,7 +48,7 @@ struct DaemonConfig {
     /// peer.wire: "auto" (verbs with a usable HCA, else tcp), "verbs" or "tcp" (docs/wires.md).
     enum class PeerWire : std::uint8_t { Auto, Verbs, Tcp };
     PeerWire peerWire = PeerWire::Auto;
-    /// peer.restart_wait_ms: how long a host group spanning nodes waits for another
+    /// peer.restart_wait_ms: how long a group spanning nodes waits for another
     /// node's daemon whose link closed to come back (restarted, the group
     /// re-adopted) before it breaks with PeerLost, 0 (at once)..600000.
     std::uint32_t peerRestartWaitMs = 30000;

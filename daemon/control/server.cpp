@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -179,12 +180,14 @@ void Connection::sendAdopted(const Adopted& m, int fd) {
     send(encode(kAdopted, 0, m), fd >= 0 ? std::vector<int>{fd} : std::vector<int>{});
 }
 
+void Connection::sendGroupFailed(const GroupFailed& m) { send(encode(kGroupFailed, 0, m)); }
+
 void Connection::sendPeerRegion(const PeerRegion& m, int fd) { send(encode(kPeerRegion, 0, m), {fd}); }
 
 void Connection::sendPeerHostRegion(const PeerHostRegion& m, int fd) { send(encode(kPeerHostRegion, 0, m), {fd}); }
 
 void Connection::send(Bytes bytes, const std::vector<int>& fds) {
-    if (closed_) return;
+    if (closed_ || closeQueued_) return;
     Outgoing o;
     o.bytes = std::move(bytes);
     for (int fd : fds) o.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
@@ -193,7 +196,7 @@ void Connection::send(Bytes bytes, const std::vector<int>& fds) {
     for (const auto& q : out_) queued += q.bytes.size() - q.sent;
     if (queued > kMaxQueuedOutput) {
         spdlog::warn("client {} (pid {}): does not read its replies; dropped", id_, pid_);
-        return close();
+        return closeLater();
     }
     flush();
 }
@@ -221,9 +224,16 @@ void Connection::flush() {
             });
             return;
         }
-        return close();
+        return closeLater();
     }
     if (closing_ && out_.empty() && !closed_) close();
+}
+
+void Connection::closeLater() {
+    if (closed_ || closeQueued_) return;
+    closeQueued_ = true;
+    out_.clear();
+    boost::asio::post(socket_.get_executor(), [self = shared_from_this()] { self->close(); });
 }
 
 void Connection::close() {

@@ -43,6 +43,7 @@ public:
     void sendPeerRegion(const client_proto::PeerRegion& m, int fd) override;
     void sendPeerHostRegion(const client_proto::PeerHostRegion& m, int fd) override;
     void sendAdopted(const client_proto::Adopted& m, int fd) override;
+    void sendGroupFailed(const client_proto::GroupFailed& m) override;
     std::int32_t pid() const override { return pid_; }
     std::uint32_t uid() const override { return uid_; }
     std::uint64_t id() const { return id_; }
@@ -84,6 +85,10 @@ private:
     void send(Bytes bytes, const std::vector<int>& fds = {});
     void flush();
     void close();
+    /// A write failed or the client does not read: closed once the caller's
+    /// work is done, not within it (a send from a group's transition must
+    /// not re-enter the group table by closing the member's link).
+    void closeLater();
 
     Server& server_;
     boost::asio::local::stream_protocol::socket socket_;
@@ -96,6 +101,7 @@ private:
     ControlDispatch dispatch_{*this};
     bool closing_ = false;   ///< no more input; close once output is flushed
     bool closed_ = false;
+    bool closeQueued_ = false; ///< closeLater() ran: nothing more is sent
     bool writing_ = false;
     Bytes inbuf_;
     std::vector<UniqueFd> infds_;

@@ -1,8 +1,9 @@
-// Re-adoption: a Host group whose daemon restarted goes on with this one
-// (on one node or across nodes), and so does a Device group on one node.
-// Each rank kept its region and ring (both sealed memfds, mapped in the
-// rank; a Device group's rank also its device region, ipc mappings and
-// captured graphs) and hands them back (Adopt); once
+// Re-adoption: a group whose daemon restarted goes on with this one, a Host
+// or a Device group, on one node or across nodes. Each rank kept its region
+// and ring (both sealed memfds, mapped in the rank; a Device group's rank
+// also its device region, ipc mappings and captured graphs: its rows to and
+// from other nodes go through the region, as at open) and hands them back
+// (Adopt); once
 // every local rank did, the proxy's per-ring state is rebuilt from what
 // those hold (the ring's shared indices and doorbells, the peers' flags) and
 // the proxy carries the group on. A group with ranks on other nodes first brings its links back: the
@@ -108,10 +109,6 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
             if (nodeId_.is(m.roster[r].nodeId)) localMask |= 1u << r;
         const bool remote = localMask != (1u << f.world) - 1;
         const bool device = f.flags & kOpenGpuDoorbells;
-        // A Device group's ranks on other nodes ring their own daemons' proxies, which
-        // do not keep the group for this one (their links' rejoin is for host groups).
-        if (device && remote)
-            return refuseRank(Errc::Unsupported, "a Device group with ranks on other nodes is not re-adopted: reopen the group");
         // Across nodes: the same wire and, on verbs, as many HCAs as when it opened.
         std::uint8_t crossWire = kWireShm;
         if (remote) {
@@ -236,7 +233,7 @@ void GroupTable::adopt(MemberLink& link, const Adopt& m, UniqueFd regionFd, Uniq
 void GroupTable::rejoin(Group& g) {
     g.negotiation = negotiations_.create(*this, g.id, g.roster);
     transition(g, GroupEvent::negotiate());
-    NegotiationPlan plan{g.handle, g.wires[std::countr_one(g.localMask)], g.layout, g.agreedCap, {}, true};
+    NegotiationPlan plan{g.handle, g.wires[std::countr_one(g.localMask)], g.layout, g.agreedCap, {}};
     for (auto& [rank, m] : g.members)
         plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region, m.region});
     g.negotiation->startRejoin(std::move(plan)); // a refusal comes back through negotiationRefused

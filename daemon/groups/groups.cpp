@@ -72,6 +72,14 @@ public:
             g_.proxyGroup->carriedThrough.store(carriedThrough, std::memory_order_relaxed);
             g_.proxyGroup->broken.store(true, std::memory_order_release);
         }
+        // The reason first: written to the socket before a rank can see the control block's word.
+        client_proto::GroupFailed told{};
+        told.errc = std::uint16_t(code);
+        told.rank = rank;
+        told.groupHandle = g_.handle;
+        setText(told.reason, why);
+        for (auto& [r, m] : g_.members)
+            if (m.link && m.region) m.link->sendGroupFailed(told);
         for (auto& [r, m] : g_.members)
             if (m.region) m.region->fail(code, rank, carriedThrough, replace);
     }
@@ -276,7 +284,7 @@ void GroupTable::tryOpen(Group& g) {
     }
     if (!remote) return void(transition(g, GroupEvent::ready()));
     transition(g, GroupEvent::negotiate());
-    NegotiationPlan plan{g.handle, crossWire, g.layout, g.agreedCap, {}, !g.gpuDoorbells};
+    NegotiationPlan plan{g.handle, crossWire, g.layout, g.agreedCap, {}};
     for (auto& [rank, m] : g.members)
         plan.regions.push_back(LocalRegion{rank, m.region->map.data(), m.region->layout.totalBytes(), m.region, m.region});
     g.negotiation->start(std::move(plan)); // a refusal comes back through negotiationRefused, maybe at once
@@ -437,7 +445,7 @@ void GroupTable::leave(MemberLink& link, bool orderly) {
     spdlog::info("group {}: rank {} {}", shortId(id), rank,
                  orderly     ? "left"
                  : stopping_ ? "dropped: the daemon is stopping (the group waits for the next daemon to re-adopt "
-                               "it where it can be: host groups, and Device groups on one node)"
+                               "it)"
                              : "is gone (connection closed without Close)");
     // Ranks on other nodes may still wait for this node's last shards.
     const bool othersAwait = g->negotiation && g->proxyGroup;

@@ -42,6 +42,8 @@ public:
     virtual void sendPeerHostRegion(const client_proto::PeerHostRegion& m, int fd) = 0;
     /// Answer a rank's Adopt (fd: the proxy eventfd when re-adopted, else -1).
     virtual void sendAdopted(const client_proto::Adopted& m, int fd) = 0;
+    /// Tell an open group's rank why the group broke (before its control block says so).
+    virtual void sendGroupFailed(const client_proto::GroupFailed& m) = 0;
     virtual std::int32_t pid() const = 0;
     virtual std::uint32_t uid() const = 0;
 };

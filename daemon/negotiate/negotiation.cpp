@@ -533,7 +533,7 @@ void Negotiation::linkLost(const PeerSession& s, const Error& why) {
 }
 
 bool Negotiation::mayWait(const NodeLink& n) const {
-    return plan_.rejoinable && desk_.cfg_.peerRestartWaitMs > 0 && !n.toldBroken && !toldBroken_;
+    return desk_.cfg_.peerRestartWaitMs > 0 && !n.toldBroken && !toldBroken_;
 }
 
 std::uint32_t Negotiation::firstRank(const NodeLink& n) const {
@@ -545,6 +545,7 @@ std::uint32_t Negotiation::firstRank(const NodeLink& n) const {
 void Negotiation::goAway(NodeLink& n, const std::string& why) {
     n.away = true;
     n.awaySinceNs = monotonicNs();
+    n.refusedMeanwhile.clear();
     n.session = nullptr;
     n.backLinks = nullptr;
     n.selfReady = n.remoteReady = false;
@@ -584,15 +585,32 @@ void Negotiation::awayTimedOut() {
     const std::uint64_t now = monotonicNs();
     for (auto& n : nodes_)
         if (n.away && now - n.awaySinceNs >= std::uint64_t(desk_.cfg_.peerRestartWaitMs) * 1000000ull) {
-            const std::string why = "node " + n.node.shortHex() + "'s daemon (" + endpointText(n.addr, n.port) +
-                                    ") did not come back within " + std::to_string(desk_.cfg_.peerRestartWaitMs) +
-                                    " ms (peer.restart_wait_ms) after its link closed";
+            std::string why = "node " + n.node.shortHex() + "'s daemon (" + endpointText(n.addr, n.port) +
+                              ") did not come back within " + std::to_string(desk_.cfg_.peerRestartWaitMs) +
+                              " ms (peer.restart_wait_ms) after its link closed";
+            if (!n.refusedMeanwhile.empty()) why += "; " + n.refusedMeanwhile;
             spdlog::warn("group {}: {}", id_.shortHex(), why);
             n.away = false;
             n.toldBroken = true; // it comes back too late: refused (takeRejoin)
             return events_.negotiationBroken(id_, Errc::PeerLost, firstRank(n), why, true, 0); // may close us
         }
     armAwayTimer();
+}
+
+void Negotiation::noteRefusedLink(const PeerSession& s, const Error& why) {
+    if (phase_ != Phase::Ready) return;
+    for (auto& n : nodes_) {
+        if (!n.away || std::memcmp(n.addr, s.remoteAddress().data(), sizeof n.addr) != 0) continue;
+        const char* remedy = why.code == Errc::AuthFailed
+                                 ? "its cluster key differs from this node's (peer.key_file): give every node the same key"
+                                 : "a tpfabricd of another release speaks another peer protocol and cannot bring the group "
+                                   "back: install one release of tpfabric on every node";
+        n.refusedMeanwhile = "meanwhile a daemon at its address (" + s.endpointText() + ") was refused: " + why.describe() +
+                             " (" + remedy + ")";
+        spdlog::warn("group {}: a peer link from {}, the address of node {} whose daemon is away, was refused ({}): if that is "
+                     "its daemon come back, it cannot bring the group back, which ends when peer.restart_wait_ms passes",
+                     id_.shortHex(), s.endpointText(), n.node.shortHex(), why.describe());
+    }
 }
 
 std::vector<LandedRecord> Negotiation::landedFrom(std::uint32_t ranks) const {

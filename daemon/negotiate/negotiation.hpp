@@ -91,9 +91,6 @@ struct NegotiationPlan {
     Layout layout{};             ///< stripes = this node's HCAs (verbs), 1 (tcp)
     std::uint64_t agreedCap = 0; ///< from the roster and our daemon.max_bytes; every other daemon's must reach it
     std::vector<LocalRegion> regions;
-    /// A restarted daemon of another node can bring the group back (a Host
-    /// group): once open, a closed link is waited for (peer.restart_wait_ms).
-    bool rejoinable = false;
 };
 
 /// The daemon of another node serving ranks of the group.
@@ -113,6 +110,9 @@ struct NodeLink {
     /// (since awaySinceNs, CLOCK_MONOTONIC) with a PeerRejoin.
     bool away = false;
     std::uint64_t awaySinceNs = 0;
+    /// Away: a link from its address refused meanwhile (another peer
+    /// protocol, another cluster key), named when the wait ends.
+    std::string refusedMeanwhile;
     /// It sent PeerBroken (a fault there, or its ranks' orderly leaves): it
     /// closes the link on purpose, and a closed link is not waited for.
     bool toldBroken = false;
@@ -180,6 +180,12 @@ public:
     /// The remote's PeerRejoin on link `s`: a node whose daemon restarted
     /// comes back to this Ready group, or (rejoining) a node answers ours.
     void takeRejoin(const std::shared_ptr<PeerSession>& s, const peer_proto::PeerRejoin& rec);
+    /// A link accepted from `s`'s address failed its handshake (`why`:
+    /// BadMagic, VersionMismatch, AuthFailed): if a node away from this group
+    /// has that address, it may be its daemon come back unable to rejoin.
+    /// Noted, and named when the wait for that node ends: an unauthenticated
+    /// link does not end the wait itself.
+    void noteRefusedLink(const PeerSession& s, const Error& why);
     /// PeerReady or PeerBroken on the link of node `n` (n.session).
     void verdict(NodeLink& n, std::uint16_t opcode, const peer_proto::PeerVerdict& v);
     /// Link `s` of a node of the group failed (why.code AuthFailed: a
@@ -209,8 +215,8 @@ private:
     void goAway(NodeLink& n, const std::string& why);
     /// Ready: a node whose daemon restarted sends PeerRejoin on link `s`.
     Status takeBack(NodeLink& n, const std::shared_ptr<PeerSession>& s, const peer_proto::PeerRejoin& rec);
-    /// Node `n`'s closed link is waited for: a rejoinable group on the verbs
-    /// wire, peer.restart_wait_ms set, and no PeerBroken either way before.
+    /// Node `n`'s closed link is waited for (its daemon may restart and bring
+    /// the group back): peer.restart_wait_ms set, and no PeerBroken either way before.
     bool mayWait(const NodeLink& n) const;
     /// The first rank of `n`, as a PeerLost names it.
     std::uint32_t firstRank(const NodeLink& n) const;

@@ -225,6 +225,10 @@ void NegotiationTable::peerLost(const std::shared_ptr<PeerSession>& s, const Err
     std::erase_if(parked_, [&](const Parked& p) { return p.session == s; });
     const bool auth = why.code == Errc::AuthFailed;
     if (auth && s->accepted()) refusals_[s->remoteNode()] = Refusal{why, monotonicNs()};
+    // A daemon that speaks another peer protocol (or has another key) may be
+    // an away node's, restarted: the groups waiting for that node say so when they end.
+    if (s->accepted() && (auth || why.code == Errc::BadMagic || why.code == Errc::VersionMismatch))
+        for (const auto& [id, n] : active_) n->noteRefusedLink(*s, why);
     // A node that must connect to us and failed its handshake ends the
     // negotiations waiting for it, although its link never reached them.
     std::vector<GroupId> hit;

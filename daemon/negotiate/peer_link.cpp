@@ -65,7 +65,13 @@ PeerSession::PeerSession(boost::asio::io_context& io, tcp::socket socket, PeerHa
     boost::system::error_code ec;
     if (accepted_) {
         auto ep = socket_.remote_endpoint(ec);
-        if (!ec) endpoint_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+        if (!ec) {
+            endpoint_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+            const auto a = ep.address();
+            const auto v6 = a.is_v4() ? boost::asio::ip::make_address_v6(boost::asio::ip::v4_mapped, a.to_v4()) : a.to_v6();
+            const auto b = v6.to_bytes();
+            std::copy(b.begin(), b.end(), remoteAddr_.begin());
+        }
         state_ = LinkState::Handshake;
     }
 }

@@ -95,6 +95,8 @@ public:
     void finish();
 
     bool accepted() const { return accepted_; }
+    /// The remote's IP address (IPv4-mapped or IPv6), as NodeLink::addr holds one.
+    const std::array<std::uint8_t, 16>& remoteAddress() const { return remoteAddr_; }
     const NodeId& remoteNode() const { return remote_; }
     std::string endpointText() const { return endpoint_; }
     LinkState state() const { return state_; }
@@ -125,6 +127,7 @@ private:
     std::optional<std::vector<std::uint8_t>> key_;
     bool accepted_;
     std::string endpoint_;
+    std::array<std::uint8_t, 16> remoteAddr_{};
     LinkState state_ = LinkState::Connecting;
     Error lastError_;
     bool done_ = false; ///< closed or failed: no more reports

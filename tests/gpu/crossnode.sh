@@ -12,9 +12,16 @@
 #     exits: PeerLost naming it), stall (it stops posting: Timeout), and
 #     graphnodekill: node 1's daemon SIGKILLed under graph replays (node 0's
 #     ranks PeerLost, node 1's DaemonLost, in the health word at the failed
-#     replay's sync point, outputs unwritten); before the kill daemon 0's
-#     status shows the link's wire tcp with its byte counters moved (needs
-#     $bin/tpfabricctl);
+#     replay's sync point, outputs unwritten: node 0's daemon waits
+#     peer.restart_wait_ms, 4 s here, for node 1's to come back; node 1's
+#     kernels wait for theirs until their 5 s timeout); before the kill
+#     daemon 0's status shows the link's wire tcp with its byte counters
+#     moved (needs $bin/tpfabricctl);
+#     restart: node 1's daemon SIGKILLed under 1,000 graph replays and
+#     started again 2 s later on its socket and port (as systemd's
+#     RestartSec=2s): it re-adopts the group (one journal line, device
+#     buffers) and rejoins node 0, which kept it (one "rejoined" line);
+#     every replay exact and healthy, the same graph throughout;
 #   then the torch Communicator at W = 2 across the two daemons
 #   (tests/gpu/python/run.sh, TPF_PY_GPU_ONLY=crossnode: data, graph, graphabort).
 # Every line it prints for a verdict starts "PASS|FAIL|SKIP gpu-crossnode(tcp)".
@@ -55,10 +62,12 @@ tpf_gpu_crossnode() {
   fi
   echo "== cross-node (tcp) stage, $label: two tpfabricd on 127.0.0.1 as two nodes, Device groups split across them"
   xdir=$(mktemp -d)
-  # xnode_start N [LOG_SUFFIX]: node N's daemon (config, socket and log of its own) in xnode_pids[N].
+  # xnode_start N [LOG_SUFFIX [same]]: node N's daemon (config, socket and log
+  # of its own) in xnode_pids[N]; with "same", on the port it had (a restart).
   xnode_start() {
     local n=$1
-    printf '[peer]\nlisten = "127.0.0.1"\nport = %s\nwire = "tcp"\n' "$(freeport)" >"$xdir/node$n.toml"
+    [ "${3:-}" = same ] ||
+      printf '[peer]\nlisten = "127.0.0.1"\nport = %s\nwire = "tcp"\nrestart_wait_ms = 4000\n' "$(freeport)" >"$xdir/node$n.toml"
     start_daemon "$xdir/node$n.sock" "$logdir/tpfabricd-tcp-$label-node$n${2:-}.log" --config "$xdir/node$n.toml" || return 1
     xnode_pids[$n]=$started
   }
@@ -96,6 +105,25 @@ tpf_gpu_crossnode() {
       echo "$st gpu-crossnode(tcp) $label W=$w status of node 0 under the graph: $sa"
     fi
     xnode_start 1 "-after-w$w" || { judge 1; echo "FAIL gpu-crossnode(tcp) $label: node 1's daemon did not restart"; break; }
+    # node 1's daemon SIGKILLed under graph replays and started again 2 s later: the group goes on
+    local rlog=$logdir/tpf-gpurank-restart-auto-w$w$tag.log rr adopted rejoined before
+    local after=$logdir/tpfabricd-tcp-$label-node1-restart-w$w.log
+    : >"$rlog"
+    (ranks tpf-gpurank "$w" auto restart 10000 --scenario restart --timeout-ms 10000 --nodes "$nodes") &
+    rp=$!
+    for _ in $(seq 300); do [ "$(grep -c READY "$rlog" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
+    sleep 0.2
+    before=$(grep -c 'rejoined after' "$logdir/tpfabricd-tcp-$label-node0.log")
+    kill -9 "${xnode_pids[1]}" 2>/dev/null; wait "${xnode_pids[1]}" 2>/dev/null; xnode_pids[1]=
+    sleep 2 # as systemd's RestartSec=2s
+    xnode_start 1 "-restart-w$w" same || echo "node 1's daemon did not start again on its port"
+    wait "$rp"; rr=$?
+    adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$after" 2>/dev/null)
+    rejoined=$(($(grep -c 'rejoined after' "$logdir/tpfabricd-tcp-$label-node0.log") - before))
+    [ $rr = 0 ] && [ "$adopted" = 1 ] && [ "$rejoined" = 1 ] && judge 0 || judge 1
+    show "$st gpu-crossnode(tcp) $label W=$w nodes=$nodes scenario=restart (node 1's daemon SIGKILLed and started again under graph replays: re-adopted $adopted time(s), rejoined node 0 $rejoined time(s), every replay exact and healthy)" "$rlog"
+    grep -h 're-adopted\|refused\|rejoin' "$after" "$logdir/tpfabricd-tcp-$label-node0.log" 2>/dev/null | tail -4 | sed 's/^/    > /'
+    [ -n "${xnode_pids[1]:-}" ] || { judge 1; echo "FAIL gpu-crossnode(tcp) $label: node 1's daemon is not running"; break; }
   done
   tag=
   # The torch Communicator at W = 2, rank r on node r.

@@ -166,6 +166,8 @@ void send(RawRank& r, const DeviceAttach& m) {
 // The daemon's answer to a refused request: its ErrorReply's error name, then it closes.
 std::string refusal(RawRank& r) {
     auto m = receiveMessage(r.fd.get(), kReplySpec, 10000);
+    // A rank whose group another rank's refusal broke is told why first (GroupFailed).
+    while (m && m->header.opcode == kGroupFailed) m = receiveMessage(r.fd.get(), kReplySpec, 10000);
     if (!m) return "no answer: " + m.error().describe();
     if (m->header.opcode != kErrorReply) return "opcode " + std::to_string(m->header.opcode);
     auto e = decodeFixed<ErrorReply>(m->payload, "ErrorReply");

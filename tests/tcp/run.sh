@@ -21,7 +21,8 @@
 # SIGTERMed and started again, then daemon b SIGKILLed and started again,
 # under calls (the group goes on, every call ok); daemon b back only after
 # daemon a's peer.restart_wait_ms (a's ranks PeerLost, b's DaemonLost naming
-# a's refusal of the rejoin); daemon b SIGSTOPped (every call ends by
+# a's refusal of the rejoin); daemon b replaced by one of another peer
+# protocol (a's ranks PeerLost naming it); daemon b SIGSTOPped (every call ends by
 # its timeout, Timeout or PeerLost, none hangs; SIGCONT once the ranks
 # ended, then a fresh group runs); a node with peer.wire = "verbs" and no
 # HCA refuses the group by name on both nodes, at once.
@@ -318,6 +319,43 @@ if ranks_are late PeerLost 0 2 && ranks_are late DaemonLost 1 3 && grep -q 'whil
   tap_ok "daemon b back after daemon a's peer.restart_wait_ms: a's ranks PeerLost, b's DaemonLost naming a's refusal"
 else tap_fail "daemon b back too late: a's ranks PeerLost, b's DaemonLost naming a's refusal" "ranks: $(results late 4)"
   show_group late; fi
+stop_daemons
+
+# Daemon b SIGKILLed and "back" as a daemon of another release: a stand-in on
+# b's address opens links to daemon a with a hello of another peer-record
+# revision every 200 ms. Daemon a refuses each (BadMagic), waits on (an
+# unauthenticated link does not end the wait), and when its
+# peer.restart_wait_ms (2 s) passes ends the group naming what it refused:
+# the journal, and a's ranks' PeerLost detail (the daemon's GroupFailed).
+# b's ranks, their daemon not back, end DaemonLost at their call's timeout.
+other_release_peer() { # PORT SECONDS
+  python3 - "$1" "$2" <<'PY'
+import os, socket, struct, sys, time
+port, secs = int(sys.argv[1]), float(sys.argv[2])
+# MsgHeader (magic 'TPP' revision 2, version 3, opcode 1 PeerHello, 64 bytes, seq 1) + PeerHello.
+hello = struct.pack("<IHHII", 0x02505054, 3, 1, 64, 1) + os.urandom(48) + bytes(16)
+end = time.time() + secs
+while time.time() < end:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(hello)
+            s.recv(4096)
+    except OSError:
+        pass
+    time.sleep(0.2)
+PY
+}
+: >a.log; : >b.log
+RESTART_WAIT_MS=2000 WIRE=tcp start_daemon a && WIRE=tcp start_daemon b || tap_done
+aport=$(sed -n 's/^port = //p' a.toml)
+DURING='stop_daemon b KILL; other_release_peer $aport 2.5 &' run_group otherpeer "A B A B" --iters 100000000 --mode mixed
+if ranks_are otherpeer PeerLost 0 2 && ranks_are otherpeer DaemonLost 1 3 &&
+   [ "$(grep -l 'did not come back within 2000 ms.*was refused: BadMagic.*another peer protocol' otherpeer.r0.log otherpeer.r2.log | wc -l)" = 2 ] &&
+   grep -q 'the address of node .* whose daemon is away, was refused' a.log; then
+  tap_ok "daemon b back speaking another peer protocol: a's ranks PeerLost naming it (daemon a's reason in their detail), b's DaemonLost"
+else tap_fail "daemon b back speaking another peer protocol: a's ranks PeerLost naming it, b's DaemonLost" \
+  "ranks: $(results otherpeer 4); $(grep -ho 'detail=.*' otherpeer.r0.log | head -1 | cut -c1-400)"
+  show_group otherpeer; diag_file a.log 10; fi
 stop_daemons
 
 # Daemon b SIGSTOPped under calls (3 s timeout): every rank's call ends, by

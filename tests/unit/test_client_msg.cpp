@@ -577,3 +577,33 @@ TEST_CASE("Adopt and Adopted: round trip, refusals by name, golden bytes") {
           "0000" "0000" "01000000" "07000000" "03000000"  // ok, rank 1, handle 7, ranks 0 and 1
           "3412000000000000" "0000000000000000");         // gap, reserved
 }
+
+// Daemon -> client GroupFailed: why the daemon broke an open group.
+TEST_CASE("GroupFailed: round trip, refusals by name, golden bytes") {
+    GroupFailed m{};
+    m.errc = std::uint16_t(Errc::PeerLost);
+    m.rank = 2;
+    m.groupHandle = 7;
+    setText(m.reason, "node 0a1b's daemon did not come back");
+    auto f = frameOf(encode(kGroupFailed, 5, m));
+    CHECK(f.header.opcode == kGroupFailed);
+    auto back = decodeFixed<GroupFailed>(f.payload, "GroupFailed");
+    REQUIRE(back.ok());
+    CHECK(std::string(back->reason) == "node 0a1b's daemon did not come back");
+    everyTruncationRefused(m, kGroupFailed);
+    GroupFailed bad = m;
+    bad.errc = 0;
+    CHECK(validate(bad).code() == Errc::OutOfRange); // a failure names its code
+    bad = m;
+    bad.rank = kMaxWorld;
+    CHECK(validate(bad).code() == Errc::OutOfRange);
+    bad.rank = kNoPeer;
+    CHECK(validate(bad).ok());
+    bad = m;
+    std::memset(bad.reason, 'x', sizeof bad.reason);
+    CHECK(validate(bad).code() == Errc::BadMessage);
+    CHECK(hexOf(encode(kGroupFailed, 5, m)).substr(0, 32 + 32 + 8) ==
+          "54504301" "0700" "1400" "00020000" "05000000" // header: opcode 20, 512 bytes, seq 5
+          "0400" "0000" "02000000" "07000000" "00000000"  // PeerLost (4), rank 2, handle 7, reserved
+          "6e6f6465");                                    // "node"
+}

@@ -22,7 +22,7 @@ Scenarios (each rank judges itself; exit 0 pass, 1 fail, 77 no CUDA):
             the graph still pair): at each replay's sync point no output is
             wrong while healthy() says True, and at the end health() names
             Aborted and the aborter on every rank.
-  graphrestart  the graph replayed 300 times, one every 2 ms, READY after
+  graphrestart  the graph replayed 1,000 times, one every 2 ms, READY after
             replay 5; run.sh then SIGKILLs tpfabricd and starts it again on
             the same socket: the group is re-adopted, and every replay is
             right and healthy() True at its sync point, with the same graph.
@@ -294,7 +294,7 @@ def main() -> int:
             scenario_graph(r, comm, abort_at=20)
         elif a.scenario == "graphrestart":
             r.expect(comm.path == "fabric", f"path {comm.path}: {comm.reason}")
-            scenario_graph(r, comm, replays=300, ready_at=5)
+            scenario_graph(r, comm, replays=1000, ready_at=5)
         elif a.scenario == "fallback":
             scenario_fallback(r, comm, "")
         else:
