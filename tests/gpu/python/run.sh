@@ -8,7 +8,7 @@
 # them); LOGDIR: logs ($TPF_GPU_LOG, else $OUT, else build-gpu-device).
 #   1. several GPUs (nvidia-smi -L lists N >= 2), no MPS: one rank per GPU,
 #      an NCCL process group, W = N: comm_rank.py data, graph, graphabort,
-#      graphrestart (tpfabricd SIGKILLed and started again under the graph's
+#      graphrestart (on the proxy route: tpfabricd SIGKILLed and started again under the graph's
 #      replays: re-adopted, every replay right), fallback (a stopped daemon),
 #      disable (TPF_DISABLE=1 on the last rank; the daemon must see no
 #      connection); then bench_comm.py (TPF_GPU_NO_BENCH=1 skips).
@@ -125,11 +125,12 @@ tpf_python_gpu_suite() {
       [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     done
     # graphrestart: tpfabricd SIGKILLed and started again under the graph's replays; the group is re-adopted.
+    # On the proxy route (TPF_GPU_ROUTE=proxy), so that every call of the graph waits on the daemon.
     if _wanted graphrestart; then
       tag=$label-graphrestart-w$w
       : >"$logdir/py-$tag.log" # emptied before the wait below reads it (an earlier run's READY lines)
-      _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario graphrestart &
-      local rp=$! adopted
+      TPF_GPU_ROUTE=proxy _ranks "$tag" "$w" "$backend" "$tmp/$label-w$w.sock" comm_rank.py --backend "$backend" --scenario graphrestart &
+      local rp=$! adopted proxied
       for _ in $(seq 600); do [ "$(grep -c '^READY' "$logdir/py-$tag.log" 2>/dev/null)" = "$w" ] && break; sleep 0.1; done
       sleep 0.2
       kill -9 "$live"; wait "$live" 2>/dev/null
@@ -139,8 +140,9 @@ tpf_python_gpu_suite() {
       live=$_dpid
       if wait "$rp"; then st=PASS; else st=FAIL; rc=1; fi
       adopted=$(grep -c 're-adopted after a daemon restart.*device buffers' "$logdir/py-tpfabricd-$label-w$w.log")
-      [ "$adopted" = 1 ] || { st=FAIL; rc=1; }
-      echo "$st python $label W=$w graphrestart (tpfabricd SIGKILLed and started again under the replays: re-adopted $adopted time(s))"
+      proxied=$(grep -c 'attached its GPU: routes [^;]*proxy' "$logdir/py-tpfabricd-$label-w$w-killed.log")
+      [ "$adopted" = 1 ] && [ "$proxied" = "$w" ] || { st=FAIL; rc=1; }
+      echo "$st python $label W=$w graphrestart (proxy route on $proxied of $w ranks; tpfabricd SIGKILLed and started again under the replays: re-adopted $adopted time(s))"
       grep -h '^RESULT' "$logdir/py-$tag.log" | sort | sed 's/^/    /'
       [ $st = FAIL ] && grep -hv '^RESULT\|^INFO\|NCCL INFO' "$logdir/py-$tag.log" | head -30 | sed 's/^/    ! /'
     fi
