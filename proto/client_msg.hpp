@@ -1,8 +1,9 @@
 // tpfabric — client <-> daemon records on the Unix control socket.
 //
 // Each message: MsgHeader (magic kClientMagic) + one record below. File
-// descriptors travel beside a message as SCM_RIGHTS; the record says how many
-// (kFdsOf). Replies echo the request's seq. The daemon refuses a wrong magic,
+// descriptors travel beside a message as SCM_RIGHTS; each opcode's comment
+// below says how many (kVerdictFds, kAdoptFds). Replies echo the request's
+// seq. The daemon refuses a wrong magic,
 // a version outside [kClientMinVersion, kClientVersion], an unknown opcode, a
 // length that does not match the record, and out-of-range fields, with an
 // ErrorReply naming the failure, and then closes that connection only.
